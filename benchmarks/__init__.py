@@ -1,0 +1,1 @@
+"""Benchmark scripts for rqrl (run from the repository root, e.g. ``python -m benchmarks.actors_throughput``)."""

@@ -1,0 +1,403 @@
+"""Env steps per second that ``SubprocDistributedActors.collect_outputs`` delivers, next to a ceiling.
+
+The *rqrl* side runs CartPole-v1 actors through the full engine: a private redis-server, ``W``
+local RQ workers (each stepping ``--actors-per-worker`` actors as one ``ActorGroup`` in one job),
+the bounded out-of-sync queue, and the learner's ``collect_outputs("cpu")``. Throughput is the
+number of env steps in the batches collect_outputs returned during a fixed wall-clock window.
+
+The *ceiling* runs the very same rollout loop (``ActorGroup.run`` with the same policy, rollout
+length and actors per process, one torch thread) in ``W`` plain multiprocessing processes with no
+Redis, no RQ, no encoding and no learner, and counts the steps they finish in the same window.
+
+Rounds interleave rqrl and ceiling (alternating which goes first) so that machine noise hits
+both. The target is rqrl >= 0.85 x ceiling; this script only reports what it measures.
+
+Run from the repository root::
+
+    python benchmarks/actors_throughput.py --seconds 10 --rounds 3 --workers 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+
+import gymnasium
+import torch
+from rq import Worker
+
+import rqrl
+from rqrl.actors import SubprocDistributedActors
+from rqrl.policy import make_act_function
+from rqrl.rollout import ActorGroup
+
+log = logging.getLogger("actors_throughput")
+
+ENV_ID = "CartPole-v1"
+AGENT_SEED_OFFSET = 1_000
+START_TIMEOUT_SECONDS = 120.0
+
+
+def make_env() -> gymnasium.Env:
+    """Module-level env factory (picklable, importable by forked workers)."""
+    return gymnasium.make(ENV_ID)
+
+
+def make_policy() -> torch.nn.Module:
+    """The benchmark policy: Linear(4, 64) - Tanh - Linear(64, 2), same initial weights everywhere."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2)).eval()
+
+
+def env_seeds(n_actors: int) -> list[int]:
+    return list(range(n_actors))
+
+
+def agent_seeds(n_actors: int) -> list[int]:
+    return [AGENT_SEED_OFFSET + actor_id for actor_id in range(n_actors)]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Steps counted over ``seconds`` of wall time, CPU use by role, and rqrl-only diagnostics."""
+
+    steps: int
+    seconds: float
+    cpu_seconds: dict[str, float] | None = None
+    collects: int = 0
+    jobs_finished: int | None = None
+    mean_queue_before: float | None = None
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else float("nan")
+
+    def steps_per_cpu_second(self, *roles: str) -> float | None:
+        """Steps per CPU second spent by ``roles``: throughput with machine contention divided out."""
+        if self.cpu_seconds is None:
+            return None
+        spent = sum(self.cpu_seconds.get(role, 0.0) for role in roles)
+        return self.steps / spent if spent > 0 else None
+
+    def cores(self, role: str) -> float | None:
+        """CPU seconds that ``role`` used per wall-clock second of the window (1.0 = one busy core)."""
+        if self.cpu_seconds is None or role not in self.cpu_seconds:
+            return None
+        return self.cpu_seconds[role] / self.seconds
+
+
+# ---- CPU accounting (Linux /proc; reported as n/a elsewhere) -----------------------------
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _read_stat(pid: int) -> tuple[str, int, float] | None:
+    """(command name, parent pid, user+system CPU seconds) of a process, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            data = file.read()
+    except OSError:
+        return None
+    name = data[data.index("(") + 1 : data.rindex(")")]
+    fields = data[data.rindex(")") + 2 :].split()  # fields[0] is the state (field 3 of proc(5))
+    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def _system_busy_seconds() -> float:
+    """CPU seconds all CPUs of the machine spent busy (not idle, not iowait) since boot."""
+    with open("/proc/stat") as file:
+        fields = [int(value) for value in file.readline().split()[1:]]
+    guest = fields[8:10]  # guest time is already counted in user time
+    return (sum(fields) - fields[3] - fields[4] - sum(guest)) / _CLOCK_TICKS
+
+
+def cpu_snapshot() -> dict[str, float] | None:
+    """CPU seconds so far of this process ("learner"), its children ("redis" or "workers"), and of the
+    whole machine ("machine"); ``other`` = machine - ours is load this benchmark did not cause."""
+    if not os.path.isfile("/proc/stat"):
+        return None
+    times = os.times()
+    snapshot = {"learner": times.user + times.system, "workers": 0.0, "redis": 0.0,
+                "machine": _system_busy_seconds()}
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        stat = _read_stat(int(entry))
+        if stat is None or stat[1] != me:
+            continue
+        name, _, seconds = stat
+        snapshot["redis" if name.startswith("redis-server") else "workers"] += seconds
+    return snapshot
+
+
+def cpu_used(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    if before is None or after is None:
+        return None
+    used = {role: max(0.0, after[role] - before.get(role, 0.0)) for role in after}
+    used["other"] = max(0.0, used.pop("machine") - used["learner"] - used["workers"] - used["redis"])
+    return used
+
+
+def wait_for_quiet_machine(max_seconds: float, threshold_cores: float = 0.15, sample_seconds: float = 0.5) -> float:
+    """Wait (up to ``max_seconds``) until other processes use less than ``threshold_cores``; returns their
+    last measured load. Other load on a small machine would otherwise be measured as rqrl's (or the
+    ceiling's) slowness."""
+    deadline = time.monotonic() + max_seconds
+    load = 0.0
+    while True:
+        before = cpu_snapshot()
+        if before is None:
+            return 0.0
+        time.sleep(sample_seconds)
+        used = cpu_used(before, cpu_snapshot())
+        load = used["other"] / sample_seconds if used else 0.0
+        if load < threshold_cores or time.monotonic() >= deadline:
+            return load
+        log.info("    waiting for the machine to quieten: other processes use %.2f cores", load)
+
+
+# ---- rqrl --------------------------------------------------------------------------------
+
+
+def _jobs_finished(connection) -> int | None:  # noqa: ANN001 - a redis.Redis
+    """Jobs finished so far by all RQ workers on this (private) Redis, from RQ's worker hashes."""
+    try:
+        return sum(worker.successful_job_count for worker in Worker.all(connection=connection))
+    except Exception:  # diagnostics only: never fail the benchmark over it
+        log.debug("could not read RQ worker job counts", exc_info=True)
+        return None
+
+
+def measure_rqrl(workers: int, actors_per_worker: int, n_rollout_steps: int, seconds: float, warmup: float,
+                 queue_factor: float) -> Measurement:
+    """Steps/s delivered by collect_outputs with ``workers`` local workers of one actor group each."""
+    n_actors = workers * actors_per_worker
+    policy = make_policy()
+    actors = SubprocDistributedActors(
+        make_env, policy, n_rollout_steps, n_actors, n_actors, queue_factor, "fork",
+        env_seeds(n_actors), agent_seeds(n_actors), n_workers=workers, actors_per_job=actors_per_worker,
+    )
+    with actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        # the first batch includes worker start-up (fork, context load, env construction): not warm-up
+        actors.collect_outputs("cpu")
+        warm_until = time.perf_counter() + warmup
+        while time.perf_counter() < warm_until:
+            actors.collect_outputs("cpu")
+        jobs_before = _jobs_finished(actors.connection)
+        cpu_before = cpu_snapshot()
+        steps = collects = 0
+        queue_sizes: list[int] = []
+        started = time.perf_counter()
+        while True:
+            out = actors.collect_outputs("cpu")
+            steps += int(out.record.rewards.numel())
+            collects += 1
+            queue_sizes.append(out.queue_size_before)
+            elapsed = time.perf_counter() - started
+            if elapsed >= seconds:
+                break
+        cpu = cpu_used(cpu_before, cpu_snapshot())
+        jobs_after = _jobs_finished(actors.connection)
+    jobs = jobs_after - jobs_before if jobs_before is not None and jobs_after is not None else None
+    return Measurement(steps, elapsed, cpu, collects, jobs, statistics.fmean(queue_sizes))
+
+
+# ---- ceiling -----------------------------------------------------------------------------
+
+
+def _ceiling_process(actor_ids: list[int], n_rollout_steps: int, counter, stop) -> None:  # noqa: ANN001
+    """Step one actor group forever (like one rqrl worker's job), adding finished steps to ``counter``."""
+    torch.set_num_threads(1)
+    policy = make_policy()
+    all_env_seeds, all_agent_seeds = env_seeds(max(actor_ids) + 1), agent_seeds(max(actor_ids) + 1)
+    group = ActorGroup(make_env, actor_ids, [all_env_seeds[a] for a in actor_ids],
+                       [all_agent_seeds[a] for a in actor_ids], n_rollout_steps)
+    act = make_act_function(policy, group.action_space)
+    steps_per_rollout = n_rollout_steps * len(actor_ids)
+    rollout_id = 0
+    try:
+        while not stop.is_set():
+            group.run(act, rollout_id, policy_version=1, cut_at_end=False)
+            rollout_id += 1
+            with counter.get_lock():
+                counter.value += steps_per_rollout
+    finally:
+        group.close()
+
+
+def _wait_for_count(counter, timeout: float) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while counter.value == 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"ceiling processes produced no rollout within {timeout:.0f} s")
+        time.sleep(0.005)
+
+
+def measure_ceiling(workers: int, actors_per_worker: int, n_rollout_steps: int, seconds: float,
+                    warmup: float) -> Measurement:
+    """Steps/s of ``workers`` plain processes running the same rollout loop without Redis."""
+    context = multiprocessing.get_context("fork")
+    counter = context.Value("q", 0)
+    stop = context.Event()
+    processes = [
+        context.Process(
+            target=_ceiling_process,
+            args=(list(range(index * actors_per_worker, (index + 1) * actors_per_worker)), n_rollout_steps,
+                  counter, stop),
+            name=f"ceiling-{index}",
+            daemon=True,
+        )
+        for index in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        _wait_for_count(counter, START_TIMEOUT_SECONDS)
+        time.sleep(warmup)
+        with counter.get_lock():
+            count_before = counter.value
+        cpu_before = cpu_snapshot()
+        started = time.perf_counter()
+        time.sleep(seconds)
+        with counter.get_lock():
+            count_after = counter.value
+        elapsed = time.perf_counter() - started
+        cpu = cpu_used(cpu_before, cpu_snapshot())
+    finally:
+        stop.set()
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+    if any(process.exitcode != 0 for process in processes):
+        raise RuntimeError(f"ceiling process exit codes {[process.exitcode for process in processes]}")
+    return Measurement(count_after - count_before, elapsed, cpu)
+
+
+# ---- report ------------------------------------------------------------------------------
+
+
+def _fmt(value: float | int | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def print_tables(args: argparse.Namespace, results: dict[int, list[tuple[Measurement, Measurement]]]) -> None:
+    print()
+    print(f"## rqrl collect_outputs vs. no-Redis ceiling: {ENV_ID}, {args.rollout_steps}-step rollouts, "
+          f"{args.actors_per_worker} actors per worker, {args.seconds:g} s window, {args.rounds} round(s)")
+    print()
+    print(f"machine: {os.cpu_count()} logical CPUs, {platform.python_implementation()} {platform.python_version()}, "
+          f"torch {torch.__version__}, gymnasium {gymnasium.__version__}, rqrl {rqrl.__version__}")
+    print()
+    print("| workers | rqrl steps/s | ceiling steps/s | ratio |")
+    print("|--:|--:|--:|--:|")
+    for workers, pairs in results.items():
+        rqrl_rate = statistics.median(r.steps_per_second for r, _ in pairs)
+        ceiling_rate = statistics.median(c.steps_per_second for _, c in pairs)
+        ratio = statistics.median(r.steps_per_second / c.steps_per_second for r, c in pairs)
+        print(f"| {workers} | {rqrl_rate:,.0f} | {ceiling_rate:,.0f} | {ratio:.2f} |")
+    if args.rounds > 1:
+        print()
+        print("Medians over rounds; ratio is the median of the per-round (paired) ratios.")
+    efficiency = {
+        workers: [(r.steps_per_cpu_second("workers"), r.steps_per_cpu_second("workers", "learner", "redis"),
+                   c.steps_per_cpu_second("workers")) for r, c in pairs]
+        for workers, pairs in results.items()
+    }
+    if all(None not in row for rows in efficiency.values() for row in rows):
+        print()
+        print("Steps per CPU-second (contention from other load divided out; medians over rounds): rqrl's worker "
+              "processes only, rqrl's workers + learner + redis-server, and the ceiling's processes.")
+        print()
+        print("| workers | rqrl steps/CPU-s (workers) | rqrl steps/CPU-s (all) | ceiling steps/CPU-s "
+              "| ratio (workers) | ratio (all) |")
+        print("|--:|--:|--:|--:|--:|--:|")
+        for workers, rows in efficiency.items():
+            worker_only = statistics.median(row[0] for row in rows)
+            everything = statistics.median(row[1] for row in rows)
+            ceiling = statistics.median(row[2] for row in rows)
+            print(f"| {workers} | {worker_only:,.0f} | {everything:,.0f} | {ceiling:,.0f} | "
+                  f"{statistics.median(row[0] / row[2] for row in rows):.2f} | "
+                  f"{statistics.median(row[1] / row[2] for row in rows):.2f} |")
+    print()
+    print("Per round. CPU columns are cores used during the window (CPU s per wall s): rqrl worker processes, "
+          "learner (this process), redis-server; ceiling processes; 'other' is load on the machine that this "
+          "benchmark did not cause, during the rqrl / ceiling window (non-zero means the numbers are disturbed). "
+          "collects / RQ jobs finished / mean out-of-sync queue length before a collect "
+          f"(bound = {args.queue_factor:g} x batch_size) are rqrl's.")
+    print()
+    print("| workers | round | rqrl steps/s | ceiling steps/s | ratio | rqrl workers CPU | learner CPU | redis CPU "
+          "| ceiling CPU | other CPU (rqrl / ceiling) | collects | RQ jobs finished | mean queue |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for workers, pairs in results.items():
+        for index, (r, c) in enumerate(pairs, start=1):
+            print(f"| {workers} | {index} | {r.steps_per_second:,.0f} | {c.steps_per_second:,.0f} | "
+                  f"{r.steps_per_second / c.steps_per_second:.2f} | {_fmt(r.cores('workers'), '.2f')} | "
+                  f"{_fmt(r.cores('learner'), '.2f')} | {_fmt(r.cores('redis'), '.2f')} | "
+                  f"{_fmt(c.cores('workers'), '.2f')} | {_fmt(r.cores('other'), '.2f')} / "
+                  f"{_fmt(c.cores('other'), '.2f')} | {r.collects} | {_fmt(r.jobs_finished, 'd')} | "
+                  f"{_fmt(r.mean_queue_before, '.1f')} |")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per configuration")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds, each measuring rqrl and ceiling for every worker count")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker (process) counts to measure")
+    parser.add_argument("--actors-per-worker", type=int, default=4, help="actors stepped together by each worker")
+    parser.add_argument("--rollout-steps", type=int, default=128, help="n_rollout_steps")
+    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds after the first output")
+    parser.add_argument("--queue-factor", type=float, default=2.0, help="queue_out_of_sync_factor")
+    parser.add_argument("--quiet-wait", type=float, default=10.0,
+                        help="before each measurement, wait up to this many seconds for other load to stop (0: off)")
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1 or args.actors_per_worker < 1 or args.rollout_steps < 1:
+        parser.error("expected --seconds > 0, --warmup >= 0, and --rounds, --actors-per-worker, --rollout-steps >= 1")
+    if any(workers < 1 for workers in args.workers):
+        parser.error("expected --workers >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    torch.set_num_threads(1)
+    results: dict[int, list[tuple[Measurement, Measurement]]] = {workers: [] for workers in args.workers}
+    for round_index in range(args.rounds):
+        for workers in args.workers:
+            measured: dict[str, Measurement] = {}
+            order = ("rqrl", "ceiling") if round_index % 2 == 0 else ("ceiling", "rqrl")
+            for kind in order:
+                if args.quiet_wait > 0:
+                    load = wait_for_quiet_machine(args.quiet_wait)
+                    if load >= 0.15:
+                        log.warning("    other processes still use %.2f cores; measuring anyway", load)
+                log.info("round %d/%d, %d worker(s) x %d actors: measuring %s for %g s (+ %g s warm-up)",
+                         round_index + 1, args.rounds, workers, args.actors_per_worker, kind, args.seconds,
+                         args.warmup)
+                if kind == "rqrl":
+                    result = measure_rqrl(workers, args.actors_per_worker, args.rollout_steps, args.seconds,
+                                          args.warmup, args.queue_factor)
+                else:
+                    result = measure_ceiling(workers, args.actors_per_worker, args.rollout_steps, args.seconds,
+                                             args.warmup)
+                measured[kind] = result
+                log.info("    %s: %.0f steps/s (%d steps in %.2f s)", kind, result.steps_per_second, result.steps,
+                         result.seconds)
+            results[workers].append((measured["rqrl"], measured["ceiling"]))
+    print_tables(args, results)
+
+
+if __name__ == "__main__":
+    main()

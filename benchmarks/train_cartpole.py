@@ -1,0 +1,85 @@
+"""Wall-clock seconds and env steps until IMPALA solves an env: rqrl's distributed actors next to a
+single-process baseline, side by side in one run.
+
+*rqrl*: ``rqrl.algorithms.impala.train`` with its default actors (embedded Redis, one local RQ worker
+per core, the learner in this process). *baseline*: the same learner, loss and hyperparameters on
+``SerialDistributedActors``, which steps a gymnasium ``SyncVectorEnv`` in the learner's process
+(no Redis, no workers, always on-policy). Solved = mean return of the last 100 episodes at or
+above the env's reward threshold. Seeds alternate between the two so machine noise hits both.
+
+Run from the repository root::
+
+    python benchmarks/train_cartpole.py --seeds 0 1 2
+    python benchmarks/train_cartpole.py --env Acrobot-v1 --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from rqrl.algorithms.impala import ActorCritic, ImpalaConfig, env_spaces, make_flat_env, train
+from rqrl.serial import SerialDistributedActors
+
+log = logging.getLogger("train_cartpole")
+
+
+def run_once(env_id: str, seed: int, variant: str, budget: int, run_dir: str) -> dict:
+    config = ImpalaConfig(env_id=env_id, seed=seed, total_env_steps=budget, run_dir=run_dir,
+                          run_name=f"{variant}-{seed}", progress=False)
+    actors = None
+    if variant == "baseline":
+        obs_size, n_actions, _ = env_spaces(env_id)
+        seeds = np.random.SeedSequence(seed).generate_state(2 * config.n_actors).tolist()
+        actors = SerialDistributedActors(
+            functools.partial(make_flat_env, env_id), ActorCritic(obs_size, n_actions, config.hidden_size),
+            config.n_rollout_steps, config.n_actors, config.batch_size,
+            actor_env_seeds=seeds[: config.n_actors], actor_agent_seeds=seeds[config.n_actors:])
+    started = time.monotonic()
+    result = train(config, actors=actors)
+    wall = time.monotonic() - started  # includes start-up (Redis, workers) and shut-down
+    log.info("  %-8s seed %d: solved=%s in %.1f s, %s env steps, mean return %.1f", variant, seed, result.solved,
+             wall, f"{result.env_steps:,}", result.mean_return or float("nan"))
+    return {"solved": result.solved, "seconds": wall, "env_steps": result.env_steps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--budget", type=int, default=2_000_000, help="env steps before giving up on a seed")
+    parser.add_argument("--variants", nargs="+", default=["rqrl", "baseline"], choices=["rqrl", "baseline"])
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    results: dict[str, list[dict]] = {variant: [] for variant in args.variants}
+    with tempfile.TemporaryDirectory(prefix="rqrl-bench-") as run_dir:
+        for index, seed in enumerate(args.seeds):
+            order = args.variants if index % 2 == 0 else list(reversed(args.variants))
+            for variant in order:
+                log.info("%s, seed %d (%d/%d): %s", args.env, seed, index + 1, len(args.seeds), variant)
+                results[variant].append(run_once(args.env, seed, variant, args.budget, run_dir))
+    print(f"\nIMPALA on {args.env}: time and env steps to solve, median over seeds {args.seeds}\n")
+    print("| actors | solved | median seconds | median env steps | median steps/s | seconds per seed |")
+    print("|---|--:|--:|--:|--:|---|")
+    for variant, runs in results.items():
+        seconds = [run["seconds"] for run in runs]
+        steps = [run["env_steps"] for run in runs]
+        rates = [run["env_steps"] / run["seconds"] for run in runs]
+        label = "rqrl (Redis, local workers)" if variant == "rqrl" else "baseline (1 process, SyncVectorEnv)"
+        print(f"| {label} | {sum(run['solved'] for run in runs)}/{len(runs)} | {statistics.median(seconds):.1f} "
+              f"| {statistics.median(steps):,.0f} | {statistics.median(rates):,.0f} "
+              f"| {', '.join(f'{s:.1f}' for s in seconds)} |")
+    if len(results) == 2:
+        speedup = statistics.median(run["seconds"] for run in results["baseline"]) / statistics.median(
+            run["seconds"] for run in results["rqrl"])
+        print(f"\nrqrl solves {speedup:.2f}x as fast as the single-process baseline (median wall-clock).")
+
+
+if __name__ == "__main__":
+    main()

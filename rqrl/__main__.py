@@ -1,0 +1,4 @@
+"""python -m rqrl"""
+from rqrl.cli import main
+
+main()

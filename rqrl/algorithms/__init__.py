@@ -1,0 +1,1 @@
+"""Learners built on the public DistributedActors API, one readable file each."""

@@ -1,0 +1,510 @@
+"""IMPALA with V-trace on rqrl's distributed actors, in one file.
+
+Uses only the public ``DistributedActors`` API (``broadcast_updated_policy``, ``collect_outputs``),
+so it runs on ``RedisDistributedActors``, ``SubprocDistributedActors`` or the in-process
+``SerialDistributedActors``, and reads as a reference for writing one's own learner.
+
+Reference: Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted
+Actor-Learner Architectures" (V-trace: section 4, equations 1-2 and the policy gradient of 4.2).
+
+>>> config = ImpalaConfig(env_id="CartPole-v1", total_env_steps=20_000, workers=1)
+>>> result = train(config)  # doctest: +SKIP
+>>> result.solved, result.run_dir  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from torch import nn
+
+from rqrl.actors import DistributedActors, RedisDistributedActors
+from rqrl.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
+from rqrl.connection import redact_url
+from rqrl.errors import ConfigError
+from rqrl.metrics import MetricsWriter, plot_learning_curve
+from rqrl.records import BatchedRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ImpalaConfig:
+    """Settings of one training run; each field is also a ``rqrl train`` flag."""
+
+    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector observations, "
+                                                                  "Discrete actions)."})
+    total_env_steps: int = field(default=2_000_000, metadata={"help": "Step budget: stop after this many env steps."})
+    target_return: float | None = field(default=None, metadata={
+        "help": "Stop when the mean return of the last 100 episodes reaches this (default: the env's threshold)."})
+    n_actors: int = field(default=16, metadata={"help": "Number of actors (envs)."})
+    n_rollout_steps: int = field(default=32, metadata={"help": "Steps per rollout (the V-trace horizon)."})
+    batch_size: int = field(default=16, metadata={"help": "Rollouts per learner update."})
+    queue_out_of_sync_factor: float = field(default=2.0, metadata={
+        "help": "Out-of-sync queue bound, in batches (bounds the policy lag)."})
+    workers: int | None = field(default=None, metadata={
+        "help": "Local worker processes (default: one per core but the learner's, at least 1; with --redis-url 0: "
+                "only external `rqrl worker`s)."})
+    redis_url: str | None = field(default=None, metadata={"help": "Redis URL (default: an embedded private Redis)."})
+    actors_per_job: int | None = field(default=None, metadata={
+        "help": "Actors one job steps together with one batched policy call (default: n_actors / local workers; "
+                "1 with external workers only). Larger is faster per worker, smaller spreads over more workers."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate."})
+    discount: float = field(default=0.99, metadata={"help": "Discount factor gamma."})
+    rho_bar: float = field(default=1.0, metadata={"help": "V-trace clip of the importance ratio in the TD errors."})
+    c_bar: float = field(default=1.0, metadata={"help": "V-trace clip of the importance ratio in the traces."})
+    pg_rho_bar: float = field(default=1.0, metadata={"help": "Clip of the importance ratio in the policy gradient."})
+    entropy_coef: float = field(default=0.01, metadata={"help": "Weight of the entropy bonus."})
+    value_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
+    max_grad_norm: float = field(default=10.0, metadata={"help": "Gradient norm clip."})
+    hidden_size: int = field(default=64, metadata={"help": "Width of the two hidden layers of each MLP."})
+    max_policy_lag: int | None = field(default=None, metadata={
+        "help": "Drop rollouts made by weights more than this many updates old (default: keep all)."})
+    seed: int = field(default=0, metadata={"help": "Seed of the model, env and agent seeds."})
+    learner_device: str = field(default="cpu", metadata={"help": "Device of the learner: cpu, cuda, cuda:1..."})
+    learner_threads: int = field(default=1, metadata={
+        "help": "Torch CPU threads of the learner (1 leaves the other cores to local workers)."})
+    run_dir: str = field(default="runs", metadata={"help": "Parent folder of run folders."})
+    run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
+    resume: str | None = field(default=None, metadata={"help": "Run folder or checkpoint file to continue from."})
+    checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
+    progress: bool = field(default=True, metadata={"help": "Show a live progress bar."})
+
+    def __post_init__(self) -> None:
+        positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
+                    "learner_threads")
+        for name in (*positive, "rho_bar", "c_bar", "pg_rho_bar", "max_grad_norm", "queue_out_of_sync_factor"):
+            if not getattr(self, name) > 0:  # also refuses NaN
+                raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
+        for name in ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "hidden_size"):
+            if not isinstance(getattr(self, name), int):
+                raise ConfigError(f"expected {name} to be an int, got {getattr(self, name)!r}")
+        if not 0 < self.discount <= 1:
+            raise ConfigError(f"expected 0 < discount <= 1, got {self.discount}")
+        if self.max_policy_lag is not None and self.max_policy_lag < 0:
+            raise ConfigError(f"expected max_policy_lag >= 0, got {self.max_policy_lag}")
+
+
+class ActorCritic(nn.Module):
+    """Separate tanh MLPs for the policy and the value; ``forward`` gives the policy's logits,
+    so actors can use the module as a plain categorical policy."""
+
+    def __init__(self, obs_size: int, n_actions: int, hidden_size: int = 64):
+        super().__init__()
+
+        def mlp(out: int, gain: float) -> nn.Sequential:
+            layers = [nn.Linear(obs_size, hidden_size), nn.Tanh(), nn.Linear(hidden_size, hidden_size), nn.Tanh(),
+                      nn.Linear(hidden_size, out)]
+            for layer in layers:
+                if isinstance(layer, nn.Linear):
+                    nn.init.orthogonal_(layer.weight, math.sqrt(2))
+                    nn.init.zeros_(layer.bias)
+            nn.init.orthogonal_(layers[-1].weight, gain)
+            return nn.Sequential(*layers)
+
+        self.policy = mlp(n_actions, 0.01)
+        self.value = mlp(1, 1.0)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.policy(obs.float())
+
+    def values(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.value(obs.float()).squeeze(-1)
+
+
+def vtrace(
+    behaviour_log_probs: torch.Tensor,
+    target_log_probs: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    bootstrap_discounts: torch.Tensor,
+    trace_discounts: torch.Tensor,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    pg_rho_bar: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace targets ``vs`` and policy-gradient advantages, all ``[T, B]`` time-major.
+
+    ``next_values[t]`` is the value of the state after step t (``next_obs`` at the rollout's end,
+    the final observation where an episode was truncated); ``bootstrap_discounts`` is gamma
+    except 0 where the episode terminated; ``trace_discounts`` is gamma except 0 wherever an
+    episode ended (terminated or truncated), so traces never cross into the next episode.
+    """
+    with torch.no_grad():
+        rhos = torch.exp(target_log_probs - behaviour_log_probs)
+        clipped_rhos = rhos.clamp(max=rho_bar)
+        cs = rhos.clamp(max=c_bar)
+        deltas = clipped_rhos * (rewards + bootstrap_discounts * next_values - values)
+        corrections = torch.zeros_like(values)
+        carry = torch.zeros_like(values[0])
+        for t in reversed(range(values.shape[0])):
+            carry = deltas[t] + trace_discounts[t] * cs[t] * carry
+            corrections[t] = carry
+        vs = values + corrections
+        # the target of the state after step t: vs[t+1] inside an episode, else its bootstrap value
+        continues = trace_discounts > 0
+        vs_next = next_values.clone()
+        vs_next[:-1] = torch.where(continues[:-1], vs[1:], next_values[:-1])
+        advantages = rhos.clamp(max=pg_rho_bar) * (rewards + bootstrap_discounts * vs_next - values)
+    return vs, advantages
+
+
+def next_state_values(model: ActorCritic, record: BatchedRecord) -> torch.Tensor:
+    """``[T, B]`` values of the state after each step: obs[t+1], next_obs at the end, final_obs at truncations."""
+    with torch.no_grad():
+        values = model.values(torch.cat([record.obs[1:], record.next_obs.unsqueeze(0)]))
+        if len(record.final_obs_index):
+            steps, columns = record.final_obs_index[:, 0], record.final_obs_index[:, 1]
+            values[steps, columns] = model.values(record.final_obs)
+    return values
+
+
+@dataclass
+class LossTerms:
+    total: torch.Tensor
+    policy: float
+    value: float
+    entropy: float
+    mean_rho: float
+
+
+def impala_loss(model: ActorCritic, record: BatchedRecord, config: ImpalaConfig) -> LossTerms:
+    """The IMPALA loss on one batch: V-trace policy gradient + value regression - entropy bonus."""
+    logits = model(record.obs)
+    log_probs_all = torch.log_softmax(logits, dim=-1)
+    target_log_probs = log_probs_all.gather(-1, record.actions.long().unsqueeze(-1)).squeeze(-1)
+    values = model.values(record.obs)
+    terminated = record.terminated.float()
+    episode_ended = (record.terminated | record.truncated).float()
+    vs, advantages = vtrace(
+        record.log_probs, target_log_probs.detach(), record.rewards, values.detach(),
+        next_state_values(model, record),
+        bootstrap_discounts=config.discount * (1.0 - terminated),
+        trace_discounts=config.discount * (1.0 - episode_ended),
+        rho_bar=config.rho_bar, c_bar=config.c_bar, pg_rho_bar=config.pg_rho_bar,
+    )
+    policy_loss = -(target_log_probs * advantages).mean()
+    value_loss = 0.5 * (vs - values).pow(2).mean()
+    entropy = -(log_probs_all.exp() * log_probs_all).sum(-1).mean()
+    total = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
+    mean_rho = torch.exp(target_log_probs.detach() - record.log_probs).mean()
+    return LossTerms(total, float(policy_loss.detach()), float(value_loss.detach()), float(entropy.detach()),
+                     float(mean_rho))
+
+
+def drop_stale(record: BatchedRecord, learner_version: int, max_policy_lag: int | None) -> BatchedRecord | None:
+    """The batch without rollouts whose policy lag exceeds ``max_policy_lag`` (None if none is left)."""
+    if max_policy_lag is None:
+        return record
+    keep = (learner_version - record.policy_version) <= max_policy_lag
+    if bool(keep.all()):
+        return record
+    if not bool(keep.any()):
+        return None
+    columns = torch.nonzero(keep).squeeze(-1)
+    remap = torch.full((record.batch_size,), -1, dtype=torch.long, device=keep.device)
+    remap[columns] = torch.arange(len(columns), device=keep.device)
+    final_keep = keep[record.final_obs_index[:, 1]] if len(record.final_obs_index) else keep[:0]
+    final_index = record.final_obs_index[final_keep].clone()
+    if len(final_index):
+        final_index[:, 1] = remap[final_index[:, 1]]
+    return BatchedRecord(
+        obs=record.obs[:, columns], actions=record.actions[:, columns], rewards=record.rewards[:, columns],
+        terminated=record.terminated[:, columns], truncated=record.truncated[:, columns],
+        log_probs=record.log_probs[:, columns],
+        logits=record.logits[:, columns] if record.logits is not None else None,
+        next_obs=record.next_obs[columns], final_obs=record.final_obs[final_keep], final_obs_index=final_index,
+        policy_version=record.policy_version[columns], actor_id=record.actor_id[columns],
+        rollout_id=record.rollout_id[columns], worker=tuple(record.worker[int(c)] for c in columns),
+        episode_returns=record.episode_returns, episode_lengths=record.episode_lengths,
+    )
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    solved: bool
+    interrupted: bool
+    env_steps: int
+    updates: int
+    seconds: float
+    mean_return: float | None
+    best_mean_return: float | None
+    episodes: int
+
+    def summary(self) -> dict[str, Any]:
+        return {**asdict(self), "run_dir": str(self.run_dir)}
+
+
+def env_spaces(env_id: str) -> tuple[int, int, float | None]:
+    """Observation size, number of actions and reward threshold of a Gymnasium env."""
+    env = gymnasium.make(env_id)
+    try:
+        obs_space, action_space = env.observation_space, env.action_space
+        if not isinstance(obs_space, gymnasium.spaces.Box) or not isinstance(action_space, gymnasium.spaces.Discrete):
+            raise ConfigError(f"IMPALA here needs Box observations and Discrete actions; {env_id} has "
+                              f"{obs_space} and {action_space}")
+        threshold = env.spec.reward_threshold if env.spec is not None else None
+        return int(np.prod(obs_space.shape)), int(action_space.n), threshold
+    finally:
+        env.close()
+
+
+def make_flat_env(env_id: str) -> gymnasium.Env:
+    """The env with observations flattened to a float32 vector (what the MLP expects)."""
+    env = gymnasium.make(env_id)
+    if len(env.observation_space.shape) != 1:
+        env = gymnasium.wrappers.FlattenObservation(env)
+    return env
+
+
+def make_actors(config: ImpalaConfig, model: ActorCritic) -> DistributedActors:
+    """The default actors: rqrl's Redis engine, embedded Redis unless ``redis_url`` is given."""
+    seeds = np.random.SeedSequence(config.seed).generate_state(2 * config.n_actors).tolist()
+    workers = config.workers
+    if workers is None and not (config.redis_url or os.environ.get("REDIS_URL")):
+        workers = max(1, (os.cpu_count() or 1) - 1)  # measured: a core of its own for the learner pays off
+    actor_policy = copy.deepcopy(model).to("cpu")  # workers need no GPU: ship the architecture on the CPU
+    return RedisDistributedActors(
+        functools.partial(make_flat_env, config.env_id), actor_policy, config.n_rollout_steps, config.n_actors,
+        config.batch_size, config.queue_out_of_sync_factor,
+        actor_env_seeds=seeds[: config.n_actors], actor_agent_seeds=seeds[config.n_actors:],
+        redis_url=config.redis_url, run_name=config.run_name, n_local_workers=workers,
+        actors_per_job=config.actors_per_job,
+        start_method="forkserver", resume=config.resume is not None,
+    )
+
+
+class Learner:
+    """The training loop's state: model, optimizer, counters, recent returns, run folder."""
+
+    def __init__(self, config: ImpalaConfig):
+        self.config = config
+        obs_size, n_actions, threshold = env_spaces(config.env_id)
+        self.target_return = config.target_return if config.target_return is not None else threshold
+        if self.target_return is None:
+            log.warning("%s has no reward threshold and no --target-return: training runs to its step budget",
+                        config.env_id)
+        torch.manual_seed(config.seed)
+        torch.set_num_threads(config.learner_threads)
+        self.device = torch.device(config.learner_device)
+        self.model = ActorCritic(obs_size, n_actions, config.hidden_size).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate, eps=1e-5)
+        self.env_steps = self.updates = self.episodes = 0
+        self.elapsed_before = 0.0
+        self.recent_returns: deque[float] = deque(maxlen=100)
+        self.best_mean_return: float | None = None
+        if config.resume:
+            self._resume(Path(config.resume))
+        if config.run_name is None:
+            config.run_name = f"impala-{uuid.uuid4().hex[:8]}"
+        self.run_dir = Path(config.run_dir) / config.run_name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        stored = {**asdict(config), "redis_url": redact_url(config.redis_url)}  # no password in the run folder
+        (self.run_dir / "config.json").write_text(json.dumps(stored, indent=2))
+
+    def _resume(self, path: Path) -> None:
+        checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path
+        state = load_checkpoint(checkpoint_path, str(self.device))
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        counters = state.counters
+        self.env_steps, self.updates = counters["env_steps"], counters["updates"]
+        self.episodes, self.elapsed_before = counters["episodes"], counters["seconds"]
+        self.recent_returns.extend(counters.get("recent_returns", []))
+        self.best_mean_return = counters.get("best_mean_return")
+        if self.config.run_name is None and path.is_dir():
+            self.config.run_name = path.name
+            self.config.run_dir = str(path.parent)
+        log.info("resumed from %s at %d env steps", checkpoint_path, self.env_steps)
+
+    @property
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+    @property
+    def solved(self) -> bool:
+        return (self.target_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
+                and self.mean_return >= self.target_return)
+
+    def update(self, record: BatchedRecord) -> LossTerms:
+        terms = impala_loss(self.model, record, self.config)
+        self.optimizer.zero_grad(set_to_none=True)
+        terms.total.backward()
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        return terms
+
+    def checkpoint(self, seconds: float) -> None:
+        counters = {"env_id": self.config.env_id, "hidden_size": self.config.hidden_size,
+                    "env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
+                    "seconds": seconds, "recent_returns": list(self.recent_returns),
+                    "best_mean_return": self.best_mean_return}
+        save_checkpoint(self.run_dir / "checkpoint.safetensors",
+                        TrainingState(self.model.state_dict(), self.optimizer.state_dict(), counters))
+
+    def save_weights(self, name: str) -> None:
+        save_weights(self.run_dir / f"{name}.safetensors", self.model.state_dict(),
+                     {"env_id": self.config.env_id, "hidden_size": self.config.hidden_size,
+                      "env_steps": self.env_steps, "mean_return": self.mean_return})
+
+
+METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_lag_mean",
+                 "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped"]
+
+
+def train(config: ImpalaConfig, actors: DistributedActors | None = None) -> TrainResult:
+    """Train until solved, the step budget ends, or Ctrl-C; always leaves a checkpoint behind."""
+    learner = Learner(config)
+    actors = actors if actors is not None else make_actors(config, learner.model)
+    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS)
+    progress = _progress_bar(config, learner.env_steps)
+    started, last_checkpoint, interrupted = time.monotonic(), time.monotonic(), False
+    try:
+        with actors:
+            actors.broadcast_updated_policy(learner.model.state_dict())
+            while learner.env_steps < config.total_env_steps and not learner.solved:
+                record, queue_size, _, _ = actors.collect_outputs(str(learner.device))
+                learner_version = actors.policy_version
+                lags = (learner_version - record.policy_version).float()
+                learner.env_steps += record.n_steps * record.batch_size
+                learner.episodes += len(record.episode_returns)
+                learner.recent_returns.extend(record.episode_returns.tolist())
+                fresh = drop_stale(record, learner_version, config.max_policy_lag)
+                dropped = record.batch_size - (fresh.batch_size if fresh is not None else 0)
+                if fresh is None:
+                    continue
+                terms = learner.update(fresh)
+                actors.broadcast_updated_policy(learner.model.state_dict())
+                seconds = learner.elapsed_before + time.monotonic() - started
+                trained_lag = (learner_version - fresh.policy_version).float()
+                metrics.write(learner.env_steps, {
+                    "seconds": seconds, "updates": learner.updates,
+                    "steps_per_second": learner.env_steps / max(seconds, 1e-9), "mean_return": learner.mean_return,
+                    "episodes": learner.episodes, "policy_lag_mean": float(trained_lag.mean()),
+                    "policy_lag_max": float(trained_lag.max()), "queue_size": queue_size,
+                    "policy_loss": terms.policy, "value_loss": terms.value, "entropy": terms.entropy,
+                    "mean_rho": terms.mean_rho, "dropped": dropped,
+                })
+                if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
+                        learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
+                    learner.best_mean_return = learner.mean_return
+                    learner.save_weights("best")
+                if time.monotonic() - last_checkpoint > config.checkpoint_seconds:
+                    learner.checkpoint(seconds)
+                    metrics.flush()
+                    last_checkpoint = time.monotonic()
+                progress.update(learner.env_steps, learner.mean_return, float(lags.mean()), queue_size, seconds)
+                if learner.updates % 100 == 0:  # epochs of 100 updates keep the actors' statistics bounded
+                    actors.get_epoch_stats_aggregator().reduce()
+    except KeyboardInterrupt:
+        interrupted = True
+        log.warning("interrupted: writing a checkpoint; resume with --resume %s", learner.run_dir)
+    finally:
+        progress.close()
+        seconds = learner.elapsed_before + time.monotonic() - started
+        learner.checkpoint(seconds)
+        learner.save_weights("final")
+        metrics.close()
+        _plot(learner)
+    result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=interrupted,
+                         env_steps=learner.env_steps, updates=learner.updates, seconds=seconds,
+                         mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
+                         episodes=learner.episodes)
+    (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+    return result
+
+
+def _plot(learner: Learner) -> None:
+    try:
+        plot_learning_curve(learner.run_dir / "metrics.csv", learner.run_dir / "learning_curve.png",
+                            target=learner.target_return, title=f"IMPALA on {learner.config.env_id}")
+    except Exception:  # a missing plot must not lose the run's other outputs
+        log.exception("could not plot the learning curve")
+
+
+class _progress_bar:
+    """tqdm bar over env steps with return, lag, queue depth and steps/s (silent if disabled)."""
+
+    def __init__(self, config: ImpalaConfig, initial: int):
+        self.bar = None
+        if config.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=config.total_env_steps, initial=initial, unit="step", unit_scale=True,
+                            desc=f"IMPALA {config.env_id}", dynamic_ncols=True)
+        self.last = 0.0
+
+    def update(self, env_steps: int, mean_return: float | None, lag: float, queue: int, seconds: float) -> None:
+        if self.bar is None or time.monotonic() - self.last < 0.5:
+            return
+        self.last = time.monotonic()
+        self.bar.n = min(env_steps, self.bar.total)
+        self.bar.set_postfix_str(
+            f"return {mean_return if mean_return is not None else float('nan'):.1f} lag {lag:.1f} queue {queue}",
+            refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dict[str, Any]]:
+    """An ActorCritic with the weights of a run folder (best, else final) or of a weights file."""
+    path = Path(path)
+    if path.is_dir():
+        candidates = [path / "best.safetensors", path / "final.safetensors"]
+        found = [candidate for candidate in candidates if candidate.is_file()]
+        if not found:
+            raise ConfigError(f"{path} holds no best.safetensors or final.safetensors; is it a run folder?")
+        path = found[0]
+    state_dict, metadata = load_weights(path, device)
+    if "counters" in metadata:  # a training checkpoint: model tensors under "model.", run facts in counters
+        state_dict = load_checkpoint(path, device).model
+        metadata = metadata["counters"]
+    if "env_id" not in metadata or "hidden_size" not in metadata:
+        raise ConfigError(f"{path} names no env_id and hidden_size: it is not an rqrl IMPALA weights file")
+    obs_size, n_actions, _ = env_spaces(metadata["env_id"])
+    model = ActorCritic(obs_size, n_actions, int(metadata["hidden_size"])).to(device)
+    model.load_state_dict(state_dict)
+    return model.eval(), metadata
+
+
+def evaluate(model: ActorCritic, env_id: str, episodes: int = 10, seed: int = 0, greedy: bool = True) -> list[float]:
+    """Returns of ``episodes`` episodes with ``model`` (argmax actions if ``greedy``)."""
+    env = make_flat_env(env_id)
+    generator = torch.Generator().manual_seed(seed)
+    returns = []
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            done, total = False, 0.0
+            while not done:
+                with torch.no_grad():
+                    logits = model(torch.as_tensor(obs).unsqueeze(0))
+                    action = (int(logits.argmax(-1)) if greedy
+                              else int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)))
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return returns

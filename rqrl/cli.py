@@ -1,0 +1,248 @@
+"""Command line: ``rqrl worker`` serves rollout jobs, ``rqrl demo`` collects CartPole rollouts,
+``rqrl dashboard`` runs rq-dashboard for rqrl's JSON jobs."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+
+import click
+
+from rqrl.connection import redact_url
+from rqrl.worker import DEFAULT_QUEUE
+
+REDIS_URL_HELP = "Redis to connect to, e.g. redis://host:6379/0 (env: REDIS_URL)."
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rqrl")
+def main() -> None:
+    """rqrl: distributed reinforcement-learning rollouts on Redis and RQ."""
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--queue", "queues", multiple=True, default=[DEFAULT_QUEUE], show_default=True,
+              help="RQ queue(s) to serve, in priority order (env: RQRL_QUEUE).", envvar="RQRL_QUEUE")
+@click.option("--name", default=None, help="Worker name shown in rq-dashboard (default: host.pid.random).")
+@click.option("--burst", is_flag=True, help="Exit when the queues are empty instead of waiting for jobs.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level.")
+def worker(redis_url: str, queues: tuple[str, ...], name: str | None, burst: bool, log_level: str) -> None:
+    """Run an RQ worker that keeps envs and policies warm between rollout jobs.
+
+    Needs RQRL_SECRET, the learner's shared secret (the env var, never a flag: flags show in `ps`).
+    """
+    import os
+
+    import redis
+
+    from rqrl.worker import run_worker
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not os.environ.get("RQRL_SECRET"):
+        raise click.ClickException(
+            "RQRL_SECRET is not set: workers only unpickle env factories and policies signed with the learner's "
+            "shared secret; set RQRL_SECRET to the same value for the learner and every worker"
+        )
+    try:
+        redis.Redis.from_url(redis_url).ping()
+    except (redis.RedisError, ValueError) as error:
+        raise click.ClickException(
+            f"cannot reach Redis at {redact_url(redis_url)}: {error}; check --redis-url"
+        ) from error
+    run_worker(redis_url, list(queues), name=name, burst=burst, logging_level=log_level)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.argument("dashboard_args", nargs=-1, type=click.UNPROCESSED)
+def dashboard(redis_url: str, dashboard_args: tuple[str, ...]) -> None:
+    """Run rq-dashboard set up for rqrl's JSON jobs; other arguments (--bind, --port, ...) go to it."""
+    try:
+        import rq_dashboard.cli
+        import rq_dashboard.web
+    except ImportError as error:
+        raise click.ClickException("rq-dashboard is not installed: pip install 'rqrl[dashboard]'") from error
+    from rq import Worker
+    from rq.serializers import JSONSerializer
+
+    class JsonWorker(Worker):
+        """rq-dashboard lists workers without its serializer; busy workers' JSON jobs need it."""
+
+        @classmethod
+        def all(cls, *args, **kwargs):
+            kwargs.setdefault("serializer", JSONSerializer)
+            return Worker.all(*args, **kwargs)
+
+    rq_dashboard.web.Worker = JsonWorker
+    rq_dashboard.cli.run.main(args=["--json", "--redis-url", redis_url, *dashboard_args],
+                              prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
+
+
+def _config_options(config_class):
+    """Decorator adding one click option per dataclass field, with the field's help text."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(config_class)
+
+    def decorate(command):
+        for spec in reversed(dataclasses.fields(config_class)):
+            hint = hints[spec.name]
+            optional = type(None) in typing.get_args(hint)
+            base = next((arg for arg in typing.get_args(hint) if arg is not type(None)), hint)
+            flag = "--" + spec.name.replace("_", "-")
+            help_text = spec.metadata.get("help", "")
+            if base is bool:
+                option = click.option(f"{flag}/--no-{flag[2:]}", spec.name, default=spec.default, show_default=True,
+                                      help=help_text)
+            else:
+                option = click.option(flag, spec.name, type=base, default=spec.default, help=help_text,
+                                      show_default=not optional or spec.default is not None)
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def _train_command():
+    from rqrl.algorithms.impala import ImpalaConfig
+
+    @main.command(name="train")
+    @_config_options(ImpalaConfig)
+    @click.option("--env", "env_alias", default=None, help="Alias of --env-id.")
+    @click.option("--log-level", default="WARNING", show_default=True,
+                  type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level.")
+    def train(env_alias: str | None, log_level: str, **options) -> None:
+        """Train IMPALA (V-trace) on distributed actors until the env is solved or the budget ends.
+
+        Writes into RUN_DIR/RUN_NAME: final and best weights, a checkpoint for --resume, metrics.csv,
+        TensorBoard events and learning_curve.png.
+        """
+        from rqrl.algorithms.impala import ImpalaConfig
+        from rqrl.algorithms.impala import train as run_training
+        from rqrl.errors import RqrlError
+
+        logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if env_alias:
+            options["env_id"] = env_alias
+        if options["redis_url"] is None:
+            import os
+
+            options["redis_url"] = os.environ.get("REDIS_URL")
+        try:
+            config = ImpalaConfig(**options)
+            result = run_training(config)
+        except RqrlError as error:
+            raise click.ClickException(str(error)) from error
+        state = "solved" if result.solved else ("interrupted" if result.interrupted else "step budget reached")
+        mean = f"{result.mean_return:.1f}" if result.mean_return is not None else "n/a"
+        click.echo(f"{state}: {result.env_steps:,} env steps, {result.updates:,} updates in {result.seconds:.1f} s "
+                   f"({result.env_steps / max(result.seconds, 1e-9):,.0f} steps/s); mean return of the last 100 "
+                   f"episodes {mean} over {result.episodes:,} episodes")
+        click.echo(f"run folder: {result.run_dir}")
+        if result.interrupted:
+            raise SystemExit(130)
+
+    return train
+
+
+@main.command()
+@click.argument("run_dir", required=False, type=click.Path(exists=True, file_okay=False))
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False),
+              help="A weights file (best/final/checkpoint .safetensors) instead of RUN_DIR's best weights.")
+@click.option("--episodes", default=10, show_default=True, help="Episodes to run.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the first episode's reset.")
+@click.option("--sample", is_flag=True, help="Sample actions instead of taking the most likely one.")
+def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: int, sample: bool) -> None:
+    """Run episodes with a trained policy and print the mean and std of the returns."""
+    import numpy as np
+
+    from rqrl.algorithms.impala import evaluate as run_episodes
+    from rqrl.algorithms.impala import load_policy
+    from rqrl.errors import RqrlError
+
+    if (run_dir is None) == (checkpoint is None):
+        raise click.UsageError("give either RUN_DIR or --checkpoint")
+    try:
+        model, metadata = load_policy(checkpoint or run_dir)
+    except (RqrlError, KeyError) as error:
+        raise click.ClickException(f"cannot load a policy from {checkpoint or run_dir}: {error}") from error
+    returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample)
+    click.echo(f"{metadata['env_id']}: {episodes} episodes, return {np.mean(returns):.1f} +- {np.std(returns):.1f} "
+               f"(min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+
+
+_train_command()
+
+
+def _demo_policy(obs_size: int, n_actions: int):
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(obs_size, 64), torch.nn.Tanh(), torch.nn.Linear(64, n_actions))
+
+
+@main.command()
+@click.option("--env", "env_id", default="CartPole-v1", show_default=True, help="Gymnasium env id.")
+@click.option("--actors", default=8, show_default=True, help="Number of actors (envs).")
+@click.option("--workers", default=None, type=int,
+              help="Local worker processes (default: one per core with an embedded Redis, 0 with --redis-url).")
+@click.option("--rollout-steps", default=128, show_default=True, help="Steps per rollout.")
+@click.option("--batch-size", default=8, show_default=True, help="Rollouts per collect_outputs batch.")
+@click.option("--seconds", default=20.0, show_default=True, help="How long to collect.")
+@click.option("--redis-url", envvar="REDIS_URL", default=None,
+              help="Redis to use (env: REDIS_URL); default: an embedded private redis-server.")
+def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batch_size: int, seconds: float,
+         redis_url: str | None) -> None:
+    """Collect rollouts with a random-init policy and print throughput and episode stats."""
+    import gymnasium
+
+    from rqrl.actors import RedisDistributedActors
+    from rqrl.errors import RqrlError
+    from rqrl.stats import RolloutEvents
+
+    logging.basicConfig(level=logging.WARNING)
+    env_factory = functools.partial(gymnasium.make, env_id)
+    probe = env_factory()
+    policy = _demo_policy(int(probe.observation_space.shape[0]), int(probe.action_space.n))
+    probe.close()
+    click.echo(f"rqrl demo: {env_id}, {actors} actors, {rollout_steps}-step rollouts, batches of {batch_size}")
+    try:
+        with RedisDistributedActors(env_factory, policy, rollout_steps, actors, batch_size, 2.0,
+                                    redis_url=redis_url, n_local_workers=workers, start_method="forkserver") as run:
+            run.broadcast_updated_policy(policy.state_dict())
+            click.echo(f"run {run.run_name}: {run.n_local_workers} local worker(s), Redis {redact_url(run.redis_url)}")
+            _collect_with_progress(run, seconds, RolloutEvents)
+    except RqrlError as error:
+        raise click.ClickException(str(error)) from error
+
+
+def _collect_with_progress(run, seconds: float, events) -> None:
+    started = last_print = time.monotonic()
+    total_steps = 0
+    returns: list[float] = []
+    while time.monotonic() - started < seconds:
+        record, size_before, _, _ = run.collect_outputs("cpu")
+        total_steps += record.rewards.numel()
+        returns.extend(record.episode_returns.tolist())
+        now = time.monotonic()
+        if now - last_print >= 1.0 or now - started >= seconds:
+            last_print = now
+            mean_return = sum(returns[-100:]) / max(1, len(returns[-100:]))
+            click.echo(
+                f"  {now - started:5.1f}s  steps {total_steps:>9,}  steps/s {total_steps / (now - started):>9,.0f}  "
+                f"return(last 100) {mean_return:6.1f}  episodes {len(returns):>6}  queue {size_before:>3}  "
+                f"workers {run.workers_alive()}"
+            )
+    stats = run.get_epoch_stats_aggregator().reduce()
+    elapsed = time.monotonic() - started
+    click.echo(f"done: {total_steps:,} env steps in {elapsed:.1f} s = {total_steps / elapsed:,.0f} steps/s; "
+               f"episodes {int(stats.get('episode_return', {}).get('count', 0))}, "
+               f"policy lag max {stats.get('policy_lag', {}).get('max', 0):.0f}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Redis clients that ride out a Redis restart: redis-py's own retry with exponential backoff.
+
+Commands that fail with a connection or timeout error are retried for about ``outage_seconds``;
+only then does the error reach the caller. A retried command may run twice, which rqrl's writes
+tolerate: pushes are idempotent per rollout id, weights are write-once per version.
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+import urllib.parse
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+DEFAULT_OUTAGE_SECONDS = 60.0
+_BACKOFF_CAP_SECONDS = 1.0
+
+
+class _OutageRetry(Retry):
+    """Retry through outages, but not through a refused login or an untrusted certificate, which
+    redis-py also reports as connection errors and which no amount of waiting will fix."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # noqa: ANN001, ANN201
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError)) or isinstance(
+                    error.__context__, ssl.SSLCertVerificationError):
+                return False
+            return is_retryable(error) if is_retryable else True
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` with its password replaced by ``***``, for messages and files."""
+    if not url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def connect(url: str, outage_seconds: float = DEFAULT_OUTAGE_SECONDS) -> redis.Redis:
+    """A client for ``url`` that retries through outages of up to about ``outage_seconds``."""
+    retries = max(1, math.ceil(outage_seconds / _BACKOFF_CAP_SECONDS))
+    retry = _OutageRetry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
+    return redis.Redis.from_url(url, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+                                socket_connect_timeout=5, health_check_interval=30)

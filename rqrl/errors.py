@@ -1,0 +1,81 @@
+"""The rqrl exception tree; every error a user can meet derives from RqrlError.
+
+    RqrlError
+    ├── ConfigError (also ValueError)      bad constructor or CLI arguments
+    ├── RedisServerNotFoundError           no redis-server for the embedded default
+    ├── PolicyError                        a policy that does not follow the protocol
+    ├── EnvError                           an env that breaks its contract (NaN reward, ...)
+    ├── SignatureError                     an unsigned or tampered pickled payload
+    ├── ForbiddenJobError                  a job that names a function rqrl does not run
+    ├── RecordError                        a queue entry that cannot be decoded
+    ├── MissingStatsError (also KeyError)  a statistic with no values yet
+    ├── ActorFailedError                   an env or policy raised on a worker
+    ├── CollectTimeoutError                nothing arrived within the timeout
+    │   └── NoWorkersError                 ... because no worker is alive
+    ├── RunStoppedError                    the run was stopped while waiting
+    └── RedisUnavailableError              Redis stayed unreachable past the outage deadline
+"""
+
+from __future__ import annotations
+
+
+class RqrlError(Exception):
+    """Base class of every error raised by rqrl."""
+
+
+class ConfigError(RqrlError, ValueError):
+    """An argument is out of range or inconsistent; the message names it and the fix."""
+
+
+class RedisServerNotFoundError(RqrlError):
+    """No redis-server binary to start an embedded Redis."""
+
+
+class PolicyError(RqrlError):
+    """The policy does not follow the protocol rqrl expects."""
+
+
+class EnvError(RqrlError):
+    """An env broke its contract on a worker, e.g. returned a reward that is not a finite number."""
+
+
+class SignatureError(RqrlError):
+    """A pickled payload (env factory, policy) is unsigned, tampered, or signed with another secret."""
+
+
+class ForbiddenJobError(RqrlError):
+    """An RQ job names a function or callback that rqrl workers refuse to run."""
+
+
+class RecordError(RqrlError):
+    """A trajectory record could not be decoded or does not belong to this run."""
+
+
+class MissingStatsError(RqrlError, KeyError):
+    """get_stats_value asked for an event that has no values yet."""
+
+
+class ActorFailedError(RqrlError):
+    """An env or policy raised on a worker; carries the job id and the remote traceback."""
+
+    def __init__(self, message: str, *, job_id: str, actor_ids: list[int], remote_traceback: str):
+        super().__init__(f"{message}\n--- traceback on the worker (job {job_id}) ---\n{remote_traceback}")
+        self.job_id = job_id
+        self.actor_ids = actor_ids
+        self.remote_traceback = remote_traceback
+
+
+class CollectTimeoutError(RqrlError, TimeoutError):
+    """collect_outputs waited longer than its timeout for rollouts."""
+
+
+class NoWorkersError(CollectTimeoutError):
+    """collect_outputs is waiting but no worker is connected to the queue."""
+
+
+class RunStoppedError(RqrlError):
+    """The run was stopped (or never started) while an operation waited on it."""
+
+
+class RedisUnavailableError(RqrlError):
+    """Redis could not be reached for longer than the configured outage deadline."""

@@ -1,0 +1,319 @@
+"""The RQ job function: the one place where transport (Redis) and rollouts meet.
+
+A job runs one actor group's rollouts for a *slice*: it keeps going in place while no other
+job waits in the queue, and yields (enqueues its own continuation at the queue's tail) once
+another job waits and it has run ``min_job_seconds``, or after ``max_job_seconds``. Envs,
+policies and weights stay warm in the worker process between jobs, so a continuation that
+lands on the same worker only costs the RQ round trips. Job arguments are plain JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import torch
+from rq import Queue, get_current_job
+from rq.serializers import JSONSerializer
+
+from rqrl.codec import loads_object, secret_bytes
+from rqrl.errors import RecordError, RunStoppedError, SignatureError
+from rqrl.keys import RunKeys
+from rqrl.leases import GroupLease, LeaseLostError, read_progress
+from rqrl.policy import ActFunction, make_act_function
+from rqrl.records import encode_record
+from rqrl.rollout import ActorGroup
+from rqrl.run_config import RunConfig
+from rqrl.trajectories import PendingRollout, TrajectoryQueue
+from rqrl.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+JOB_FUNCTION = "rqrl.jobs.run_actor_group"
+HEARTBEAT_SECONDS = 5.0
+LIVENESS_SECONDS = 4 * HEARTBEAT_SECONDS  # no heartbeat for this long: the worker is gone
+STOP_CHECK_SECONDS = 0.1
+ERROR_TTL_SECONDS = 24 * 3600
+
+
+def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rollout_id: int) -> str:
+    """Enqueue the job that runs ``group_id`` from ``rollout_id`` on; returns the job id."""
+    keys = RunKeys(config.run_name)
+    queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
+    job = queue.enqueue(
+        JOB_FUNCTION,
+        config.run_name,
+        group_id,
+        rollout_id,
+        job_id=keys.job_id(group_id, rollout_id),
+        description=f"rqrl {config.run_name} actors {config.actor_groups[group_id]} from rollout {rollout_id}",
+        result_ttl=0,
+        failure_ttl=ERROR_TTL_SECONDS,
+        job_timeout=-1,
+    )
+    return job.id
+
+
+@dataclass
+class RunContext:
+    """What a worker keeps warm for one run: config, env factory, policy, weights, actor groups."""
+
+    config: RunConfig
+    env_factory: Any
+    policy: Any
+    keys: RunKeys
+    weights_version: int | None = None
+    act: ActFunction | None = None
+    groups: dict[int, ActorGroup] = field(default_factory=dict)
+
+    def group(self, group_id: int) -> ActorGroup:
+        if group_id not in self.groups:
+            actor_ids = self.config.actor_groups[group_id]
+            self.groups[group_id] = ActorGroup(
+                self.env_factory,
+                actor_ids,
+                [self.config.actor_env_seeds[a] for a in actor_ids],
+                [self.config.actor_agent_seeds[a] for a in actor_ids],
+                self.config.n_rollout_steps,
+            )
+        group = self.groups[group_id]
+        if self.act is None:
+            self.act = make_act_function(self.policy, group.action_space)
+        return group
+
+    def close(self) -> None:
+        for group in self.groups.values():
+            group.close()
+        self.groups.clear()
+
+
+_CONTEXTS: dict[str, RunContext] = {}
+_MAX_CONTEXTS = 4
+ALLOWED_JOB_FUNCTIONS = frozenset({JOB_FUNCTION})
+_secret: bytes | None = None
+_heartbeat_hook: Callable[[], None] | None = None
+
+
+def set_heartbeat_hook(hook: Callable[[], None] | None) -> None:
+    """Let the worker layer refresh RQ's heartbeats during long slices (jobs never import it)."""
+    global _heartbeat_hook
+    _heartbeat_hook = hook
+
+
+def configure_secret(secret: str | bytes | None) -> None:
+    """Set the shared secret this worker process verifies pickled payloads with."""
+    global _secret
+    _secret = secret_bytes(secret) if secret else None
+
+
+def _require_secret() -> bytes:
+    if _secret is None and os.environ.get("RQRL_SECRET"):
+        configure_secret(os.environ["RQRL_SECRET"])
+    if _secret is None:
+        raise SignatureError(
+            "this worker has no shared secret, so it cannot verify the run's signed env factory and policy; "
+            "start it with RQRL_SECRET set to the learner's secret"
+        )
+    return _secret
+
+
+def read_config(connection: redis.Redis, run_name: str) -> RunConfig:
+    """The run's config from Redis; RunStoppedError if the run is gone."""
+    raw_config = connection.get(RunKeys(run_name).config)
+    if raw_config is None:
+        raise RunStoppedError(f"run {run_name!r} has no config in Redis: it was stopped or never started")
+    return RunConfig.from_json(raw_config)
+
+
+def load_context(connection: redis.Redis, run_name: str) -> RunContext:
+    """The warm context of ``run_name``, rebuilt if the run was restarted under the same name."""
+    keys = RunKeys(run_name)
+    config = read_config(connection, run_name)
+    context = _CONTEXTS.get(run_name)
+    if context is not None and context.config.run_id == config.run_id:
+        return context
+    if context is not None:
+        context.close()
+    env_factory_blob, policy_blob = connection.mget([keys.env_factory, keys.policy])
+    if env_factory_blob is None or policy_blob is None:
+        raise RunStoppedError(f"run {run_name!r} has no env factory or policy in Redis")
+    secret = _require_secret()
+    policy = loads_object(policy_blob, secret)
+    if isinstance(policy, torch.nn.Module):
+        policy.eval()
+    context = RunContext(config=config, env_factory=loads_object(env_factory_blob, secret), policy=policy, keys=keys)
+    while len(_CONTEXTS) >= _MAX_CONTEXTS:
+        _CONTEXTS.pop(next(iter(_CONTEXTS))).close()
+    _CONTEXTS[run_name] = context
+    return context
+
+
+def _drop_context(run_name: str) -> None:
+    """Free a stopped run's envs and policy in this worker."""
+    context = _CONTEXTS.pop(run_name, None)
+    if context is not None:
+        context.close()
+
+
+def worker_label() -> str:
+    job = get_current_job()
+    name = getattr(job, "worker_name", None) if job is not None else None
+    return name or f"{socket.gethostname()}.{os.getpid()}"
+
+
+class _Slice:
+    """Bookkeeping of one job: when to check the queue, heartbeat, and yield."""
+
+    def __init__(self, connection: redis.Redis, config: RunConfig):
+        self.connection = connection
+        self.config = config
+        self.started = time.monotonic()
+        self.last_check = self.started
+        self.last_heartbeat = self.started
+        self.rq_queue_key = Queue(config.queue_name, connection=connection, serializer=JSONSerializer).key
+
+    def should_yield(self) -> bool:
+        """True once the slice is long enough and another job waits, or it is at its maximum."""
+        now = time.monotonic()
+        elapsed = now - self.started
+        if elapsed >= self.config.max_job_seconds:
+            return True
+        if elapsed < self.config.min_job_seconds or now - self.last_check < self.config.min_job_seconds:
+            return False
+        self.last_check = now
+        return int(self.connection.llen(self.rq_queue_key)) > 0
+
+    def heartbeat(self) -> None:
+        """Keep RQ's worker and started-job registry entries alive during a long slice."""
+        now = time.monotonic()
+        if now - self.last_heartbeat < HEARTBEAT_SECONDS:
+            return
+        self.last_heartbeat = now
+        if _heartbeat_hook is not None:
+            _heartbeat_hook()
+
+
+def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped, beat) -> None:
+    """Block until the learner has broadcast a first version (actors may start before it)."""
+    poll = 0.01
+    while True:
+        fetched = store.fetch_if_newer(context.weights_version)
+        if fetched is not None:
+            version, state_dict = fetched
+            context.policy.load_state_dict(state_dict)
+            context.weights_version = version
+        if context.weights_version is not None:
+            return
+        if is_stopped():
+            raise RunStoppedError(f"run {context.keys.run_name!r} stopped before any weights were broadcast")
+        beat()
+        time.sleep(poll)
+        poll = min(poll * 2, 0.5)
+
+
+def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, Any]:
+    """RQ job: run rollouts of one actor group and push them to the run's out-of-sync queue."""
+    job = get_current_job()
+    connection = job.connection if job is not None else None
+    if connection is None:
+        raise RuntimeError("run_actor_group must run inside an RQ job")
+    keys = RunKeys(run_name)
+    first_rollout = rollout_id
+    lease: GroupLease | None = None
+    try:
+        config = read_config(connection, run_name)
+        # the lease first: unpickling and building envs can take a while, and the reaper must not
+        # mistake a job that is still starting for a dead one
+        lease = GroupLease(connection, keys, group_id, job.id, config.lease_seconds, config.hang_seconds)
+        lease.acquire()
+        context = load_context(connection, run_name)
+        config = context.config
+        rollout_id = first_rollout = max(rollout_id, read_progress(connection, keys, group_id))
+        group = context.group(group_id)
+        store = WeightStore(connection, keys, config.weights_ttl_seconds)
+        queue = TrajectoryQueue(connection, keys, config.queue_bound)
+        work = _Slice(connection, config)
+
+        stop_check = {"at": 0.0, "stopped": False}
+
+        def is_stopped() -> bool:
+            """Whether the learner stopped the run; asks Redis at most every STOP_CHECK_SECONDS."""
+            now = time.monotonic()
+            if now - stop_check["at"] >= STOP_CHECK_SECONDS:
+                stop_check["at"], stop_check["stopped"] = now, bool(connection.exists(keys.stopped))
+            return stop_check["stopped"]
+
+        label = worker_label()
+        while True:
+            _wait_for_weights(context, store, is_stopped, lambda: (work.heartbeat(), lease.touch()))
+            if is_stopped():
+                return {"rollouts": rollout_id - first_rollout, "stopped": True}
+            yield_now = work.should_yield()
+            records = group.run(context.act, rollout_id, context.weights_version, cut_at_end=yield_now, worker=label)
+            pending = [
+                PendingRollout(r.actor_id, r.rollout_id, encode_record(r, config.run_id))
+                for r in records
+            ]
+            queue.push(pending, is_stopped, on_wait=lambda: (work.heartbeat(), lease.touch()))
+            rollout_id += 1
+            lease.record_progress(rollout_id)
+            work.heartbeat()
+            if yield_now:
+                enqueue_group(connection, config, group_id, rollout_id)
+                return {"rollouts": rollout_id - first_rollout, "stopped": False}
+    except RunStoppedError:
+        _drop_context(run_name)
+        return {"rollouts": rollout_id - first_rollout, "stopped": True}
+    except LeaseLostError:
+        log.warning("job %s lost actor group %d to another job; stopping", job.id, group_id)
+        return {"rollouts": rollout_id - first_rollout, "lost": True}
+    except Exception as error:
+        if lease is not None:
+            lease.mark_failed()
+            lease = None
+        context = _CONTEXTS.get(run_name)
+        if context is not None:  # the group's envs may be mid-step: rebuild them next time
+            failed = context.groups.pop(group_id, None)
+            if failed is not None:
+                failed.close()
+        _report_failure(connection, keys, job.id, group_id, rollout_id, error)
+        raise
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _report_failure(connection: redis.Redis, keys: RunKeys, job_id: str, group_id: int, rollout_id: int,
+                    error: BaseException) -> None:
+    """Tell the learner which job failed and why, with the full traceback from this worker."""
+    actor_ids: list[int] = []
+    raw_config = connection.get(keys.config)
+    if raw_config is not None:
+        try:
+            actor_ids = RunConfig.from_json(raw_config).actor_groups[group_id]
+        except (RecordError, ValueError, IndexError, TypeError):
+            actor_ids = []
+    report = {
+        "job_id": job_id,
+        "group_id": group_id,
+        "actor_ids": actor_ids,
+        "rollout_id": rollout_id,
+        "worker": worker_label(),
+        "error": f"{type(error).__name__}: {error}",
+        "traceback": traceback.format_exc(),
+    }
+    try:
+        with connection.pipeline() as pipe:
+            pipe.rpush(keys.errors, json.dumps(report))
+            pipe.expire(keys.errors, ERROR_TTL_SECONDS)
+            pipe.execute()
+    except redis.RedisError:
+        log.exception("could not report the failure of job %s to the learner", job_id)

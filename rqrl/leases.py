@@ -1,0 +1,150 @@
+"""Leases that prove a live job is running an actor group, and the learner's reaper that re-runs
+groups whose job died with its worker.
+
+A job holds ``lease:{group}`` (value: its job id, a TTL of ``lease_seconds``). A thread in the
+worker refreshes it while rollouts keep finishing; it stops refreshing when the process dies
+(SIGKILL, a lost machine) or when no rollout finished for ``hang_seconds`` (an env hung in
+``step``). The refresher also stores ``progress:{group}``, the next rollout id after the last push. The
+learner's reaper finds groups with neither a lease nor a queued job and enqueues them again from
+their progress; pushes are idempotent per rollout id, so nothing is delivered twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+from rqrl.errors import RqrlError
+from rqrl.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+# KEYS[1] = lease, KEYS[2] = progress; ARGV[1] = holder, ARGV[2] = TTL ms, ARGV[3] = next rollout id or ''
+_REFRESH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3]) end
+return 1
+"""
+# KEYS[1] = lease; ARGV[1] = holder
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class LeaseLostError(RqrlError):
+    """Another job took over this job's actor group (the reaper judged this one dead or hung)."""
+
+
+class GroupLease:
+    """The lease of one job on one actor group."""
+
+    def __init__(self, connection: redis.Redis, keys: RunKeys, group_id: int, holder: str,
+                 lease_seconds: float, hang_seconds: float):
+        self.connection, self.keys, self.group_id, self.holder = connection, keys, group_id, holder
+        self.ttl_ms = int(lease_seconds * 1000)
+        self.hang_seconds = hang_seconds
+        self.lost = False
+        self._last_progress = time.monotonic()
+        self._stop = threading.Event()
+        self._refresh = connection.register_script(_REFRESH)
+        self._release = connection.register_script(_RELEASE)
+        self._thread: threading.Thread | None = None
+        self._next_rollout_id: int | None = None
+
+    def acquire(self) -> None:
+        """Take the group (from a dead or hung holder too) and start refreshing in the background."""
+        self.connection.set(self.keys.lease(self.group_id), self.holder, px=self.ttl_ms)
+        self._thread = threading.Thread(target=self._keep_alive, name=f"rqrl-lease-g{self.group_id}", daemon=True)
+        self._thread.start()
+
+    def _keep_alive(self) -> None:
+        interval = self.ttl_ms / 4000
+        while not self._stop.wait(interval):
+            if time.monotonic() - self._last_progress > self.hang_seconds:
+                log.error("no rollout of group %d finished for %.0f s: letting its lease expire so another worker "
+                          "takes over", self.group_id, self.hang_seconds)
+                return
+            try:
+                if not self._refresh_now():
+                    self.lost = True
+                    return
+            except redis.RedisError as error:  # the main loop meets the same error and reports it
+                log.warning("could not refresh the lease of group %d: %s", self.group_id, error)
+
+    def _refresh_now(self) -> bool:
+        """Extend the lease and store the latest progress, if the lease is still ours."""
+        progress = "" if self._next_rollout_id is None else self._next_rollout_id
+        return bool(self._refresh(keys=self._lease_keys(), args=[self.holder, self.ttl_ms, progress]))
+
+    def _lease_keys(self) -> list[str]:
+        return [self.keys.lease(self.group_id), self.keys.progress(self.group_id)]
+
+    def touch(self) -> None:
+        """The job is alive and waiting (for queue space, for weights): not hung."""
+        self._last_progress = time.monotonic()
+
+    def record_progress(self, next_rollout_id: int) -> None:
+        """After a push: note the next rollout id (the refresher stores it, so this costs no round trip);
+        raise LeaseLostError if another job took over. A re-run may thus repeat up to a refresh
+        interval of rollouts, which the queue's idempotent push drops."""
+        self._last_progress = time.monotonic()
+        self._next_rollout_id = next_rollout_id
+        if self.lost:
+            raise LeaseLostError(f"group {self.group_id} was taken over by another job; {self.holder} stops")
+
+    def mark_failed(self) -> None:
+        """Keep the group from being re-run after its job failed: the learner reports the failure instead."""
+        self._stop.set()
+        self.connection.set(self.keys.lease(self.group_id), f"failed:{self.holder}")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            if not self.lost:
+                self._refresh_now()  # the final progress, before letting go
+            self._release(keys=[self.keys.lease(self.group_id)], args=[self.holder])
+        except redis.RedisError:
+            pass
+
+
+def read_progress(connection: redis.Redis, keys: RunKeys, group_id: int) -> int:
+    """The next rollout id of a group (0 before its first push)."""
+    value = connection.get(keys.progress(group_id))
+    return int(value) if value is not None else 0
+
+
+class Reaper:
+    """Learner-side: re-enqueues groups whose job lost its lease without a successor in the queue.
+
+    A group is reaped only when two passes at least ``min_interval`` apart both find it without a
+    lease and without a queued job, so a job that was just dequeued has time to take its lease.
+    """
+
+    def __init__(self, connection: redis.Redis, keys: RunKeys, n_groups: int, min_interval: float = 1.0):
+        self.connection, self.keys, self.n_groups, self.min_interval = connection, keys, n_groups, min_interval
+        self._suspects: set[int] = set()
+        self._last_pass = 0.0
+        self.reaped = 0
+
+    def orphaned_groups(self, queued_job_ids: Callable[[], list[str]]) -> list[int]:
+        """Groups to re-enqueue now (empty most of the time); ``queued_job_ids`` is read only if needed."""
+        now = time.monotonic()
+        if now - self._last_pass < self.min_interval:
+            return []
+        self._last_pass = now
+        leases = self.connection.mget([self.keys.lease(group) for group in range(self.n_groups)])
+        without = {group for group, lease in enumerate(leases) if lease is None}
+        if without:
+            without -= {self.keys.group_of_job(job_id) for job_id in queued_job_ids()}
+        orphaned = sorted(without & self._suspects)
+        self._suspects = without - set(orphaned)
+        self.reaped += len(orphaned)
+        return orphaned

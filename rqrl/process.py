@@ -1,0 +1,50 @@
+"""Child processes that cannot outlive the learner that started them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def exit_when_orphaned(learner_pid: int, poll_seconds: float = 1.0) -> None:
+    """Kill this process once the learner that started it has exited.
+
+    A watchdog thread polls the learner's pid (with forkserver or spawn, our parent is the
+    forkserver, which can outlive the learner) and our parent pid. The kernel's PR_SET_PDEATHSIG
+    is no substitute: it fires when the parent *thread* that started us exits, which kills workers
+    started from a short-lived thread.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            if not _alive(learner_pid) or (parent == learner_pid and os.getppid() != parent):
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(poll_seconds)
+
+    threading.Thread(target=watch, name="rqrl-orphan-watchdog", daemon=True).start()
+
+
+def die_with_parent_thread() -> None:
+    """preexec_fn for children that cannot run a watchdog (redis-server): the kernel kills the
+    child when the thread that started it exits (Linux only; a no-op elsewhere)."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass

@@ -1,0 +1,252 @@
+"""Pure data: one actor's rollout, batches of rollouts for the learner, and their byte form.
+
+A rollout is time-major ``[T, ...]`` numpy arrays; a batch stacks ``B`` rollouts into
+``[T, B, ...]`` torch tensors on the learner's device. Dict observations are kept as dicts
+(nested keys flattened with ``/`` on the wire).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from rqrl.codec import decode_arrays, encode_arrays
+from rqrl.errors import RecordError
+
+Obs = np.ndarray | dict[str, "Obs"]
+TensorObs = torch.Tensor | dict[str, "TensorObs"]
+
+_STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "log_probs")
+_FORMAT = "rqrl.rollout.v1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutRecord:
+    """``T`` consecutive steps of one actor, as produced by one policy version.
+
+    ``final_obs`` holds the last observation of each episode truncated inside the rollout
+    (the value to bootstrap from), at the step indices in ``final_obs_steps``; ``next_obs`` is the
+    observation after the last step. ``episode_returns``/``episode_lengths`` list the episodes
+    that ended in this rollout by the env's own termination or truncation.
+    """
+
+    obs: Obs
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    log_probs: np.ndarray
+    logits: np.ndarray | None
+    next_obs: Obs
+    final_obs: Obs
+    final_obs_steps: np.ndarray
+    episode_returns: np.ndarray
+    episode_lengths: np.ndarray
+    policy_version: int
+    actor_id: int
+    rollout_id: int
+    worker: str = ""
+
+    def __post_init__(self) -> None:
+        for name in (*_STEP_FIELDS, "final_obs_steps", "episode_returns", "episode_lengths"):
+            if np.ndim(getattr(self, name)) < 1:
+                raise RecordError(f"expected {name} to be an array with a time axis, got a scalar")
+        steps = len(self.rewards)
+        for name in _STEP_FIELDS:
+            if len(getattr(self, name)) != steps:
+                raise RecordError(f"expected {name} of length {steps} (rewards), got {len(getattr(self, name))}")
+        if self.logits is not None and len(self.logits) != steps:
+            raise RecordError(f"expected logits of length {steps}, got {len(self.logits)}")
+        for path, array in flatten_obs(self.obs, "obs").items():
+            if np.ndim(array) < 1 or len(array) != steps:
+                raise RecordError(f"expected {path} of length {steps}, got {len(array)}")
+        if len(self.final_obs_steps) != int(self.truncated.sum()):
+            raise RecordError(
+                f"expected one final_obs per truncated step ({int(self.truncated.sum())}), "
+                f"got {len(self.final_obs_steps)}"
+            )
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.rewards)
+
+
+def flatten_obs(obs: Obs, prefix: str) -> dict[str, np.ndarray]:
+    """``{"obs": a}`` or ``{"obs/key/sub": a, ...}`` for (nested) dict observations."""
+    if isinstance(obs, Mapping):
+        flat: dict[str, np.ndarray] = {}
+        for key, value in obs.items():
+            if "/" in str(key):
+                raise RecordError(f"observation key {key!r} must not contain '/'")
+            flat.update(flatten_obs(value, f"{prefix}/{key}"))
+        return flat
+    return {prefix: np.asarray(obs)}
+
+
+def unflatten_obs(arrays: Mapping[str, np.ndarray], prefix: str) -> Obs:
+    """Inverse of flatten_obs for the arrays under ``prefix``."""
+    if prefix in arrays:
+        return arrays[prefix]
+    nested: dict[str, Obs] = {}
+    head = prefix + "/"
+    children = sorted({name[len(head):].split("/")[0] for name in arrays if name.startswith(head)})
+    if not children:
+        raise RecordError(f"record has no {prefix!r} arrays")
+    for child in children:
+        nested[child] = unflatten_obs(arrays, head + child)
+    return nested
+
+
+def record_signature(record: RolloutRecord) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Per-step shape and dtype of every array of a record: rollouts of one run must all agree."""
+    arrays = {name: getattr(record, name) for name in _STEP_FIELDS}
+    if record.logits is not None:
+        arrays["logits"] = record.logits
+    arrays.update(flatten_obs(record.obs, "obs"))
+    return {name: (tuple(np.shape(array)[1:]), str(np.asarray(array).dtype)) for name, array in arrays.items()}
+
+
+def encode_record(record: RolloutRecord, run_id: str) -> bytes:
+    """Bytes for the out-of-sync queue; ``run_id`` lets the learner refuse other runs' data."""
+    arrays: dict[str, np.ndarray] = {name: getattr(record, name) for name in _STEP_FIELDS}
+    if record.logits is not None:
+        arrays["logits"] = record.logits
+    for prefix in ("obs", "next_obs", "final_obs"):
+        arrays.update(flatten_obs(getattr(record, prefix), prefix))
+    arrays["final_obs_steps"] = record.final_obs_steps
+    arrays["episode_returns"] = record.episode_returns
+    arrays["episode_lengths"] = record.episode_lengths
+    metadata = {
+        "format": _FORMAT,
+        "run_id": run_id,
+        "policy_version": str(record.policy_version),
+        "actor_id": str(record.actor_id),
+        "rollout_id": str(record.rollout_id),
+        "worker": record.worker,
+    }
+    return encode_arrays(arrays, metadata)
+
+
+def decode_record(blob: bytes, run_id: str) -> RolloutRecord:
+    """Inverse of encode_record; raises RecordError for foreign, corrupted or malformed entries."""
+    arrays, metadata = decode_arrays(blob)
+    if metadata.get("format") != _FORMAT:
+        raise RecordError(f"expected a {_FORMAT} record, got format {metadata.get('format')!r}")
+    if metadata.get("run_id") != run_id:
+        raise RecordError(f"record belongs to run {metadata.get('run_id')!r}, not to this run {run_id!r}")
+    try:
+        return RolloutRecord(
+            **{name: arrays[name] for name in _STEP_FIELDS},
+            logits=arrays.get("logits"),
+            obs=unflatten_obs(arrays, "obs"),
+            next_obs=unflatten_obs(arrays, "next_obs"),
+            final_obs=unflatten_obs(arrays, "final_obs"),
+            final_obs_steps=arrays["final_obs_steps"],
+            episode_returns=arrays["episode_returns"],
+            episode_lengths=arrays["episode_lengths"],
+            policy_version=int(metadata["policy_version"]),
+            actor_id=int(metadata["actor_id"]),
+            rollout_id=int(metadata["rollout_id"]),
+            worker=metadata.get("worker", ""),
+        )
+    except (KeyError, ValueError, TypeError) as error:
+        raise RecordError(f"record is missing or has a malformed field: {error}") from error
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchedRecord:
+    """``B`` rollouts stacked time-major ``[T, B, ...]`` on the learner's device.
+
+    ``final_obs[i]`` is the final observation of the episode truncated at
+    ``(final_obs_index[i, 0], final_obs_index[i, 1])`` = (time step, batch column). ``worker`` names
+    the worker that produced each column; ``episode_returns``/``episode_lengths`` are the episodes
+    that ended inside these rollouts.
+    """
+
+    obs: TensorObs
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    log_probs: torch.Tensor
+    logits: torch.Tensor | None
+    next_obs: TensorObs
+    final_obs: TensorObs
+    final_obs_index: torch.Tensor
+    policy_version: torch.Tensor
+    actor_id: torch.Tensor
+    rollout_id: torch.Tensor
+    worker: tuple[str, ...] = ()
+    episode_returns: torch.Tensor = field(repr=False)
+    episode_lengths: torch.Tensor = field(repr=False)
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.rewards.shape[1])
+
+
+class CollectedOutputs(NamedTuple):
+    """What collect_outputs returns; unpacks like Maze's 4-tuple."""
+
+    record: BatchedRecord
+    queue_size_before: int
+    queue_size_after: int
+    dequeue_time: float
+
+
+def _stack(values: Sequence[Obs], axis: int, device: torch.device | str) -> TensorObs:
+    first = values[0]
+    if isinstance(first, Mapping):
+        return {key: _stack([value[key] for value in values], axis, device) for key in first}
+    return torch.from_numpy(np.stack(values, axis=axis)).to(device)
+
+
+def _concat(values: Sequence[Obs], device: torch.device | str) -> TensorObs:
+    first = values[0]
+    if isinstance(first, Mapping):
+        return {key: _concat([value[key] for value in values], device) for key in first}
+    return torch.from_numpy(np.concatenate(values, axis=0)).to(device)
+
+
+def batch_records(records: Sequence[RolloutRecord], device: torch.device | str) -> BatchedRecord:
+    """Stack rollouts of equal length into one time-major batch on ``device``."""
+    if not records:
+        raise RecordError("cannot batch zero records")
+    lengths = {record.n_steps for record in records}
+    if len(lengths) != 1:
+        raise RecordError(f"expected rollouts of one length, got lengths {sorted(lengths)}")
+
+    def stack(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.stack([getattr(r, name) for r in records], axis=1)).to(device)
+
+    final_index = [
+        np.stack([r.final_obs_steps.astype(np.int64), np.full(len(r.final_obs_steps), column)], axis=1)
+        for column, r in enumerate(records)
+    ]
+    has_logits = all(r.logits is not None for r in records)
+    return BatchedRecord(
+        obs=_stack([r.obs for r in records], 1, device),
+        actions=stack("actions"),
+        rewards=stack("rewards"),
+        terminated=stack("terminated"),
+        truncated=stack("truncated"),
+        log_probs=stack("log_probs"),
+        logits=stack("logits") if has_logits else None,
+        next_obs=_stack([r.next_obs for r in records], 0, device),
+        final_obs=_concat([r.final_obs for r in records], device),
+        final_obs_index=torch.from_numpy(np.concatenate(final_index, axis=0)).to(device),
+        policy_version=torch.tensor([r.policy_version for r in records], device=device),
+        actor_id=torch.tensor([r.actor_id for r in records], device=device),
+        rollout_id=torch.tensor([r.rollout_id for r in records], device=device),
+        worker=tuple(r.worker for r in records),
+        episode_returns=torch.from_numpy(np.concatenate([r.episode_returns for r in records])).to(device),
+        episode_lengths=torch.from_numpy(np.concatenate([r.episode_lengths for r in records])).to(device),
+    )

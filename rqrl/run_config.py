@@ -1,0 +1,106 @@
+"""The per-run settings the learner writes to Redis once and every worker reads."""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from rqrl.errors import ConfigError
+from rqrl.keys import check_run_name
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _as_int(value: object) -> object:
+    """Python ints from numpy integers (seed lists often come from np.arange); others unchanged."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def check_seeds(name: str, seeds: Sequence[int] | None, n_actors: int, default_offset: int) -> list[int]:
+    """Seeds per actor: the given list (one int per actor) or ``default_offset + actor_id``."""
+    if seeds is None:
+        return [default_offset + actor_id for actor_id in range(n_actors)]
+    seeds = [_as_int(seed) for seed in seeds]
+    _check(
+        len(seeds) == n_actors,
+        f"expected {name} to hold one seed per actor ({n_actors}), got {len(seeds)}; "
+        f"pass e.g. {name}=list(range({n_actors}))",
+    )
+    for seed in seeds:
+        _check(
+            isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0,
+            f"expected {name} to hold non-negative ints, got {seed!r}",
+        )
+    return seeds
+
+
+def split_actors(n_actors: int, actors_per_job: int) -> list[list[int]]:
+    """Consecutive actor ids in groups of ``actors_per_job``; each group is one RQ job stream."""
+    _check(actors_per_job >= 1, f"expected actors_per_job >= 1, got {actors_per_job}")
+    return [list(range(start, min(start + actors_per_job, n_actors))) for start in range(0, n_actors, actors_per_job)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything a worker needs to run rollouts of one run."""
+
+    run_name: str
+    run_id: str
+    queue_name: str
+    n_rollout_steps: int
+    n_actors: int
+    batch_size: int
+    queue_bound: int
+    actor_env_seeds: list[int]
+    actor_agent_seeds: list[int]
+    actor_groups: list[list[int]]
+    min_job_seconds: float = 1.0
+    max_job_seconds: float = 60.0
+    weights_ttl_seconds: int = 10
+    lease_seconds: float = 5.0
+    hang_seconds: float = 60.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_run_name(self.run_name)
+        _check(self.n_rollout_steps >= 1, f"expected n_rollout_steps >= 1, got {self.n_rollout_steps}")
+        _check(self.n_actors >= 1, f"expected n_actors >= 1, got {self.n_actors}")
+        _check(self.batch_size >= 1, f"expected batch_size >= 1, got {self.batch_size}")
+        _check(
+            self.queue_bound >= self.batch_size,
+            f"queue bound {self.queue_bound} is smaller than batch_size {self.batch_size}: collect_outputs "
+            f"could never fill a batch; use queue_out_of_sync_factor >= 1",
+        )
+        _check(len(self.actor_env_seeds) == self.n_actors, "expected one env seed per actor")
+        _check(len(self.actor_agent_seeds) == self.n_actors, "expected one agent seed per actor")
+        flat = sorted(actor for group in self.actor_groups for actor in group)
+        _check(flat == list(range(self.n_actors)), f"actor groups {self.actor_groups} must cover each actor once")
+        _check(0 < self.min_job_seconds <= self.max_job_seconds, "expected 0 < min_job_seconds <= max_job_seconds")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RunConfig:
+        return cls(**json.loads(text))
+
+
+def queue_bound(batch_size: int, queue_out_of_sync_factor: float) -> int:
+    """Maze's bound: ``int(batch_size * queue_out_of_sync_factor)`` rollouts."""
+    _check(
+        isinstance(queue_out_of_sync_factor, (int, float)) and math.isfinite(queue_out_of_sync_factor)
+        and queue_out_of_sync_factor > 0,
+        f"expected queue_out_of_sync_factor > 0, got {queue_out_of_sync_factor!r}",
+    )
+    return int(batch_size * queue_out_of_sync_factor)

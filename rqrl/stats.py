@@ -1,0 +1,133 @@
+"""Epoch statistics of a run, read the way Maze reads them (``get_stats_value(event, level, name)``).
+
+Events are the static methods of ``RolloutEvents`` (or their names as strings); each holds a
+list of values per epoch, reduced to ``mean``/``min``/``max``/``count`` (or ``sum``/``last``).
+An epoch runs from one ``reduce()`` of the aggregator to the next.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from rqrl.errors import ConfigError, MissingStatsError
+
+
+class LogStatsLevel(enum.Enum):
+    """Maze's levels; only EPOCH statistics are propagated from the actors."""
+
+    STEP = "step"
+    EPISODE = "episode"
+    EPOCH = "epoch"
+
+
+class RolloutEvents:
+    """Event identifiers for get_stats_value; each docstring says what the values are."""
+
+    @staticmethod
+    def episode_return() -> None:
+        """Undiscounted return of each episode that ended in the epoch."""
+
+    @staticmethod
+    def episode_length() -> None:
+        """Length in steps of each episode that ended in the epoch."""
+
+    @staticmethod
+    def env_steps_per_second() -> None:
+        """Env steps delivered to the learner per wall-clock second, per collect_outputs call."""
+
+    @staticmethod
+    def env_steps() -> None:
+        """Env steps delivered to the learner (sum over the epoch with name='sum')."""
+
+    @staticmethod
+    def policy_lag() -> None:
+        """Learner's weights version minus the version that produced each rollout."""
+
+    @staticmethod
+    def queue_size() -> None:
+        """Out-of-sync queue length before each dequeue."""
+
+    @staticmethod
+    def dequeue_time() -> None:
+        """Seconds collect_outputs spent waiting for and decoding each batch."""
+
+    @staticmethod
+    def records_rejected() -> None:
+        """Queue entries rejected as foreign, corrupted or malformed (one value 1 per entry)."""
+
+    @staticmethod
+    def groups_rerun() -> None:
+        """Actor groups re-enqueued because their job's worker died or hung (one value 1 each)."""
+
+    @staticmethod
+    def runs_restored() -> None:
+        """Times the learner stored the run again after Redis lost its keys (one value 1 each)."""
+
+    @staticmethod
+    def workers_alive() -> None:
+        """RQ workers listening on the run's queue, sampled at each collect_outputs."""
+
+
+_REDUCERS: dict[str, Callable[[np.ndarray], float]] = {
+    "mean": lambda values: float(np.mean(values)),
+    "min": lambda values: float(np.min(values)),
+    "max": lambda values: float(np.max(values)),
+    "sum": lambda values: float(np.sum(values)),
+    "count": lambda values: float(len(values)),
+    "last": lambda values: float(values[-1]),
+}
+
+
+def event_name(event: Callable | str) -> str:
+    return event if isinstance(event, str) else event.__name__
+
+
+class EpochStatsAggregator:
+    """Collects values per event during an epoch; ``reduce()`` ends the epoch."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, list[float]] = defaultdict(list)
+        self.last_stats: dict[str, dict[str, float]] = {}
+
+    def add(self, event: Callable | str, values: float | Iterable[float]) -> None:
+        values = [values] if np.ndim(values) == 0 else np.asarray(values).ravel().tolist()
+        self._values[event_name(event)].extend(float(value) for value in values)
+
+    def current(self) -> dict[str, dict[str, float]]:
+        """Reduced statistics of the running epoch: ``{event: {reducer: value}}``."""
+        return {
+            name: {reducer: function(np.asarray(values)) for reducer, function in _REDUCERS.items()}
+            for name, values in self._values.items()
+            if values
+        }
+
+    def reduce(self) -> dict[str, dict[str, float]]:
+        """End the epoch: return its statistics, keep them as ``last_stats`` and start afresh."""
+        self.last_stats = self.current()
+        self._values.clear()
+        return self.last_stats
+
+    def get_stats_value(
+        self, event: Callable | str, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None
+    ) -> float | dict[str, float]:
+        """One statistic (all of one event if ``name`` is None) of the running epoch, or of the last
+        reduced epoch if the running one has no values for ``event`` yet (as Maze reads them)."""
+        if level is not LogStatsLevel.EPOCH:
+            raise ConfigError(
+                f"expected level=LogStatsLevel.EPOCH, got {level}; step and episode stats are not propagated"
+            )
+        key = event_name(event)
+        stats = self.current().get(key) or self.last_stats.get(key)
+        if stats is None:
+            raise MissingStatsError(
+                f"no values for {key!r} yet; events with values: {sorted(set(self._values) | set(self.last_stats))}"
+            )
+        if name is None:
+            return stats
+        if name not in stats:
+            raise ConfigError(f"unknown statistic {name!r} for {key!r}; choose one of {sorted(_REDUCERS)}")
+        return stats[name]

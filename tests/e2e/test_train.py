@@ -1,0 +1,80 @@
+"""`rqrl train` and `rqrl evaluate` as a user runs them."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.conftest import REPO_ROOT, alive, descendants, processes_with_marker, worker_env
+
+pytestmark = pytest.mark.timeout(240)
+TRIVIAL_ENV = "tests.fixtures:RqrlGuessSign-v0"
+
+
+def rqrl(*arguments: str, timeout: float = 200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rqrl", *arguments], cwd=REPO_ROOT, env=worker_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
+    result = rqrl("train", "--env", TRIVIAL_ENV, "--total-env-steps", "60000", "--n-actors", "4",
+                  "--batch-size", "4", "--n-rollout-steps", "20", "--workers", "2", "--run-dir", str(tmp_path),
+                  "--run-name", "trivial", "--seed", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "trivial"
+    for name in ("final.safetensors", "best.safetensors", "checkpoint.safetensors", "metrics.csv", "config.json",
+                 "summary.json", "learning_curve.png"):
+        assert (run / name).is_file(), name
+    assert any((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert rows and {"env_steps", "mean_return", "policy_lag_mean", "queue_size"} <= set(rows[0])
+    summary = json.loads((run / "summary.json").read_text())
+    random_policy_return = 10.0  # 20 coin flips
+    assert summary["mean_return"] > random_policy_return + 5, summary
+    assert "step/s" in result.stderr and "lag" in result.stderr and "queue" in result.stderr  # progress bar
+    evaluation = rqrl("evaluate", str(run), "--episodes", "5")
+    assert evaluation.returncode == 0, evaluation.stderr
+    mean = float(evaluation.stdout.split("return ")[1].split(" ")[0])
+    assert mean > random_policy_return + 5
+
+
+def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path):
+    command = [sys.executable, "-m", "rqrl", "train", "--env", TRIVIAL_ENV, "--total-env-steps", "100000000",
+               "--target-return", "1000", "--n-actors", "2", "--batch-size", "2", "--workers", "2",
+               "--run-dir", str(tmp_path), "--run-name", "interrupted"]
+    marker = uuid.uuid4().hex
+    learner = subprocess.Popen(command, cwd=REPO_ROOT, env={**worker_env(), "RQRL_TEST_MARKER": marker},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run = tmp_path / "interrupted"
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.csv").is_file() or len((run / "metrics.csv").read_text().splitlines()) < 20:
+        assert learner.poll() is None and time.monotonic() < deadline, learner.stderr.read()[-3000:]
+        time.sleep(0.2)
+    children = descendants(learner.pid)
+    assert len(children) >= 3, "expected local workers and a redis-server under the learner"
+    os.killpg(learner.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+    stdout, stderr = learner.communicate(timeout=60)
+    assert learner.returncode == 130, stderr[-3000:]
+    assert "interrupted" in stdout
+    assert (run / "checkpoint.safetensors").is_file()
+    deadline = time.monotonic() + 5
+    while (processes_with_marker(marker) or any(map(alive, children))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with_marker(marker) == [], "processes left behind after Ctrl-C"
+    assert [pid for pid in children if alive(pid)] == [], "children of the learner left behind after Ctrl-C"
+    steps_before = json.loads((run / "summary.json").read_text())["env_steps"]
+
+    resumed = rqrl("train", "--resume", str(run), "--env", TRIVIAL_ENV, "--total-env-steps",
+                   str(steps_before + 2000), "--n-actors", "2", "--batch-size", "2", "--workers", "1",
+                   "--target-return", "1000", "--run-dir", str(tmp_path), "--run-name", "interrupted")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["env_steps"] >= steps_before + 2000

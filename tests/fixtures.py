@@ -1,0 +1,186 @@
+"""Envs and policies for tests; importable by worker processes (the repo root is on their path)."""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from rqrl.policy import PolicyStep, categorical_step
+
+
+def make_cartpole() -> gymnasium.Env:
+    return gymnasium.make("CartPole-v1")
+
+
+def mlp_policy(obs_size: int = 4, n_actions: int = 2, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(obs_size, 16), torch.nn.Tanh(), torch.nn.Linear(16, n_actions))
+
+
+class WeightRevealingPolicy(torch.nn.Module):
+    """Acts at random, but reports its weight as every log-prob: a record shows which weights made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(()))
+
+    def act(self, obs: torch.Tensor, generator: torch.Generator) -> PolicyStep:
+        batch = obs.shape[0]
+        actions = torch.randint(0, 2, (batch,), generator=generator)
+        return PolicyStep(actions=actions, log_probs=self.weight.detach().expand(batch).clone())
+
+
+def revealing_state(value: float) -> dict[str, torch.Tensor]:
+    return {"weight": torch.tensor(float(value))}
+
+
+class CountingEnv(gymnasium.Env):
+    """Observation is the step count in the episode; episodes last ``length`` steps (terminated)."""
+
+    observation_space = spaces.Box(0, 1e6, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, length: int = 50, fail_at_step: int | None = None, step_sleep: float = 0.0):
+        self.length, self.fail_at_step, self.step_sleep = length, fail_at_step, step_sleep
+        self.count = 0
+        self.total_steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+        self.count += 1
+        self.total_steps += 1
+        if self.fail_at_step is not None and self.total_steps >= self.fail_at_step:
+            raise RuntimeError(f"CountingEnv exploded at step {self.total_steps} as the test asked")
+        return np.array([self.count], np.float32), 1.0, self.count >= self.length, False, {}
+
+
+def make_counting_env() -> gymnasium.Env:
+    return CountingEnv(length=50)
+
+
+def make_failing_env() -> gymnasium.Env:
+    return CountingEnv(length=50, fail_at_step=30)
+
+
+def make_slow_env() -> gymnasium.Env:
+    return CountingEnv(length=50, step_sleep=0.5)
+
+
+class DictObsEnv(gymnasium.Env):
+    """Dict observations (a Box and a Discrete), random start seeded by reset(seed)."""
+
+    observation_space = spaces.Dict({"position": spaces.Box(-1, 1, (2,), np.float32), "goal": spaces.Discrete(3)})
+    action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        self.goal = int(self.np_random.integers(3))
+        self.steps = 0
+        return self._obs(), {}
+
+    def _obs(self):
+        return {"position": self.position.copy(), "goal": self.goal}
+
+    def step(self, action):
+        self.steps += 1
+        self.position = np.clip(self.position + self.np_random.normal(0, 0.1, 2), -1, 1).astype(np.float32)
+        reward = 1.0 if int(action) == self.goal else 0.0
+        return self._obs(), reward, False, self.steps >= 20, {}
+
+
+def make_dict_env() -> gymnasium.Env:
+    return DictObsEnv()
+
+
+class DictPolicy(torch.nn.Module):
+    """Categorical policy over a Dict observation: a linear layer on position + goal embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.position = torch.nn.Linear(2, 3)
+        self.goal = torch.nn.Embedding(3, 3)
+
+    def act(self, obs: dict[str, torch.Tensor], generator: torch.Generator) -> PolicyStep:
+        logits = self.position(obs["position"]) + self.goal(obs["goal"].long())
+        return categorical_step(logits, generator)
+
+
+class GuessSignEnv(gymnasium.Env):
+    """A trivial task: reward 1 when the action is the sign bit of the first observation; 20 steps.
+
+    A random policy scores about 10 per episode, a trained one 20.
+    """
+
+    observation_space = spaces.Box(-1, 1, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._obs = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return self._obs, {}
+
+    def step(self, action):
+        reward = 1.0 if int(action) == int(self._obs[0] > 0) else 0.0
+        self._obs = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return self._obs, reward, False, False, {}
+
+
+gymnasium.register(id="RqrlGuessSign-v0", entry_point="tests.fixtures:GuessSignEnv", max_episode_steps=20,
+                   reward_threshold=19.0)
+
+
+def make_nan_reward_env() -> gymnasium.Env:
+    return NanRewardEnv(length=50)
+
+
+class NanRewardEnv(CountingEnv):
+    """Returns a NaN reward at its 5th step."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, (float("nan") if self.total_steps == 5 else reward), terminated, truncated, info
+
+
+class HangOnceEnv(CountingEnv):
+    """Hangs in its 20th step for the first process that gets there (a marker file remembers it)."""
+
+    def __init__(self, marker: str):
+        super().__init__(length=50)
+        self.marker = marker
+
+    def step(self, action):
+        if self.total_steps == 19:
+            try:
+                with open(self.marker, "x"):
+                    pass
+                time.sleep(3600)  # hang, as a stuck simulator would
+            except FileExistsError:
+                pass
+        return super().step(action)
+
+
+def make_hang_once_env(marker: str) -> gymnasium.Env:
+    return HangOnceEnv(marker)
+
+
+class GrowingObsEnv(CountingEnv):
+    """Breaks its contract: after 40 steps its observations gain a dimension."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return (np.zeros(2, np.float32) if self.total_steps > 40 else obs), reward, terminated, truncated, info
+
+
+def make_growing_obs_env() -> gymnasium.Env:
+    return GrowingObsEnv(length=1000)

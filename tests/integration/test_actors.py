@@ -1,0 +1,408 @@
+"""RedisDistributedActors / SubprocDistributedActors against a real Redis and real worker processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+from rqrl import (
+    ActorFailedError,
+    CollectTimeoutError,
+    ConfigError,
+    NoWorkersError,
+    PolicyError,
+    RedisDistributedActors,
+    RolloutEvents,
+    SubprocDistributedActors,
+)
+from tests import fixtures
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def local_actors(redis_url, run_name, env_factory=fixtures.make_cartpole, policy=None, **options):
+    """Actors on the test Redis with local worker processes started by fork."""
+    options.setdefault("n_local_workers", 1)
+    options.setdefault("start_method", "fork")
+    return RedisDistributedActors(
+        env_factory, policy if policy is not None else fixtures.mlp_policy(),
+        options.pop("n_rollout_steps", 16), options.pop("n_actors", 2), options.pop("batch_size", 2),
+        options.pop("queue_out_of_sync_factor", 2.0), redis_url=redis_url, run_name=run_name, **options,
+    )
+
+
+def children_alive() -> list[multiprocessing.Process]:
+    return [child for child in multiprocessing.active_children() if child.is_alive()]
+
+
+def test_collect_outputs_returns_time_major_batch_with_all_fields(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, n_rollout_steps=32, n_actors=4, batch_size=4) as actors:
+        policy = actors.policy
+        actors.broadcast_updated_policy(policy.state_dict())
+        record, size_before, size_after, dequeue_time = actors.collect_outputs("cpu")
+    assert record.obs.shape == (32, 4, 4)
+    assert record.actions.shape == record.rewards.shape == record.terminated.shape == (32, 4)
+    assert record.truncated.shape == record.log_probs.shape == (32, 4)
+    assert record.logits.shape == (32, 4, 2)
+    assert record.next_obs.shape == (4, 4)
+    assert record.policy_version.tolist() == [1, 1, 1, 1]
+    assert sorted(record.actor_id.tolist()) == [0, 1, 2, 3]
+    assert record.terminated.dtype == torch.bool and record.truncated.dtype == torch.bool
+    assert isinstance(size_before, int) and isinstance(size_after, int) and dequeue_time >= 0
+    # log-probs are those of the logits at the chosen actions
+    expected = torch.log_softmax(record.logits, -1).gather(-1, record.actions.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(record.log_probs, expected)
+
+
+def test_broadcast_versions_reach_workers_and_reads_are_never_torn(connection, redis_url, run_name):
+    policy = fixtures.WeightRevealingPolicy()
+    with local_actors(redis_url, run_name, policy=policy, n_actors=2, batch_size=2, n_local_workers=2) as actors:
+        seen_versions = set()
+        for version in range(1, 6):
+            actors.broadcast_updated_policy(fixtures.revealing_state(version))
+            deadline = time.monotonic() + 30
+            while True:
+                record = actors.collect_outputs("cpu").record
+                for column, record_version in enumerate(record.policy_version.tolist()):
+                    # every step of a rollout carries the weight of the version it claims
+                    assert torch.all(record.log_probs[:, column] == float(record_version))
+                    seen_versions.add(record_version)
+                if version in record.policy_version.tolist():
+                    break
+                assert time.monotonic() < deadline, f"version {version} never reached the workers"
+        lag = actors.get_stats_value(RolloutEvents.policy_lag, name="min")
+    assert seen_versions >= {1, 2, 3, 4, 5}
+    assert lag == 0
+
+
+def test_actors_started_before_the_first_broadcast_wait_for_it(connection, redis_url, run_name):
+    policy = fixtures.WeightRevealingPolicy()
+    with local_actors(redis_url, run_name, policy=policy) as actors:
+        time.sleep(1.0)  # workers are up, no weights yet: they must wait, not fail
+        assert actors.queue_size() == 0
+        actors.broadcast_updated_policy(fixtures.revealing_state(7))
+        record = actors.collect_outputs("cpu").record
+    assert torch.all(record.log_probs == 7.0)
+
+
+def test_queue_never_exceeds_its_bound_under_fast_producers(connection, redis_url, run_name):
+    bound = 6  # batch_size 4 * factor 1.5
+    with local_actors(redis_url, run_name, n_rollout_steps=4, n_actors=8, batch_size=4,
+                      queue_out_of_sync_factor=1.5, n_local_workers=2) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        key = actors.keys.trajectories
+        sizes = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            sizes.append(connection.llen(key))
+        assert max(sizes) == bound, "producers should fill the queue up to its bound"
+        for _ in range(5):  # make room repeatedly; producers refill but never overshoot
+            actors.collect_outputs("cpu")
+            sizes.extend(connection.llen(key) for _ in range(200))
+    assert max(sizes) <= bound
+
+
+def test_same_seeds_and_weights_give_identical_trajectories(connection, redis_url):
+    def collect(run_name, agent_seeds):
+        policy = fixtures.mlp_policy(seed=3)
+        with local_actors(redis_url, run_name, policy=policy, n_actors=4, batch_size=4, n_local_workers=2,
+                          actors_per_job=2, actor_env_seeds=[5, 6, 7, 8], actor_agent_seeds=agent_seeds) as actors:
+            actors.broadcast_updated_policy(policy.state_dict())
+            rollouts = {}
+            for _ in range(3):
+                record = actors.collect_outputs("cpu").record
+                for column in range(record.batch_size):
+                    key = (int(record.actor_id[column]), int(record.rollout_id[column]))
+                    rollouts[key] = (record.obs[:, column], record.actions[:, column], record.rewards[:, column])
+            return rollouts
+
+    first = collect("seeds-a", [1, 2, 3, 4])
+    second = collect("seeds-b", [1, 2, 3, 4])
+    other_agent = collect("seeds-c", [9, 10, 11, 12])
+    common = sorted(set(first) & set(second))
+    assert len(common) >= 4
+    for key in common:
+        for a, b in zip(first[key], second[key], strict=True):
+            torch.testing.assert_close(a, b)
+    shared = sorted(set(first) & set(other_agent))
+    assert any(not torch.equal(first[key][1], other_agent[key][1]) for key in shared), "agent seeds are a no-op"
+
+
+def test_dict_observation_spaces(connection, redis_url, run_name):
+    policy = fixtures.DictPolicy()
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_dict_env, policy=policy,
+                      n_rollout_steps=30, n_actors=3, batch_size=3) as actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        record = actors.collect_outputs("cpu").record
+    assert record.obs["position"].shape == (30, 3, 2)
+    assert record.obs["goal"].shape == (30, 3)
+    assert record.next_obs["position"].shape == (3, 2)
+    # each env truncates after 20 steps: one final observation per truncated step, at its index
+    assert record.truncated[19].all()
+    assert record.final_obs["position"].shape[0] == int(record.truncated.sum())
+    assert record.final_obs_index.shape == (int(record.truncated.sum()), 2)
+
+
+def test_episodes_continue_across_rollouts_of_an_actor(connection, redis_url, run_name):
+    # CountingEnv episodes last 50 steps; rollouts are 16 steps, so an episode spans 4 rollouts
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_counting_env, n_actors=1, batch_size=1,
+                      n_rollout_steps=16, policy=fixtures.mlp_policy(obs_size=1)) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        records = [actors.collect_outputs("cpu").record for _ in range(8)]
+        lengths = actors.get_stats_value(RolloutEvents.episode_length)
+    obs = torch.cat([record.obs[:, 0, 0] for record in records])
+    assert obs[:51].tolist() == [float(i) for i in range(50)] + [0.0]  # counts run on across rollouts
+    assert lengths["min"] == lengths["max"] == 50
+
+
+def test_slice_cut_is_marked_truncated_with_final_obs(connection, redis_url, run_name):
+    # two single-actor jobs on one worker: each slice yields to the other, cutting its episode
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_counting_env, n_actors=2, batch_size=2,
+                      n_rollout_steps=16, actors_per_job=1, min_job_seconds=0.01,
+                      policy=fixtures.mlp_policy(obs_size=1)) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        records = [actors.collect_outputs("cpu").record for _ in range(10)]
+    cuts = 0
+    for record in records:
+        for column in range(record.batch_size):
+            truncated = record.truncated[:, column]
+            if truncated[-1] and record.obs[-1, column, 0] < 49:  # cut, not the env's own episode end
+                cuts += 1
+    assert cuts > 0
+    for record in records:  # every truncation has its final observation
+        assert record.final_obs.shape[0] == int(record.truncated.sum())
+
+
+def test_env_exception_reaches_the_learner_with_job_id_and_traceback(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_failing_env,
+                      policy=fixtures.mlp_policy(obs_size=1)) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        with pytest.raises(ActorFailedError) as caught:
+            for _ in range(20):
+                actors.collect_outputs("cpu")
+    error = caught.value
+    assert error.job_id.startswith(f"rqrl_{run_name}_g")
+    assert "CountingEnv exploded" in error.remote_traceback
+    assert "fixtures.py" in error.remote_traceback and "in step" in error.remote_traceback
+
+
+def test_no_worker_raises_instead_of_hanging(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, n_local_workers=0, no_worker_timeout=1.0) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        started = time.monotonic()
+        with pytest.raises(NoWorkersError, match="rqrl worker"):
+            actors.collect_outputs("cpu")
+    assert time.monotonic() - started < 10
+
+
+def test_slow_actors_raise_collect_timeout(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_slow_env, collect_timeout=1.0,
+                      policy=fixtures.mlp_policy(obs_size=1)) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        with pytest.raises(CollectTimeoutError, match="collect_timeout"):
+            actors.collect_outputs("cpu")
+
+
+def test_stop_leaves_no_process_job_or_key(connection, redis_url, run_name):
+    actors = local_actors(redis_url, run_name, n_local_workers=2, n_actors=4)
+    actors.start()
+    actors.broadcast_updated_policy(actors.policy.state_dict())
+    actors.collect_outputs("cpu")
+    pids = [process.pid for process in actors._processes]
+    actors.stop()
+    assert not [child for child in children_alive() if child.pid in pids]
+    assert list(connection.scan_iter(match=f"rqrl:{run_name}:*")) == []
+    assert [key for key in connection.scan_iter(match="rq:job:*") if run_name.encode() in key] == []
+    assert connection.lrange("rq:queue:rqrl", 0, -1) == []
+
+
+def test_subproc_actors_embedded_redis_is_gone_after_stop():
+    policy = fixtures.mlp_policy()
+    actors = SubprocDistributedActors(fixtures.make_cartpole, policy, 16, 2, 2, 2.0, "fork", [0, 1], [2, 3])
+    with actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        assert actors.collect_outputs("cpu").record.rewards.shape == (16, 2)
+        server_process = actors._server.process
+        worker_pids = [process.pid for process in actors._processes]
+    assert server_process.poll() is not None
+    assert not [child for child in children_alive() if child.pid in worker_pids]
+
+
+def test_two_runs_share_one_redis_without_mixing(connection, redis_url):
+    policy_a, policy_b = fixtures.WeightRevealingPolicy(), fixtures.WeightRevealingPolicy()
+    with local_actors(redis_url, "run-a", policy=policy_a) as a, local_actors(redis_url, "run-b", policy=policy_b) as b:
+        a.broadcast_updated_policy(fixtures.revealing_state(1.0))
+        b.broadcast_updated_policy(fixtures.revealing_state(2.0))
+        for _ in range(3):
+            assert torch.all(a.collect_outputs("cpu").record.log_probs == 1.0)
+            assert torch.all(b.collect_outputs("cpu").record.log_probs == 2.0)
+
+
+def test_mismatching_state_dict_is_refused_before_reaching_workers(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, n_local_workers=0) as actors:
+        bad = {"0.weight": torch.zeros(3, 3)}
+        with pytest.raises(PolicyError, match=r"missing keys .*'2.bias'.*wrong shapes \['0.weight"):
+            actors.broadcast_updated_policy(bad)
+        assert connection.get(actors.keys.latest_version) is None
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"n_actors": 0}, "n_actors >= 1"),
+    ({"queue_out_of_sync_factor": 0}, "queue_out_of_sync_factor > 0"),
+    ({"queue_out_of_sync_factor": 0.5}, "queue_out_of_sync_factor >= 1"),
+    ({"actor_env_seeds": [1, 2, 3]}, "one seed per actor"),
+    ({"actor_agent_seeds": [1]}, "one seed per actor"),
+    ({"n_rollout_steps": 0}, "n_rollout_steps >= 1"),
+    ({"run_name": "bad name!"}, "run name"),
+])
+def test_invalid_arguments_are_refused_with_the_fix(redis_url, arguments, message):
+    with pytest.raises(ConfigError, match=message):
+        local_actors(redis_url, arguments.pop("run_name", "ok"), **arguments)
+
+
+def test_run_name_in_use_is_refused(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, n_local_workers=0):
+        with pytest.raises(ConfigError, match="already exists"):
+            local_actors(redis_url, run_name, n_local_workers=0).start()
+
+
+def test_policy_that_does_not_fit_the_env_is_refused_at_start(connection, redis_url, run_name):
+    with pytest.raises(ConfigError, match="policy failed on a first observation"):
+        local_actors(redis_url, run_name, env_factory=fixtures.make_counting_env, n_local_workers=0).start()
+
+
+def test_unpicklable_env_factory_is_refused(connection, redis_url, run_name):
+    import threading
+
+    lock = threading.Lock()
+
+    def factory():
+        with lock:
+            return fixtures.make_cartpole()
+
+    with pytest.raises(ConfigError, match="cannot pickle"):
+        local_actors(redis_url, run_name, env_factory=factory, n_local_workers=0).start()
+    assert list(connection.scan_iter(match=f"rqrl:{run_name}:*")) == []
+
+
+def test_stats_cover_returns_lengths_throughput_lag_queue_and_workers(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, n_actors=4, batch_size=4, n_local_workers=2) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        for _ in range(20):
+            actors.collect_outputs("cpu")
+        stats = actors.get_epoch_stats_aggregator().reduce()
+    for event in ("episode_return", "episode_length", "env_steps_per_second", "policy_lag", "queue_size",
+                  "workers_alive", "dequeue_time"):
+        assert event in stats, event
+    assert stats["env_steps"]["sum"] == 20 * 4 * 16
+    assert stats["workers_alive"]["max"] == 2
+    assert stats["episode_return"]["min"] >= 8  # CartPole episodes last at least 8 steps
+
+
+def test_actors_started_from_a_short_lived_thread_keep_their_workers(connection, redis_url, run_name):
+    import threading
+
+    actors = local_actors(redis_url, run_name, n_local_workers=1)
+    starter = threading.Thread(target=actors.start)
+    starter.start()
+    starter.join(30)
+    try:
+        time.sleep(1.5)  # the orphan watchdog polls every second
+        assert all(process.is_alive() for process in actors._processes)
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        assert actors.collect_outputs("cpu").record.rewards.shape == (16, 2)
+    finally:
+        actors.stop()
+
+
+LEARNER_SCRIPT = """
+import os, sys, time
+from rqrl import SubprocDistributedActors
+from tests import fixtures
+policy = fixtures.mlp_policy()
+actors = SubprocDistributedActors(fixtures.make_cartpole, policy, 16, 2, 2, 2.0, sys.argv[1], [0, 1], [2, 3],
+                                  n_workers=2)
+actors.start()
+actors.broadcast_updated_policy(policy.state_dict())
+actors.collect_outputs("cpu")
+print(" ".join(str(p.pid) for p in actors._processes), actors._server.process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_a_killed_learner_leaves_no_worker_or_redis_behind(start_method):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT, worker_env
+
+    learner = subprocess.Popen([sys.executable, "-c", LEARNER_SCRIPT, start_method], cwd=REPO_ROOT,
+                               env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        pids = [int(pid) for pid in learner.stdout.readline().split()]
+        assert len(pids) == 3, "learner did not report its workers and redis-server"
+    finally:
+        learner.send_signal(signal.SIGKILL)
+        learner.wait(10)
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as stat:  # a zombie waiting for init to reap it is gone too
+                return stat.read().split(")")[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [pid for pid in pids if alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"processes outlived the killed learner: {survivors}"
+
+
+def test_foreign_and_corrupted_queue_entries_are_rejected_and_counted(connection, redis_url, run_name):
+    import numpy as np
+
+    from rqrl.records import RolloutRecord, encode_record
+
+    def fake(run_id: str, steps: int = 16, obs_size: int = 4, actor: int = 0) -> bytes:
+        return encode_record(RolloutRecord(
+            obs=np.zeros((steps, obs_size), np.float32), actions=np.zeros(steps, np.int64),
+            rewards=np.zeros(steps, np.float32), terminated=np.zeros(steps, bool), truncated=np.zeros(steps, bool),
+            log_probs=np.zeros(steps, np.float32), logits=np.zeros((steps, 2), np.float32),
+            next_obs=np.zeros(obs_size, np.float32), final_obs=np.zeros((0, obs_size), np.float32),
+            final_obs_steps=np.zeros(0, np.int64), episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64),
+            policy_version=1, actor_id=actor, rollout_id=10_000), run_id)
+
+    with local_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        record = actors.collect_outputs("cpu").record  # fixes the run's record signature
+        valid = fake(actors.config.run_id)
+        junk = [b"", b"random bytes \x00\xff" * 10, valid[:-7], valid[:40], fake("another-run"),
+                fake(actors.config.run_id, steps=8), fake(actors.config.run_id, obs_size=5),
+                fake(actors.config.run_id, actor=99)]
+        connection.lpush(actors.keys.trajectories, *junk)
+        for _ in range(5):
+            record = actors.collect_outputs("cpu").record
+            assert record.obs.shape == (16, 2, 4)
+        assert actors.records_rejected == len(junk)
+        assert actors.get_stats_value(RolloutEvents.records_rejected, name="sum") == len(junk)
+
+
+def test_a_nan_reward_is_refused_with_the_fix(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_nan_reward_env,
+                      policy=fixtures.mlp_policy(obs_size=1)) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        with pytest.raises(ActorFailedError, match="reward nan .* must be finite"):
+            actors.collect_outputs("cpu")

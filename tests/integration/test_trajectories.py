@@ -1,0 +1,215 @@
+"""TrajectoryQueue against a real Redis: the bound, exactly-once delivery, waiting producers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from rqrl.errors import RunStoppedError
+from rqrl.keys import RunKeys
+from rqrl.trajectories import DUPLICATE, FULL, PUSHED, PendingRollout, TrajectoryQueue
+
+
+def rollout(actor_id: int, rollout_id: int) -> PendingRollout:
+    return PendingRollout(actor_id, rollout_id, f"a{actor_id}-r{rollout_id}".encode())
+
+
+def never_stopped() -> bool:
+    return False
+
+
+def test_try_push_respects_the_bound(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=3)
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)]) == [PUSHED, PUSHED]
+    assert queue.try_push([rollout(2, 0), rollout(3, 0), rollout(4, 0)]) == [PUSHED, FULL, FULL]
+    assert queue.size() == 3
+    assert queue.try_push([rollout(3, 0)]) == [FULL]
+    assert connection.llen(RunKeys(run_name).trajectories) == 3
+
+
+def test_a_full_push_leaves_no_marker_so_it_can_be_retried(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)]) == [PUSHED, FULL]
+    assert queue.pop_available(1) == [b"a0-r0"]
+    assert queue.try_push([rollout(1, 0)]) == [PUSHED]
+    assert queue.pop_available(5) == [b"a1-r0"]
+
+
+def test_empty_try_push_does_nothing(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=2)
+    assert queue.try_push([]) == []
+    assert queue.size() == 0
+
+
+def test_duplicates_are_delivered_once(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10)
+    assert queue.try_push([rollout(0, 5)]) == [PUSHED]
+    assert queue.try_push([rollout(0, 5)]) == [DUPLICATE]
+    assert queue.try_push([rollout(0, 6), rollout(0, 6), rollout(1, 5)]) == [PUSHED, DUPLICATE, PUSHED]
+    queue.push([rollout(0, 5), rollout(1, 5)], never_stopped)
+    assert queue.pop_available(10) == [b"a0-r5", b"a0-r6", b"a1-r5"]
+
+
+def test_a_duplicate_stays_refused_after_the_original_was_consumed(connection, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=2)
+    queue.try_push([rollout(2, 9)])
+    assert queue.pop_available(1) == [b"a2-r9"]
+    assert queue.try_push([rollout(2, 9)]) == [DUPLICATE]
+    assert queue.try_push([rollout(2, 3)]) == [DUPLICATE]  # older than what the actor already pushed
+    assert queue.size() == 0
+    assert connection.hgetall(keys.pushed_rollouts) == {b"2": b"9"}  # one field per actor, whatever the count
+
+
+def test_a_duplicate_of_a_full_queue_is_not_waited_for(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
+    queue.try_push([rollout(0, 0)])
+    started = time.monotonic()
+    assert queue.push([rollout(0, 0)], never_stopped) == 0.0
+    assert time.monotonic() - started < 0.5
+    assert queue.size() == 1
+
+
+def test_runs_have_separate_queues_and_markers(connection):
+    first = TrajectoryQueue(connection, RunKeys("run-a"), bound=1)
+    second = TrajectoryQueue(connection, RunKeys("run-b"), bound=1)
+    assert first.try_push([rollout(0, 0)]) == [PUSHED]
+    assert second.try_push([rollout(0, 0)]) == [PUSHED]
+    assert first.pop_available(2) == second.pop_available(2) == [b"a0-r0"]
+
+
+@pytest.mark.timeout(60)
+def test_push_waits_while_full_and_completes_when_a_consumer_pops(connection, redis_url, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=2)
+    queue.try_push([rollout(0, 0), rollout(1, 0)])
+    popped: list[bytes] = []
+
+    def consume() -> None:
+        time.sleep(0.3)
+        with redis.Redis.from_url(redis_url) as consumer_connection:
+            popped.extend(TrajectoryQueue(consumer_connection, keys, bound=2).pop_available(2))
+
+    consumer = threading.Thread(target=consume)
+    started = time.monotonic()
+    consumer.start()
+    waited = queue.push([rollout(0, 1), rollout(1, 1)], never_stopped)
+    elapsed = time.monotonic() - started
+    consumer.join(timeout=10)
+    assert popped == [b"a0-r0", b"a1-r0"]
+    assert elapsed >= 0.25 and waited > 0
+    assert queue.pop_available(5) == [b"a0-r1", b"a1-r1"]
+
+
+def test_push_into_room_does_not_wait(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=4)
+    assert queue.push([rollout(0, 0), rollout(1, 0)], never_stopped) == 0.0
+    assert queue.size() == 2
+
+
+@pytest.mark.timeout(60)
+def test_push_raises_when_the_run_stops_while_full(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
+    queue.try_push([rollout(0, 0)])
+    stop = threading.Event()
+    waits: list[float] = []
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(RunStoppedError, match=run_name):
+        queue.push([rollout(1, 0)], stop.is_set, on_wait=lambda: waits.append(time.monotonic()))
+    assert time.monotonic() - started < 5
+    assert waits, "on_wait is called while waiting"
+    assert queue.pop_available(5) == [b"a0-r0"]  # the waiting rollout was dropped
+
+
+def test_pop_available(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=5)
+    assert queue.pop_available(3) == []
+    queue.try_push([rollout(i, 0) for i in range(4)])
+    assert queue.pop_available(0) == [] and queue.pop_available(-1) == []
+    assert queue.pop_available(3) == [b"a0-r0", b"a1-r0", b"a2-r0"]
+    assert queue.pop_available(3) == [b"a3-r0"]
+    assert queue.pop_available(3) == []
+
+
+@pytest.mark.timeout(60)
+def test_wait_for_one(connection, redis_url, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=5)
+    started = time.monotonic()
+    assert queue.wait_for_one(0.2) is None
+    assert 0.15 <= time.monotonic() - started < 2
+    queue.try_push([rollout(0, 0), rollout(1, 0)])
+    assert queue.wait_for_one(1) == b"a0-r0"
+    assert queue.size() == 1
+
+    def produce_later() -> None:
+        time.sleep(0.2)
+        with redis.Redis.from_url(redis_url) as producer_connection:
+            TrajectoryQueue(producer_connection, keys, bound=5).try_push([rollout(2, 0)])
+
+    assert queue.pop_available(1) == [b"a1-r0"]
+    producer = threading.Thread(target=produce_later)
+    producer.start()
+    assert queue.wait_for_one(10) == b"a2-r0"
+    producer.join(timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_stress_several_producers_one_consumer_never_exceed_the_bound(connection, redis_url, run_name):
+    keys = RunKeys(run_name)
+    bound, n_producers, per_producer = 5, 4, 40
+    errors: list[BaseException] = []
+    max_seen = 0
+    stop_watching = threading.Event()
+
+    def produce(actor_id: int) -> None:
+        try:
+            with redis.Redis.from_url(redis_url) as producer_connection:
+                queue = TrajectoryQueue(producer_connection, keys, bound)
+                for rollout_id in range(per_producer):
+                    # every rollout twice: a retried command must not be delivered twice
+                    queue.push([rollout(actor_id, rollout_id), rollout(actor_id, rollout_id)], never_stopped,
+                               max_poll_seconds=0.005)
+        except BaseException as error:  # noqa: B036 - reported to the main thread
+            errors.append(error)
+
+    def watch() -> None:
+        nonlocal max_seen
+        with redis.Redis.from_url(redis_url) as watcher_connection:
+            while not stop_watching.is_set():
+                max_seen = max(max_seen, watcher_connection.llen(keys.trajectories))
+
+    producers = [threading.Thread(target=produce, args=(actor,), daemon=True) for actor in range(n_producers)]
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    for thread in producers:
+        thread.start()
+    consumer = TrajectoryQueue(connection, keys, bound)
+    deadline = time.monotonic() + 45
+    while consumer.size() < bound and time.monotonic() < deadline:  # let the producers fill the queue first
+        time.sleep(0.01)
+    received: list[bytes] = []
+    while len(received) < n_producers * per_producer and time.monotonic() < deadline:
+        max_seen = max(max_seen, consumer.size())
+        one = consumer.wait_for_one(0.5)
+        if one is not None:
+            received.append(one)
+            received.extend(consumer.pop_available(len(received) % 3))
+    for thread in producers:
+        thread.join(timeout=10)
+    stop_watching.set()
+    watcher.join(timeout=10)
+    assert errors == []
+    assert len(received) == n_producers * per_producer
+    expected = {rollout(actor, rollout_id).payload
+                for actor in range(n_producers) for rollout_id in range(per_producer)}
+    assert set(received) == expected
+    for actor in range(n_producers):  # each producer's rollouts arrive in order
+        mine = [payload for payload in received if payload.startswith(f"a{actor}-".encode())]
+        assert mine == [rollout(actor, rollout_id).payload for rollout_id in range(per_producer)]
+    assert max_seen == bound
+    assert consumer.size() == 0

@@ -1,0 +1,133 @@
+"""`rqrl worker` and `rq worker` processes: joining mid-run, the documented rq command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rqrl import RedisDistributedActors
+from tests import fixtures
+from tests.conftest import REPO_ROOT, stop_process, worker_env
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def external_actors(redis_url, run_name, **options):
+    return RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, options.pop("n_actors", 4),
+                                  options.pop("batch_size", 2), 2.0, redis_url=redis_url, run_name=run_name,
+                                  **options)
+
+
+def test_a_worker_joining_mid_run_gets_work(connection, redis_url, run_name, workers):
+    workers.start("first")
+    workers.wait_registered(connection, 1)
+    # four single-actor jobs on one worker: jobs wait in the queue, so a newcomer finds work
+    with external_actors(redis_url, run_name, n_actors=4, actors_per_job=1, min_job_seconds=0.05) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        before = set()
+        for _ in range(5):
+            before |= set(actors.collect_outputs("cpu").record.worker)
+        workers.start("second")
+        workers.wait_registered(connection, 2)
+        after = set()
+        deadline = time.monotonic() + 30
+        while "second" not in after and time.monotonic() < deadline:
+            after |= set(actors.collect_outputs("cpu").record.worker)
+        assert actors.workers_alive() == 2
+    assert before == {"first"}
+    assert "second" in after, f"the joining worker delivered nothing; workers seen: {after}"
+
+
+def test_plain_rq_worker_with_the_documented_class_runs_rollouts(connection, redis_url, run_name):
+    command = [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.worker.RolloutWorker",
+               "-S", "rq.serializers.JSONSerializer", "--url", redis_url, "rqrl"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    try:
+        with external_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
+            actors.broadcast_updated_policy(actors.policy.state_dict())
+            record = actors.collect_outputs("cpu").record
+            assert record.rewards.shape == (16, 2)
+    finally:
+        stop_process(process)
+
+
+def _enqueue_raw(connection, function: str, *args, **options):
+    """What an attacker with write access to Redis can do: enqueue any function name with JSON args."""
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    return Queue("rqrl", connection=connection, serializer=JSONSerializer).enqueue(function, *args, **options)
+
+
+def test_a_hostile_job_is_refused_and_lands_in_the_failed_registry(connection, redis_url, tmp_path):
+    from rq.registry import FailedJobRegistry
+
+    marker = tmp_path / "pwned"
+    job = _enqueue_raw(connection, "os.system", f"touch {marker}")
+    callback_job = _enqueue_raw(connection, "rqrl.jobs.run_actor_group", "no-such-run", 0, 0)
+    connection.hset(callback_job.key, "success_callback_name", "os.getcwd")
+    result = subprocess.run([sys.executable, "-m", "rqrl", "worker", "--redis-url", redis_url, "--burst"],
+                            cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists(), "the hostile job ran"
+    failed = FailedJobRegistry("rqrl", connection=connection)
+    assert job.id in failed.get_job_ids()
+    refused = job.fetch(job.id, connection=connection, serializer="json").latest_result()
+    assert "ForbiddenJobError" in (refused.exc_string or "")
+    assert "never run callbacks" in result.stderr
+
+
+def test_plain_rq_worker_without_the_json_serializer_still_refuses_hostile_jobs(connection, redis_url, tmp_path):
+    marker = tmp_path / "pwned"
+    _enqueue_raw(connection, "os.system", f"touch {marker}")
+    command = [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.worker.RolloutWorker", "--url", redis_url,
+               "--burst", "rqrl"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()
+
+
+def test_a_tampered_env_factory_is_refused_and_reported(connection, redis_url, run_name, workers):
+    from rqrl import ActorFailedError
+
+    with external_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        blob = connection.get(actors.keys.env_factory)
+        connection.set(actors.keys.env_factory, blob[:-1] + bytes([blob[-1] ^ 1]))
+        workers.start("victim")
+        with pytest.raises(ActorFailedError, match="SignatureError"):
+            actors.collect_outputs("cpu")
+
+
+def test_a_worker_with_another_secret_refuses_the_run(connection, redis_url, run_name):
+    from rqrl import ActorFailedError
+
+    env = {**worker_env(), "RQRL_SECRET": "not-the-learner-secret"}
+    process = subprocess.Popen([sys.executable, "-m", "rqrl", "worker", "--redis-url", redis_url], cwd=REPO_ROOT,
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with external_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
+            actors.broadcast_updated_policy(actors.policy.state_dict())
+            with pytest.raises(ActorFailedError, match="different RQRL_SECRET"):
+                actors.collect_outputs("cpu")
+    finally:
+        stop_process(process)
+
+
+def test_an_external_redis_without_a_secret_is_refused(redis_url, monkeypatch):
+    from rqrl import ConfigError
+
+    monkeypatch.delenv("RQRL_SECRET")
+    with pytest.raises(ConfigError, match="RQRL_SECRET"):
+        external_actors(redis_url, "no-secret")
+
+
+def test_rqrl_worker_without_a_secret_says_what_to_set(redis_url):
+    env = {key: value for key, value in worker_env().items() if key != "RQRL_SECRET"}
+    result = subprocess.run([sys.executable, "-m", "rqrl", "worker", "--redis-url", redis_url], cwd=REPO_ROOT,
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "RQRL_SECRET is not set" in result.stderr

@@ -1,0 +1,191 @@
+"""State dicts and arrays <-> safetensors bytes, and refusing bytes that are not ours."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from rqrl.codec import (
+    decode_arrays,
+    decode_state_dict,
+    dumps_object,
+    encode_arrays,
+    encode_state_dict,
+    loads_object,
+    read_metadata,
+    sign,
+    verify,
+)
+from rqrl.errors import RecordError, SignatureError
+from tests import fixtures
+
+
+def test_state_dict_round_trip_keeps_values_dtypes_shapes_and_metadata():
+    policy = fixtures.mlp_policy(seed=3)
+    state = policy.state_dict()
+    blob = encode_state_dict(state, {"version": "4", "note": "hi"})
+    decoded, metadata = decode_state_dict(blob)
+    assert metadata == {"version": "4", "note": "hi"}
+    assert set(decoded) == set(state)
+    for name, tensor in state.items():
+        assert decoded[name].dtype == tensor.dtype and decoded[name].shape == tensor.shape
+        assert torch.equal(decoded[name], tensor)
+    fresh = fixtures.mlp_policy(seed=99)
+    fresh.load_state_dict(decoded)
+    obs = torch.randn(5, 4)
+    assert torch.equal(fresh(obs), policy(obs))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int64, torch.bool,
+                                   torch.uint8])
+def test_state_dict_round_trip_of_each_dtype(dtype):
+    values = (torch.arange(-6, 6).reshape(3, 4) * 1.25).to(dtype)
+    decoded, _ = decode_state_dict(encode_state_dict({"x": values, "scalar": values.flatten()[1].clone()}, {}))
+    assert decoded["x"].dtype == dtype
+    assert torch.equal(decoded["x"], values)
+    assert decoded["scalar"].shape == ()
+
+
+def test_bfloat16_values_are_kept_bit_for_bit():
+    values = torch.tensor([1.0, -3.140625, 1e-20, 3e38, float("inf")], dtype=torch.bfloat16)
+    decoded, _ = decode_state_dict(encode_state_dict({"w": values}, {}))
+    assert torch.equal(decoded["w"].view(torch.int16), values.view(torch.int16))
+
+
+def test_tied_weights_round_trip_as_independent_equal_tensors():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(6, 4)
+            self.head = torch.nn.Linear(4, 6, bias=False)
+            self.head.weight = self.embed.weight
+
+    module = Tied()
+    state = module.state_dict()
+    assert state["embed.weight"].data_ptr() == state["head.weight"].data_ptr()
+    decoded, _ = decode_state_dict(encode_state_dict(state, {}))
+    assert torch.equal(decoded["embed.weight"], state["embed.weight"])
+    assert torch.equal(decoded["head.weight"], state["head.weight"])
+    fresh = Tied()
+    fresh.load_state_dict(decoded)
+    assert torch.equal(fresh.head.weight, module.head.weight)
+    assert fresh.head.weight is fresh.embed.weight
+
+
+def test_views_and_non_contiguous_tensors_round_trip():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    state = {"t": base.t(), "slice": base[1:3, ::2], "base": base}
+    decoded, _ = decode_state_dict(encode_state_dict(state, {}))
+    for name, tensor in state.items():
+        assert torch.equal(decoded[name], tensor), name
+
+
+def test_encode_state_dict_refuses_non_tensors():
+    with pytest.raises(TypeError, match="'step'.*int"):
+        encode_state_dict({"w": torch.zeros(2), "step": 3}, {})
+
+
+def test_encoded_state_dict_needs_no_pickle():
+    blob = encode_state_dict({"w": torch.ones(2)}, {"version": "1"})
+    (header_size,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + header_size])
+    assert header["w"]["dtype"] == "F32" and header["__metadata__"] == {"version": "1"}
+
+
+def test_arrays_round_trip():
+    arrays = {"a": np.arange(6, dtype=np.int16).reshape(2, 3), "b": np.array([True, False]),
+              "c": np.zeros((0, 4), np.float32), "d": np.arange(10.0)[::3]}
+    decoded, metadata = decode_arrays(encode_arrays(arrays, {"k": "v"}))
+    assert metadata == {"k": "v"}
+    for name, array in arrays.items():
+        assert decoded[name].dtype == array.dtype
+        np.testing.assert_array_equal(decoded[name], array)
+
+
+def test_read_metadata_of_a_valid_buffer_without_decoding():
+    blob = encode_arrays({"a": np.zeros(3)}, {"run_id": "r", "format": "f"})
+    assert read_metadata(blob) == {"run_id": "r", "format": "f"}
+    assert read_metadata(encode_arrays({"a": np.zeros(3)}, {})) == {}
+
+
+@pytest.mark.parametrize("blob", [
+    b"",
+    b"1234567",
+    struct.pack("<Q", 1 << 40) + b"{}",
+    struct.pack("<Q", 10) + b"{}",
+    struct.pack("<Q", 4) + b"nope",
+    struct.pack("<Q", 2) + b"\xff\xfe",
+    struct.pack("<Q", 0),
+])
+def test_read_metadata_refuses_garbage(blob):
+    with pytest.raises(RecordError):
+        read_metadata(blob)
+
+
+def test_read_metadata_of_a_header_without_metadata_is_empty():
+    assert read_metadata(struct.pack("<Q", 2) + b"[]") == {}
+    assert read_metadata(struct.pack("<Q", 2) + b"{}") == {}
+    assert read_metadata(struct.pack("<Q", 22) + b'{"__metadata__": "x"} ') == {}
+
+
+SHORT_HEADER = b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'
+
+
+@pytest.mark.parametrize("blob", [
+    b"garbage bytes here",
+    struct.pack("<Q", 2) + b"{}" + b"\x00" * 5,  # data that no tensor claims
+    struct.pack("<Q", len(SHORT_HEADER)) + SHORT_HEADER + b"\x00" * 4,  # 16 bytes promised, 4 given
+])
+def test_decoders_refuse_garbage_with_record_error(blob):
+    with pytest.raises(RecordError):
+        decode_state_dict(blob)
+    with pytest.raises(RecordError):
+        decode_arrays(blob)
+
+
+def test_truncated_weights_are_refused():
+    blob = encode_state_dict({"w": torch.ones(100)}, {"version": "1"})
+    with pytest.raises(RecordError):
+        decode_state_dict(blob[:-4])
+
+
+def test_objects_round_trip_through_cloudpickle():
+    factory = loads_object(dumps_object(fixtures.make_counting_env, "s3cret"), "s3cret")
+    env = factory()
+    assert isinstance(env, fixtures.CountingEnv) and env.length == 50
+    double = loads_object(dumps_object(lambda x: 2 * x, b"s3cret"), "s3cret")
+    assert double(21) == 42
+
+
+def test_unsigned_pickles_are_refused_before_unpickling(tmp_path):
+    import pickle
+
+    marker = tmp_path / "ran"
+    hostile = pickle.dumps(_Boom(str(marker)))
+    with pytest.raises(SignatureError, match="unsigned"):
+        loads_object(hostile, "s3cret")
+    assert not marker.exists()
+
+
+def test_tampered_or_foreign_signatures_are_refused():
+    signed = dumps_object({"a": 1}, "s3cret")
+    tampered = signed[:-1] + bytes([signed[-1] ^ 1])
+    with pytest.raises(SignatureError, match="tampered"):
+        loads_object(tampered, "s3cret")
+    with pytest.raises(SignatureError, match="different RQRL_SECRET"):
+        loads_object(signed, "another secret")
+    assert verify(sign(b"payload", "k"), "k") == b"payload"
+
+
+class _Boom:
+    """Unpickling this would create a file: proof that a refused payload never ran."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))

@@ -1,0 +1,555 @@
+"""IMPALA: V-trace against a naive reference, the loss, stale-data filtering, config checks, and
+train()/resume/load_policy/evaluate end to end on in-process actors (real CartPole, real torch)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rqrl import ConfigError, RqrlError
+from rqrl.algorithms.impala import (
+    ActorCritic,
+    ImpalaConfig,
+    Learner,
+    drop_stale,
+    evaluate,
+    impala_loss,
+    load_policy,
+    make_flat_env,
+    next_state_values,
+    train,
+    vtrace,
+)
+from rqrl.checkpoint import load_checkpoint, load_weights
+from rqrl.records import BatchedRecord, RolloutRecord, batch_records
+from rqrl.serial import SerialDistributedActors
+
+pytestmark = pytest.mark.timeout(60)
+CARTPOLE = functools.partial(make_flat_env, "CartPole-v1")
+RANDOM_CARTPOLE_RETURN = 22.0
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny MLPs: one thread is as fast and leaves the machine's other core alone."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------------------------- V-trace
+
+
+def reference_vtrace(behaviour_log_probs, target_log_probs, rewards, values, bootstrap_value, gamma, rho_bar, c_bar,
+                     pg_rho_bar, terminated=None, truncated=None, final_values=None):
+    """The IMPALA paper's definitions, written as plainly as possible, one column at a time.
+
+    v_s = V(x_s) + sum_{t>=s} gamma^{t-s} (prod_{i=s}^{t-1} c_i) delta_t V, where
+    delta_t V = rho_t (r_t + gamma V(x_{t+1}) - V(x_t)); the sum stops at the step an episode ends.
+    V(x_{t+1}) is 0 after a termination, the final observation's value after a truncation, the
+    bootstrap value after the last step, and V(x_{t+1}) = values[t+1] otherwise.
+    Advantage: rho_pg_t (r_t + gamma v_{t+1} - V(x_t)), where v_{t+1} is replaced by the same
+    next-state value when the episode ended at t or t is the last step.
+    """
+    steps, batch = rewards.shape
+    terminated = np.zeros((steps, batch), bool) if terminated is None else np.asarray(terminated)
+    truncated = np.zeros((steps, batch), bool) if truncated is None else np.asarray(truncated)
+    vs = np.zeros((steps, batch))
+    advantages = np.zeros((steps, batch))
+    for b in range(batch):
+        ratio = [math.exp(float(target_log_probs[t, b]) - float(behaviour_log_probs[t, b])) for t in range(steps)]
+
+        def value_after(t, b=b):
+            if terminated[t, b]:
+                return 0.0
+            if truncated[t, b]:
+                return float(final_values[t, b])
+            if t == steps - 1:
+                return float(bootstrap_value[b])
+            return float(values[t + 1, b])
+
+        deltas = [min(rho_bar, ratio[t]) * (float(rewards[t, b]) + gamma * value_after(t) - float(values[t, b]))
+                  for t in range(steps)]
+        for s in range(steps):
+            total, coefficient = float(values[s, b]), 1.0
+            for t in range(s, steps):
+                total += coefficient * deltas[t]
+                if terminated[t, b] or truncated[t, b]:
+                    break
+                coefficient *= gamma * min(c_bar, ratio[t])
+            vs[s, b] = total
+        for s in range(steps):
+            ended = terminated[s, b] or truncated[s, b] or s == steps - 1
+            next_target = value_after(s) if ended else vs[s + 1, b]
+            advantages[s, b] = min(pg_rho_bar, ratio[s]) * (float(rewards[s, b]) + gamma * next_target
+                                                             - float(values[s, b]))
+    return vs, advantages
+
+
+def random_inputs(steps=7, batch=3, seed=0, log_ratio_scale=1.2):
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    behaviour = -torch.rand(steps, batch, generator=generator, dtype=torch.float64) - 0.1
+    target = behaviour + log_ratio_scale * randn(steps, batch)
+    return behaviour, target, randn(steps, batch), randn(steps, batch), randn(batch)
+
+
+def run_vtrace(behaviour, target, rewards, values, next_values, gamma, terminated, truncated, **clips):
+    ended = terminated | truncated
+    return vtrace(behaviour, target, rewards, values, next_values,
+                  bootstrap_discounts=gamma * (~terminated).double(), trace_discounts=gamma * (~ended).double(),
+                  **clips)
+
+
+@pytest.mark.parametrize("rho_bar, c_bar, pg_rho_bar", [(1.0, 1.0, 1.0), (0.5, 0.3, 0.7), (2.0, 1.5, 3.0),
+                                                         (100.0, 100.0, 100.0), (1.0, 0.9, 1.2)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vtrace_matches_the_paper_definition_without_episode_ends(rho_bar, c_bar, pg_rho_bar, seed):
+    behaviour, target, rewards, values, bootstrap = random_inputs(seed=seed)
+    gamma = 0.9
+    no_end = torch.zeros(rewards.shape, dtype=torch.bool)
+    next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)])
+    vs, advantages = run_vtrace(behaviour, target, rewards, values, next_values, gamma, no_end, no_end,
+                                rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar)
+    expected_vs, expected_advantages = reference_vtrace(behaviour, target, rewards, values, bootstrap, gamma,
+                                                        rho_bar, c_bar, pg_rho_bar)
+    assert vs.shape == advantages.shape == rewards.shape
+    np.testing.assert_allclose(vs.numpy(), expected_vs, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(advantages.numpy(), expected_advantages, rtol=1e-10, atol=1e-10)
+
+
+def test_the_clips_matter_on_these_inputs():
+    """Guards the parametrized test above: its inputs have ratios on both sides of every clip."""
+    for seed in (0, 1):
+        behaviour, target, *_ = random_inputs(seed=seed)
+        ratios = torch.exp(target - behaviour)
+        assert (ratios < 0.3).any() and (ratios > 3.0).any()
+
+
+def test_on_policy_vtrace_is_the_n_step_bootstrapped_return():
+    behaviour, _, rewards, values, bootstrap = random_inputs(steps=6, batch=2, seed=3)
+    gamma = 0.95
+    no_end = torch.zeros(rewards.shape, dtype=torch.bool)
+    vs, advantages = run_vtrace(behaviour, behaviour.clone(), rewards, values,
+                                torch.cat([values[1:], bootstrap.unsqueeze(0)]), gamma, no_end, no_end)
+    steps = rewards.shape[0]
+    for s in range(steps):
+        n_step_return = sum(gamma ** (t - s) * rewards[t] for t in range(s, steps)) + gamma ** (steps - s) * bootstrap
+        torch.testing.assert_close(vs[s], n_step_return)
+        next_vs = vs[s + 1] if s + 1 < steps else bootstrap
+        torch.testing.assert_close(advantages[s], rewards[s] + gamma * next_vs - values[s])
+
+
+def boundary_inputs():
+    """Column 0 terminates at step 3, column 1 is truncated at step 4, column 2 runs through."""
+    behaviour, target, rewards, values, bootstrap = random_inputs(steps=8, batch=3, seed=5, log_ratio_scale=0.5)
+    terminated = torch.zeros(rewards.shape, dtype=torch.bool)
+    truncated = torch.zeros(rewards.shape, dtype=torch.bool)
+    terminated[3, 0] = True
+    truncated[4, 1] = True
+    final_values = torch.zeros_like(values)
+    final_values[4, 1] = 2.5
+    next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)])
+    next_values[3, 0] = 7.0  # the reset obs's value: must not count, the episode terminated
+    next_values[4, 1] = final_values[4, 1]  # what next_state_values puts at a truncation
+    return behaviour, target, rewards, values, bootstrap, next_values, terminated, truncated, final_values
+
+
+@pytest.mark.parametrize("rho_bar, c_bar, pg_rho_bar", [(1.0, 1.0, 1.0), (0.6, 0.4, 0.8), (1.7, 1.2, 2.0)])
+def test_vtrace_with_episode_ends_matches_the_reference(rho_bar, c_bar, pg_rho_bar):
+    behaviour, target, rewards, values, bootstrap, next_values, terminated, truncated, final_values = boundary_inputs()
+    gamma = 0.9
+    vs, advantages = run_vtrace(behaviour, target, rewards, values, next_values, gamma, terminated, truncated,
+                                rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar)
+    expected_vs, expected_advantages = reference_vtrace(
+        behaviour, target, rewards, values, bootstrap, gamma, rho_bar, c_bar, pg_rho_bar,
+        terminated=terminated.numpy(), truncated=truncated.numpy(), final_values=final_values)
+    np.testing.assert_allclose(vs.numpy(), expected_vs, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(advantages.numpy(), expected_advantages, rtol=1e-10, atol=1e-10)
+
+
+def test_on_policy_targets_at_episode_ends():
+    behaviour, _, rewards, values, _, next_values, terminated, truncated, _ = boundary_inputs()
+    gamma = 0.9
+    vs, advantages = run_vtrace(behaviour, behaviour.clone(), rewards, values, next_values, gamma, terminated,
+                                truncated)
+    # terminated: no bootstrapping at all
+    torch.testing.assert_close(vs[3, 0], rewards[3, 0])
+    torch.testing.assert_close(advantages[3, 0], rewards[3, 0] - values[3, 0])
+    torch.testing.assert_close(vs[2, 0], rewards[2, 0] + gamma * rewards[3, 0])
+    # truncated: bootstraps from the final observation's value
+    torch.testing.assert_close(vs[4, 1], rewards[4, 1] + gamma * 2.5)
+    torch.testing.assert_close(advantages[4, 1], rewards[4, 1] + gamma * 2.5 - values[4, 1])
+    torch.testing.assert_close(vs[3, 1], rewards[3, 1] + gamma * rewards[4, 1] + gamma ** 2 * 2.5)
+
+
+@pytest.mark.parametrize("column, end_step", [(0, 3), (1, 4)])
+def test_traces_do_not_cross_an_episode_end(column, end_step):
+    """Whatever happens after the end of an episode leaves that episode's targets unchanged."""
+    behaviour, target, rewards, values, _, next_values, terminated, truncated, _ = boundary_inputs()
+    gamma = 0.99
+    vs, advantages = run_vtrace(behaviour, target, rewards, values, next_values, gamma, terminated, truncated,
+                                rho_bar=1.5, c_bar=1.5, pg_rho_bar=1.5)
+    after = slice(end_step + 1, None)
+    changed = [tensor.clone() for tensor in (behaviour, target, rewards, values, next_values)]
+    for tensor in changed:
+        tensor[after, column] += 10.0
+    behaviour2, target2, rewards2, values2, next_values2 = changed
+    vs2, advantages2 = run_vtrace(behaviour2, target2, rewards2, values2, next_values2, gamma, terminated, truncated,
+                                  rho_bar=1.5, c_bar=1.5, pg_rho_bar=1.5)
+    until = slice(None, end_step + 1)
+    torch.testing.assert_close(vs2[until, column], vs[until, column])
+    torch.testing.assert_close(advantages2[until, column], advantages[until, column])
+    assert not torch.allclose(vs2[after, column], vs[after, column])  # the change did reach the next episode
+
+
+def test_a_terminated_step_ignores_its_next_value_and_a_truncated_one_uses_it():
+    behaviour, _, rewards, values, _, next_values, terminated, truncated, _ = boundary_inputs()
+    gamma = 0.9
+    vs, _ = run_vtrace(behaviour, behaviour.clone(), rewards, values, next_values, gamma, terminated, truncated)
+    moved = next_values.clone()
+    moved[3, 0] += 100.0
+    moved[4, 1] += 1.0
+    vs2, _ = run_vtrace(behaviour, behaviour.clone(), rewards, values, moved, gamma, terminated, truncated)
+    torch.testing.assert_close(vs2[:, 0], vs[:, 0])
+    torch.testing.assert_close(vs2[4, 1], vs[4, 1] + gamma)
+
+
+# ------------------------------------------------------------------------------------- next_state_values
+
+
+def rollout(obs, next_obs, final_obs_steps, final_obs, terminated=(), policy_version=1, actor_id=0):
+    steps = len(obs)
+    terminated_array = np.zeros(steps, bool)
+    terminated_array[list(terminated)] = True
+    truncated_array = np.zeros(steps, bool)
+    truncated_array[list(final_obs_steps)] = True
+    return RolloutRecord(
+        obs=np.asarray(obs, np.float32), actions=np.zeros(steps, np.int64), rewards=np.ones(steps, np.float32),
+        terminated=terminated_array, truncated=truncated_array, log_probs=np.full(steps, -0.7, np.float32),
+        logits=np.zeros((steps, 2), np.float32), next_obs=np.asarray(next_obs, np.float32),
+        final_obs=np.asarray(final_obs, np.float32).reshape(-1, np.shape(obs)[1]),
+        final_obs_steps=np.asarray(final_obs_steps, np.int64), episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0, np.int64), policy_version=policy_version, actor_id=actor_id, rollout_id=0,
+        worker=f"w{actor_id}")
+
+
+def test_next_state_values_reads_the_next_obs_the_rollout_end_and_the_final_obs():
+    rng = np.random.default_rng(0)
+    steps, obs_size = 5, 3
+    obs = rng.normal(size=(3, steps, obs_size))
+    next_obs = rng.normal(size=(3, obs_size))
+    finals = rng.normal(size=(3, obs_size))
+    records = [
+        rollout(obs[0], next_obs[0], [], []),
+        # truncated mid-rollout at step 1 and cut at the last step: final obs override obs[2] and next_obs
+        rollout(obs[1], next_obs[1], [1, steps - 1], finals[:2], actor_id=1),
+        rollout(obs[2], next_obs[2], [2], finals[2:], terminated=[0], actor_id=2),
+    ]
+    batch = batch_records(records, "cpu")
+    torch.manual_seed(0)
+    model = ActorCritic(obs_size, 2, 8)
+    values = next_state_values(model, batch)
+
+    def value(x):
+        with torch.no_grad():
+            return float(model.values(torch.as_tensor(np.asarray(x), dtype=torch.float32).unsqueeze(0))[0])
+
+    assert values.shape == (steps, 3)
+    expected = np.zeros((steps, 3))
+    for b in range(3):
+        for t in range(steps):
+            expected[t, b] = value(obs[b][t + 1] if t + 1 < steps else next_obs[b])
+    expected[1, 1], expected[steps - 1, 1], expected[2, 2] = value(finals[0]), value(finals[1]), value(finals[2])
+    np.testing.assert_allclose(values.numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert values.requires_grad is False
+
+
+# ------------------------------------------------------------------------------------- loss, drop_stale
+
+
+def collected_cartpole_batch(model, n_actors=3, steps=40):
+    with SerialDistributedActors(CARTPOLE, model, steps, n_actors, n_actors, actor_env_seeds=[1, 2, 3][:n_actors],
+                                 actor_agent_seeds=[4, 5, 6][:n_actors]) as actors:
+        actors.broadcast_updated_policy(model.state_dict())
+        return actors.collect_outputs("cpu").record
+
+
+def test_impala_loss_is_finite_and_reaches_policy_and_value_parameters():
+    torch.manual_seed(0)
+    model = ActorCritic(4, 2, 16)
+    record = collected_cartpole_batch(model)
+    assert bool(record.terminated.any())  # the batch holds an episode end
+    config = ImpalaConfig(hidden_size=16, value_coef=0.5, entropy_coef=0.01)
+    terms = impala_loss(model, record, config)
+    for value in (float(terms.total.detach()), terms.policy, terms.value, terms.entropy, terms.mean_rho):
+        assert math.isfinite(value)
+    assert terms.total.requires_grad
+    expected_total = terms.policy + 0.5 * terms.value - 0.01 * terms.entropy
+    assert float(terms.total.detach()) == pytest.approx(expected_total, rel=1e-5)
+    assert 0 < terms.entropy <= math.log(2) + 1e-6
+    assert terms.value > 0
+    assert terms.mean_rho == pytest.approx(1.0, abs=1e-4)  # the batch was made by these very weights
+    model.zero_grad()
+    terms.total.backward()
+    for name, parameter in [*model.policy.named_parameters(prefix="policy"),
+                            *model.value.named_parameters(prefix="value")]:
+        assert parameter.grad is not None, name
+        assert torch.isfinite(parameter.grad).all(), name
+        assert float(parameter.grad.abs().sum()) > 0, name
+
+
+def test_impala_loss_reads_the_behaviour_log_probs():
+    """mean_rho is mean(pi / mu): halving every behaviour probability doubles it, and moves the loss."""
+    torch.manual_seed(0)
+    model = ActorCritic(4, 2, 16)
+    record = collected_cartpole_batch(model)
+    config = ImpalaConfig(hidden_size=16, rho_bar=5.0, c_bar=5.0, pg_rho_bar=5.0)
+    on_policy = impala_loss(model, record, config)
+    halved = dataclasses.replace(record, log_probs=record.log_probs - math.log(2))
+    off_policy = impala_loss(model, halved, config)
+    assert off_policy.mean_rho == pytest.approx(2 * on_policy.mean_rho, rel=1e-5)
+    assert off_policy.policy != pytest.approx(on_policy.policy, rel=1e-3)
+    assert off_policy.value != pytest.approx(on_policy.value, rel=1e-3)
+
+
+def hand_batch(policy_versions, final_columns):
+    steps, batch = 4, len(policy_versions)
+    obs = torch.arange(steps * batch * 2, dtype=torch.float32).reshape(steps, batch, 2)
+    final_index = torch.tensor([[t, column] for t, column in final_columns], dtype=torch.long).reshape(-1, 2)
+    truncated = torch.zeros(steps, batch, dtype=torch.bool)
+    if len(final_index):
+        truncated[final_index[:, 0], final_index[:, 1]] = True
+    return BatchedRecord(
+        obs=obs, actions=torch.arange(steps * batch).reshape(steps, batch) % 2,
+        rewards=torch.arange(steps * batch, dtype=torch.float32).reshape(steps, batch),
+        terminated=torch.zeros(steps, batch, dtype=torch.bool), truncated=truncated,
+        log_probs=-torch.rand(steps, batch), logits=torch.randn(steps, batch, 2),
+        next_obs=100 + torch.arange(batch * 2, dtype=torch.float32).reshape(batch, 2),
+        final_obs=1000 + torch.arange(len(final_index) * 2, dtype=torch.float32).reshape(-1, 2),
+        final_obs_index=final_index, policy_version=torch.tensor(policy_versions),
+        actor_id=torch.arange(batch) + 10, rollout_id=torch.arange(batch) + 20,
+        worker=tuple(f"w{column}" for column in range(batch)),
+        episode_returns=torch.tensor([1.0, 2.0], dtype=torch.float64),
+        episode_lengths=torch.tensor([3, 4]))
+
+
+def test_drop_stale_keeps_exactly_the_fresh_columns_and_remaps_final_obs():
+    # learner version 5, max lag 1: lags 0, 2, 1, 3 -> keep columns 0 and 2
+    record = hand_batch([5, 3, 4, 2], final_columns=[(1, 3), (0, 2), (2, 1), (3, 0), (3, 2)])
+    fresh = drop_stale(record, learner_version=5, max_policy_lag=1)
+    assert fresh is not None and fresh.batch_size == 2 and fresh.n_steps == 4
+    kept = torch.tensor([0, 2])
+    for name in ("obs", "actions", "rewards", "terminated", "truncated", "log_probs", "logits"):
+        assert torch.equal(getattr(fresh, name), getattr(record, name)[:, kept]), name
+    for name in ("next_obs", "policy_version", "actor_id", "rollout_id"):
+        assert torch.equal(getattr(fresh, name), getattr(record, name)[kept]), name
+    assert fresh.worker == ("w0", "w2")
+    # final obs of columns 2 (twice) and 0 survive, in order, with column 2 renamed to 1
+    assert fresh.final_obs_index.tolist() == [[0, 1], [3, 0], [3, 1]]
+    assert torch.equal(fresh.final_obs, record.final_obs[[1, 3, 4]])
+    assert torch.equal(fresh.truncated[fresh.final_obs_index[:, 0], fresh.final_obs_index[:, 1]],
+                       torch.ones(3, dtype=torch.bool))
+    assert torch.equal(fresh.episode_returns, record.episode_returns)
+
+
+def test_drop_stale_keeps_everything_without_a_max_lag_or_when_all_are_fresh():
+    record = hand_batch([5, 0, 4], final_columns=[(1, 1)])
+    assert drop_stale(record, 5, None) is record
+    assert drop_stale(record, 5, 5) is record
+
+
+def test_drop_stale_returns_none_when_every_column_is_stale():
+    record = hand_batch([1, 2], final_columns=[(0, 0)])
+    assert drop_stale(record, learner_version=5, max_policy_lag=2) is None
+
+
+def test_drop_stale_with_no_final_obs_and_lag_zero():
+    record = hand_batch([3, 2, 3], final_columns=[])
+    fresh = drop_stale(record, learner_version=3, max_policy_lag=0)
+    assert fresh.batch_size == 2 and fresh.policy_version.tolist() == [3, 3]
+    assert fresh.final_obs_index.shape == (0, 2) and fresh.final_obs.shape == (0, 2)
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize("bad", [
+    {"total_env_steps": 0}, {"n_actors": 0}, {"n_rollout_steps": -1}, {"batch_size": 0}, {"learning_rate": 0.0},
+    {"hidden_size": 0}, {"discount": 0.0}, {"discount": 1.01}, {"discount": -0.5}, {"rho_bar": 0.0},
+    {"c_bar": -1.0}, {"pg_rho_bar": 0.0}, {"max_grad_norm": 0.0}, {"max_policy_lag": -1}, {"learner_threads": 0},
+])
+def test_config_rejects_bad_values(bad):
+    (name, value), = bad.items()
+    with pytest.raises(ConfigError, match=name):
+        ImpalaConfig(**bad)
+    with pytest.raises(ValueError):
+        ImpalaConfig(**bad)
+
+
+def test_config_accepts_the_edges():
+    config = ImpalaConfig(discount=1.0, max_policy_lag=0, total_env_steps=1)
+    assert (config.discount, config.max_policy_lag) == (1.0, 0)
+
+
+# ------------------------------------------------------------------------------------- train end to end
+
+
+def serial_actors(config: ImpalaConfig, seed_offset: int = 0) -> SerialDistributedActors:
+    n = config.n_actors
+    return SerialDistributedActors(CARTPOLE, ActorCritic(4, 2, config.hidden_size), config.n_rollout_steps, n,
+                                   config.batch_size,
+                                   actor_env_seeds=[config.seed * 100 + seed_offset + i for i in range(n)],
+                                   actor_agent_seeds=[config.seed * 100 + 50 + seed_offset + i for i in range(n)])
+
+
+def small_config(tmp_path, **changes) -> ImpalaConfig:
+    settings = dict(env_id="CartPole-v1", total_env_steps=4096, n_actors=4, batch_size=4, n_rollout_steps=16,
+                    hidden_size=32, progress=False, run_dir=str(tmp_path), run_name="smoke", seed=0)
+    return ImpalaConfig(**{**settings, **changes})
+
+
+def read_rows(path):
+    with path.open() as file:
+        return list(csv.DictReader(file))
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("impala")
+    config = small_config(tmp_path)
+    result = train(config, actors=serial_actors(config))
+    return tmp_path / "smoke", result
+
+
+def test_train_writes_the_run_folder(trained_run):
+    run, result = trained_run
+    assert result.run_dir == run and not result.interrupted
+    assert (result.env_steps, result.updates) == (4096, 4096 // (4 * 16))
+    for name in ("final.safetensors", "best.safetensors", "checkpoint.safetensors", "metrics.csv", "config.json",
+                 "summary.json", "learning_curve.png"):
+        assert (run / name).is_file() and (run / name).stat().st_size > 0, name
+    assert any((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = read_rows(run / "metrics.csv")
+    assert len(rows) == result.updates
+    assert [int(row["env_steps"]) for row in rows] == [64 * (i + 1) for i in range(len(rows))]
+    assert all(float(row["policy_lag_max"]) == 0 for row in rows)  # serial actors always use the latest weights
+    assert all(math.isfinite(float(row["policy_loss"])) for row in rows)
+    config = json.loads((run / "config.json").read_text())
+    assert (config["total_env_steps"], config["run_name"]) == (4096, "smoke")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["env_steps"] == 4096 and summary["episodes"] == result.episodes > 0
+    assert summary["run_dir"] == str(run)
+    counters = load_checkpoint(run / "checkpoint.safetensors").counters
+    assert (counters["env_steps"], counters["updates"]) == (4096, result.updates)
+
+
+def test_train_resumes_from_the_run_folder(tmp_path):
+    first = small_config(tmp_path)
+    result = train(first, actors=serial_actors(first))
+    run = tmp_path / "smoke"
+    rows_before = len(read_rows(run / "metrics.csv"))
+    second = small_config(tmp_path, total_env_steps=8192, run_name=None, resume=str(run))
+    resumed = train(second, actors=serial_actors(second, seed_offset=7))
+    assert resumed.run_dir == run  # continues in the same folder
+    assert resumed.env_steps == 8192 and resumed.updates == 2 * result.updates
+    assert resumed.episodes > result.episodes and resumed.seconds >= result.seconds
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["env_steps"] == 8192 > result.env_steps
+    lines = (run / "metrics.csv").read_text().splitlines()
+    assert sum(line.startswith("env_steps,") for line in lines) == 1  # one header
+    rows = read_rows(run / "metrics.csv")
+    assert len(rows) == rows_before + resumed.updates - result.updates
+    steps = [int(row["env_steps"]) for row in rows]
+    assert steps == sorted(steps) and steps[rows_before] == 4096 + 64 and steps[-1] == 8192
+    state = load_checkpoint(run / "checkpoint.safetensors")
+    assert state.counters["env_steps"] == 8192
+    # Adam's step counter went on from the checkpoint instead of starting over
+    assert {float(parameter["step"]) for parameter in state.optimizer["state"].values()} == {resumed.updates}
+
+
+def test_resume_restores_the_learner_state(trained_run, tmp_path):
+    run, result = trained_run
+    config = small_config(tmp_path, total_env_steps=10_000, run_name="copy", resume=str(run))
+    learner = Learner(config)
+    saved = load_checkpoint(run / "checkpoint.safetensors")
+    assert (learner.env_steps, learner.updates, learner.episodes) == (4096, result.updates, result.episodes)
+    for key, value in learner.model.state_dict().items():
+        assert torch.equal(value, saved.model[key]), key
+    assert learner.run_dir == tmp_path / "copy"  # an explicit run name wins over the resumed folder's
+
+
+def test_impala_learns_cartpole(tmp_path):
+    """Serial actors, fixed seed: 30k steps take ~2 s and lift the return well above random (~22)."""
+    config = small_config(tmp_path, total_env_steps=30_000, n_actors=8, batch_size=8, n_rollout_steps=32,
+                          hidden_size=64, run_name="learn", seed=0)
+    result = train(config, actors=serial_actors(config))
+    assert result.env_steps >= 30_000
+    assert result.mean_return is not None and result.mean_return > 40, result
+    assert result.best_mean_return >= result.mean_return
+    rows = read_rows(tmp_path / "learn" / "metrics.csv")
+    first_full = next(float(row["mean_return"]) for row in rows if row["mean_return"])
+    assert first_full < 40  # it did start out random-like
+
+
+def test_load_policy_and_evaluate(trained_run):
+    run, _ = trained_run
+    model, metadata = load_policy(run)
+    assert isinstance(model, ActorCritic) and not model.training
+    assert metadata["env_id"] == "CartPole-v1" and metadata["hidden_size"] == 32
+    best, _ = load_weights(run / "best.safetensors")
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, best[key]), key
+    final_model, _ = load_policy(run / "final.safetensors")
+    assert final_model.policy[0].weight.shape == (32, 4)
+    returns = evaluate(model, "CartPole-v1", episodes=3, seed=0)
+    assert len(returns) == 3 and all(1 <= value <= 500 for value in returns)
+    assert evaluate(model, "CartPole-v1", episodes=3, seed=0) == returns  # greedy and seeded: repeatable
+    sampled = evaluate(model, "CartPole-v1", episodes=2, seed=1, greedy=False)
+    assert len(sampled) == 2
+
+
+def test_load_policy_reads_a_training_checkpoint_too(trained_run):
+    run, _ = trained_run
+    from_checkpoint, metadata = load_policy(run / "checkpoint.safetensors")
+    final, _ = load_policy(run / "final.safetensors")
+    assert metadata["env_id"] == "CartPole-v1"
+    for key, value in final.state_dict().items():
+        assert torch.equal(from_checkpoint.state_dict()[key], value), key
+
+
+def test_load_policy_refuses_a_file_that_is_no_policy(tmp_path):
+    from rqrl.checkpoint import save_weights
+
+    save_weights(tmp_path / "other.safetensors", {"x": torch.zeros(2)}, {"note": "not a policy"})
+    with pytest.raises(RqrlError, match="env_id"):
+        load_policy(tmp_path / "other.safetensors")
+
+
+def test_load_policy_refuses_a_folder_without_weights(tmp_path):
+    with pytest.raises(ConfigError, match="run folder"):
+        load_policy(tmp_path)
+
+
+def test_a_trained_policy_beats_random_when_evaluated(tmp_path):
+    torch.manual_seed(0)
+    untrained = ActorCritic(4, 2, 64)
+    config = small_config(tmp_path, total_env_steps=30_000, n_actors=8, batch_size=8, n_rollout_steps=32,
+                          hidden_size=64, run_name="eval", seed=1)
+    train(config, actors=serial_actors(config))
+    trained, _ = load_policy(tmp_path / "eval")
+    trained_mean = float(np.mean(evaluate(trained, "CartPole-v1", episodes=5, seed=0)))
+    untrained_mean = float(np.mean(evaluate(untrained, "CartPole-v1", episodes=5, seed=0)))
+    assert trained_mean > max(2 * untrained_mean, RANDOM_CARTPOLE_RETURN + 20), (trained_mean, untrained_mean)

@@ -1,0 +1,114 @@
+"""MetricsWriter (CSV + TensorBoard) and plot_learning_curve, on real files."""
+
+from __future__ import annotations
+
+import csv
+import math
+import struct
+import time
+
+from tensorboardX.proto import event_pb2
+
+from rqrl.metrics import MetricsWriter, plot_learning_curve
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_rows(path):
+    with path.open() as file:
+        return list(csv.DictReader(file))
+
+
+def tensorboard_scalars(run_dir) -> list[tuple[int, str, float]]:
+    """(step, tag, value) of every scalar in the run's event files, read from the TFRecord framing."""
+    scalars = []
+    files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert files, "no TensorBoard event file"
+    for path in files:
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            scalars.extend((event.step, value.tag, value.simple_value) for value in event.summary.value)
+    return scalars
+
+
+def test_writes_csv_rows_and_tensorboard_scalars(tmp_path):
+    writer = MetricsWriter(tmp_path / "run", ["mean_return", "loss"])
+    writer.write(100, {"mean_return": 1.5, "loss": None})
+    writer.write(200, {"mean_return": float("nan"), "loss": 0.25, "not_a_column": 7.0})
+    writer.write(300, {"mean_return": 3.0, "loss": 0.125})
+    writer.flush()
+    rows = read_rows(tmp_path / "run" / "metrics.csv")  # readable after flush, before close
+    writer.close()
+    assert list(rows[0]) == ["env_steps", "mean_return", "loss"]
+    assert [(row["env_steps"], row["mean_return"], row["loss"]) for row in rows] == [
+        ("100", "1.5", ""), ("200", "nan", "0.25"), ("300", "3.0", "0.125")]
+    scalars = tensorboard_scalars(tmp_path / "run")
+    # None and NaN are left out of TensorBoard; extra keys still reach it
+    assert sorted(scalars) == sorted([(100, "mean_return", 1.5), (200, "loss", 0.25), (200, "not_a_column", 7.0),
+                                      (300, "mean_return", 3.0), (300, "loss", 0.125)])
+    assert all(math.isfinite(value) for _, _, value in scalars)
+
+
+def test_reopening_appends_without_repeating_the_header(tmp_path):
+    first = MetricsWriter(tmp_path, ["x"])
+    first.write(1, {"x": 1.0})
+    first.write(2, {"x": 2.0})
+    first.close()
+    second = MetricsWriter(tmp_path, ["x"])
+    second.write(3, {"x": 3.0})
+    second.close()
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines == ["env_steps,x", "1,1.0", "2,2.0", "3,3.0"]
+    assert (3, "x", 3.0) in tensorboard_scalars(tmp_path)
+
+
+def test_reopening_within_a_second_keeps_the_earlier_tensorboard_events(tmp_path):
+    time.sleep(1.02 - time.time() % 1)  # start just after a second boundary: both writers open in that second
+    first = MetricsWriter(tmp_path, ["x"])
+    first.write(1, {"x": 1.0})
+    first.close()
+    second = MetricsWriter(tmp_path, ["x"])
+    second.write(2, {"x": 2.0})
+    second.close()
+    assert sorted(step for step, tag, _ in tensorboard_scalars(tmp_path) if tag == "x") == [1, 2]
+
+
+def test_reopening_an_empty_csv_writes_the_header(tmp_path):
+    (tmp_path / "metrics.csv").write_text("")
+    writer = MetricsWriter(tmp_path, ["x"])
+    writer.write(1, {"x": 1.0})
+    writer.close()
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == ["env_steps,x", "1,1.0"]
+
+
+def write_csv(path, rows):
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=["env_steps", "mean_return", "loss"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_learning_curve_writes_a_png(tmp_path):
+    write_csv(tmp_path / "metrics.csv", [{"env_steps": 64 * i, "mean_return": "" if i < 3 else 10.0 + i, "loss": 1.0}
+                                         for i in range(1, 30)])
+    plot_learning_curve(tmp_path / "metrics.csv", tmp_path / "curve.png", target=475.0, title="IMPALA on CartPole")
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    assert png_size(tmp_path / "curve.png") == (700, 400)
+
+
+def test_plot_of_another_column_and_of_no_data(tmp_path):
+    write_csv(tmp_path / "metrics.csv", [{"env_steps": 10, "mean_return": "", "loss": 0.5},
+                                         {"env_steps": 20, "mean_return": "", "loss": 0.25}])
+    plot_learning_curve(tmp_path / "metrics.csv", tmp_path / "loss.png", column="loss")
+    plot_learning_curve(tmp_path / "metrics.csv", tmp_path / "empty.png")  # only empty cells: still a figure
+    for name in ("loss.png", "empty.png"):
+        assert png_size(tmp_path / name) == (700, 400)

@@ -1,0 +1,63 @@
+"""The public surface is what rqrl.__all__ declares, and every error is an RqrlError."""
+
+from __future__ import annotations
+
+import inspect
+
+import rqrl
+import rqrl.errors
+from rqrl.errors import RqrlError
+
+
+def test_every_name_in_all_exists():
+    missing = [name for name in rqrl.__all__ if not hasattr(rqrl, name)]
+    assert missing == []
+    assert len(rqrl.__all__) == len(set(rqrl.__all__))
+
+
+def test_every_public_class_and_function_is_in_all():
+    exported = {
+        name for name, value in vars(rqrl).items()
+        if not name.startswith("_") and (inspect.isclass(value) or inspect.isfunction(value))
+    }
+    assert exported, "rqrl exports no classes or functions at all"
+    assert sorted(exported - set(rqrl.__all__)) == []
+
+
+def test_all_names_are_classes_functions_or_the_version():
+    for name in rqrl.__all__:
+        value = getattr(rqrl, name)
+        assert inspect.isclass(value) or inspect.isfunction(value) or name == "__version__", name
+    assert isinstance(rqrl.__version__, str) and rqrl.__version__
+
+
+def error_classes() -> list[type]:
+    return [value for value in vars(rqrl.errors).values()
+            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == "rqrl.errors"]
+
+
+def test_every_error_subclasses_rqrl_error():
+    classes = error_classes()
+    assert len(classes) >= 9
+    for cls in classes:
+        assert issubclass(cls, RqrlError), cls.__name__
+
+
+def test_every_error_is_exported():
+    assert sorted(cls.__name__ for cls in error_classes() if cls.__name__ not in rqrl.__all__) == []
+    for cls in error_classes():
+        assert getattr(rqrl, cls.__name__) is cls
+
+
+def test_error_tree_as_documented():
+    assert issubclass(rqrl.ConfigError, ValueError)
+    assert issubclass(rqrl.CollectTimeoutError, TimeoutError)
+    assert issubclass(rqrl.NoWorkersError, rqrl.CollectTimeoutError)
+
+
+def test_actor_failed_error_carries_the_remote_traceback():
+    error = rqrl.ActorFailedError("env raised", job_id="rqrl_r_g0_r3", actor_ids=[0, 1],
+                                  remote_traceback="Traceback ...\nRuntimeError: boom")
+    assert isinstance(error, RqrlError)
+    assert error.job_id == "rqrl_r_g0_r3" and error.actor_ids == [0, 1]
+    assert "RuntimeError: boom" in str(error) and "job rqrl_r_g0_r3" in str(error)

@@ -1,0 +1,353 @@
+"""RolloutRecord validation, its byte form, and batching into time-major [T, B] tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rqrl.codec import encode_arrays
+from rqrl.errors import RecordError
+from rqrl.policy import make_act_function
+from rqrl.records import BatchedRecord, RolloutRecord, batch_records, decode_record, encode_record
+from rqrl.rollout import ActorGroup
+from tests import fixtures
+
+RUN = "run-a"
+
+
+def box_record(steps: int = 5, *, truncated_at: tuple[int, ...] = (), actor_id: int = 0, rollout_id: int = 0,
+               offset: float = 0.0, with_logits: bool = True, worker: str = "w1") -> RolloutRecord:
+    """A record with Box observations [T, 3] whose values are distinct per step and per record."""
+    truncated = np.zeros(steps, bool)
+    truncated[list(truncated_at)] = True
+    return RolloutRecord(
+        obs=(np.arange(steps * 3, dtype=np.float32).reshape(steps, 3) + offset),
+        actions=np.arange(steps, dtype=np.int64) % 2,
+        rewards=np.linspace(0, 1, steps, dtype=np.float32) + offset,
+        terminated=np.arange(steps) == 0,
+        truncated=truncated,
+        log_probs=-np.arange(1, steps + 1, dtype=np.float32) / 10,
+        logits=np.arange(steps * 2, dtype=np.float32).reshape(steps, 2) if with_logits else None,
+        next_obs=np.full(3, 100 + offset, np.float32),
+        final_obs=np.full((len(truncated_at), 3), 200 + offset, np.float32),
+        final_obs_steps=np.array(truncated_at, np.int64),
+        episode_returns=np.array([1.5 + offset, 2.5], np.float64),
+        episode_lengths=np.array([3, 4], np.int64),
+        policy_version=7,
+        actor_id=actor_id,
+        rollout_id=rollout_id,
+        worker=worker,
+    )
+
+
+def nested_record(steps: int = 4) -> RolloutRecord:
+    """A record whose observations are a nested dict: {"image": [T,2,2], "state": {"pos": [T,2], "goal": [T]}}."""
+    def obs(n: int, base: float) -> dict:
+        return {
+            "image": np.arange(n * 4, dtype=np.uint8).reshape(n, 2, 2) + int(base),
+            "state": {"pos": np.full((n, 2), base, np.float32), "goal": np.arange(n, dtype=np.int64)},
+        }
+
+    return RolloutRecord(
+        obs=obs(steps, 1.0),
+        actions=np.zeros(steps, np.int64),
+        rewards=np.ones(steps, np.float32),
+        terminated=np.zeros(steps, bool),
+        truncated=np.array([False, True] + [False] * (steps - 2)),
+        log_probs=np.zeros(steps, np.float32),
+        logits=None,
+        next_obs={"image": np.full((2, 2), 9, np.uint8), "state": {"pos": np.full(2, 5.0, np.float32),
+                                                                   "goal": np.array([2], np.int64)}},
+        final_obs=obs(1, 3.0),
+        final_obs_steps=np.array([1], np.int64),
+        episode_returns=np.array([2.0]),
+        episode_lengths=np.array([2], np.int64),
+        policy_version=1,
+        actor_id=3,
+        rollout_id=11,
+    )
+
+
+def assert_obs_equal(actual, expected) -> None:
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict) and set(actual) == set(expected)
+        for key in expected:
+            assert_obs_equal(actual[key], expected[key])
+    else:
+        assert actual.dtype == expected.dtype
+        assert actual.shape == expected.shape
+        np.testing.assert_array_equal(actual, expected)
+
+
+def assert_records_equal(actual: RolloutRecord, expected: RolloutRecord) -> None:
+    for name in ("obs", "next_obs", "final_obs", "actions", "rewards", "terminated", "truncated", "log_probs",
+                 "final_obs_steps", "episode_returns", "episode_lengths"):
+        assert_obs_equal(getattr(actual, name), getattr(expected, name))
+    if expected.logits is None:
+        assert actual.logits is None
+    else:
+        assert_obs_equal(actual.logits, expected.logits)
+    for name in ("policy_version", "actor_id", "rollout_id", "worker"):
+        assert getattr(actual, name) == getattr(expected, name)
+
+
+# --- round trip ---------------------------------------------------------------------------------
+
+
+def test_round_trip_preserves_a_box_record():
+    record = box_record(6, truncated_at=(2,))
+    decoded = decode_record(encode_record(record, RUN), RUN)
+    assert_records_equal(decoded, record)
+
+
+def test_round_trip_preserves_a_record_without_logits_or_truncations():
+    record = box_record(3, with_logits=False)
+    decoded = decode_record(encode_record(record, RUN), RUN)
+    assert decoded.logits is None
+    assert decoded.final_obs.shape == (0, 3)
+    assert_records_equal(decoded, record)
+
+
+def test_round_trip_preserves_a_nested_dict_record():
+    record = nested_record()
+    decoded = decode_record(encode_record(record, RUN), RUN)
+    assert set(decoded.obs) == {"image", "state"} and set(decoded.obs["state"]) == {"pos", "goal"}
+    assert_records_equal(decoded, record)
+
+
+def test_round_trip_of_a_real_dict_env_rollout():
+    group = ActorGroup(fixtures.make_dict_env, [0], [5], [6], 25)
+    record = group.run(make_act_function(fixtures.DictPolicy(), group.action_space), 0, 1, cut_at_end=False)[0]
+    decoded = decode_record(encode_record(record, RUN), RUN)
+    assert_obs_equal(decoded.obs, record.obs)
+    assert_obs_equal(decoded.final_obs, record.final_obs)
+    np.testing.assert_array_equal(decoded.actions, record.actions)
+
+
+def test_round_trip_keeps_scalar_next_obs_scalar():
+    group = ActorGroup(fixtures.make_dict_env, [0, 1], [5, 6], [7, 8], 4)
+    records = group.run(make_act_function(fixtures.DictPolicy(), group.action_space), 0, 1, cut_at_end=False)
+    assert records[0].next_obs["goal"].shape == ()
+    decoded = [decode_record(encode_record(record, RUN), RUN) for record in records]
+    assert decoded[0].next_obs["goal"].shape == ()
+    assert batch_records(decoded, "cpu").next_obs["goal"].shape == (2,)
+
+
+def test_decode_refuses_another_runs_record():
+    blob = encode_record(box_record(), "run-a")
+    with pytest.raises(RecordError, match="run-a"):
+        decode_record(blob, "run-b")
+
+
+def test_decode_refuses_a_foreign_format():
+    blob = encode_arrays({"rewards": np.zeros(2, np.float32)}, {"format": "something.else", "run_id": RUN})
+    with pytest.raises(RecordError, match="something.else"):
+        decode_record(blob, RUN)
+
+
+def test_decode_refuses_missing_fields_and_metadata():
+    record = box_record()
+    complete = {name: getattr(record, name) for name in ("actions", "rewards", "terminated", "truncated",
+                                                         "log_probs", "final_obs_steps", "episode_returns",
+                                                         "episode_lengths")}
+    complete.update(obs=record.obs, next_obs=record.next_obs, final_obs=record.final_obs)
+    metadata = {"format": "rqrl.rollout.v1", "run_id": RUN, "policy_version": "1", "actor_id": "0", "rollout_id": "0"}
+    assert decode_record(encode_arrays(complete, metadata), RUN).n_steps == 5
+    for name in complete:
+        partial = {key: value for key, value in complete.items() if key != name}
+        with pytest.raises(RecordError):
+            decode_record(encode_arrays(partial, metadata), RUN)
+    for name in ("policy_version", "actor_id", "rollout_id"):
+        with pytest.raises(RecordError, match=name):
+            decode_record(encode_arrays(complete, {k: v for k, v in metadata.items() if k != name}), RUN)
+    with pytest.raises(RecordError, match="malformed"):
+        decode_record(encode_arrays(complete, {**metadata, "policy_version": "seven"}), RUN)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 7, 8, 100, -1, -20])
+def test_truncated_bytes_are_refused(cut):
+    blob = encode_record(box_record(), RUN)
+    with pytest.raises(RecordError):
+        decode_record(blob[:cut], RUN)
+
+
+@pytest.mark.parametrize("blob", [b"", b"\x00" * 8, b"\xff" * 64, b"not a record at all",
+                                  b"\x05" + b"\x00" * 7 + b"{}"])
+def test_garbage_is_refused(blob):
+    with pytest.raises(RecordError):
+        decode_record(blob, RUN)
+
+
+def test_corrupted_header_is_refused():
+    blob = bytearray(encode_record(box_record(), RUN))
+    blob[8:12] = b"XXXX"  # break the JSON header
+    with pytest.raises(RecordError):
+        decode_record(bytes(blob), RUN)
+
+
+def test_scalar_step_arrays_are_refused_as_record_error():
+    names = ("actions", "rewards", "terminated", "truncated", "log_probs", "obs", "next_obs", "final_obs",
+             "final_obs_steps", "episode_returns", "episode_lengths")
+    metadata = {"format": "rqrl.rollout.v1", "run_id": RUN, "policy_version": "1", "actor_id": "0", "rollout_id": "0"}
+    blob = safetensors.numpy.save({name: np.zeros((), np.float32) for name in names}, metadata=metadata)
+    with pytest.raises(RecordError):
+        decode_record(blob, RUN)
+
+
+# --- fuzzing ------------------------------------------------------------------------------------
+
+VALID_BLOB = encode_record(box_record(4, truncated_at=(1,)), RUN)
+NESTED_BLOB = encode_record(nested_record(), RUN)
+
+
+def decode_or_record_error(blob: bytes) -> None:
+    """decode_record either returns a self-consistent record or raises RecordError, nothing else."""
+    try:
+        record = decode_record(blob, RUN)
+    except RecordError:
+        return
+    assert isinstance(record, RolloutRecord)
+    assert len(record.actions) == len(record.truncated) == record.n_steps
+    assert len(record.final_obs_steps) == int(record.truncated.sum())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=512))
+def test_fuzz_arbitrary_bytes(blob):
+    decode_or_record_error(blob)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(min_size=8, max_size=64).map(lambda tail: b"\x40\x00\x00\x00\x00\x00\x00\x00" + tail))
+def test_fuzz_plausible_header_sizes(blob):
+    decode_or_record_error(blob)
+
+
+@st.composite
+def mutated_blobs(draw):
+    blob = bytearray(draw(st.sampled_from([VALID_BLOB, NESTED_BLOB])))
+    header_end = 8 + int.from_bytes(blob[:8], "little")
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["header", "anywhere", "delete", "insert"]))
+        if kind == "header":  # most interesting: JSON names, dtypes, shapes and offsets
+            index = draw(st.integers(8, header_end - 1))
+            blob[index] = draw(st.sampled_from(b'0123456789[]{}",: abcdefgorsu_/FIUBL'))
+        elif kind == "anywhere":
+            blob[draw(st.integers(0, len(blob) - 1))] = draw(st.integers(0, 255))
+        elif kind == "delete":
+            del blob[draw(st.integers(0, len(blob) - 1))]
+        else:
+            blob.insert(draw(st.integers(0, len(blob))), draw(st.integers(0, 255)))
+    return bytes(blob)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_blobs())
+def test_fuzz_mutated_valid_records(blob):
+    decode_or_record_error(blob)
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def record_fields(**changes) -> dict:
+    record = box_record(5, truncated_at=(2,))
+    fields = {name: getattr(record, name) for name in record.__dataclass_fields__}
+    fields.update(changes)
+    return fields
+
+
+@pytest.mark.parametrize("name", ["actions", "terminated", "truncated", "log_probs"])
+def test_step_field_length_mismatch_is_named(name):
+    short = record_fields()[name][:3]
+    with pytest.raises(RecordError, match=rf"expected {name} of length 5 \(rewards\), got 3"):
+        RolloutRecord(**record_fields(**{name: short}))
+
+
+def test_logits_length_mismatch_is_named():
+    with pytest.raises(RecordError, match="expected logits of length 5, got 4"):
+        RolloutRecord(**record_fields(logits=np.zeros((4, 2), np.float32)))
+
+
+def test_obs_length_mismatch_names_the_nested_path():
+    with pytest.raises(RecordError, match="expected obs of length 5, got 6"):
+        RolloutRecord(**record_fields(obs=np.zeros((6, 3), np.float32)))
+    bad = {"state": {"pos": np.zeros((5, 2)), "goal": np.zeros(4)}}
+    with pytest.raises(RecordError, match="expected obs/state/goal of length 5, got 4"):
+        RolloutRecord(**record_fields(obs=bad))
+
+
+def test_final_obs_steps_must_match_truncations():
+    with pytest.raises(RecordError, match=r"one final_obs per truncated step \(1\), got 0"):
+        RolloutRecord(**record_fields(final_obs_steps=np.zeros(0, np.int64)))
+
+
+def test_obs_keys_with_a_slash_are_refused():
+    record = box_record()
+    fields = {name: getattr(record, name) for name in record.__dataclass_fields__}
+    fields["obs"] = {"a/b": record.obs}
+    with pytest.raises(RecordError, match="'a/b'"):
+        RolloutRecord(**fields)
+
+
+# --- batching -----------------------------------------------------------------------------------
+
+
+def test_batch_records_stacks_time_major():
+    records = [box_record(5, actor_id=0, rollout_id=3, offset=0.0, worker="w0"),
+               box_record(5, truncated_at=(1, 3), actor_id=1, rollout_id=4, offset=1000.0, worker="w1"),
+               box_record(5, truncated_at=(4,), actor_id=2, rollout_id=5, offset=2000.0, worker="w2")]
+    batch = batch_records(records, "cpu")
+    assert isinstance(batch, BatchedRecord)
+    assert batch.n_steps == 5 and batch.batch_size == 3
+    assert batch.obs.shape == (5, 3, 3)
+    for name in ("actions", "rewards", "terminated", "truncated", "log_probs"):
+        assert getattr(batch, name).shape == (5, 3), name
+    assert batch.logits.shape == (5, 3, 2)
+    assert batch.next_obs.shape == (3, 3)
+    torch.testing.assert_close(batch.obs[:, 1], torch.from_numpy(records[1].obs))
+    torch.testing.assert_close(batch.rewards[:, 2], torch.from_numpy(records[2].rewards))
+    assert batch.terminated.dtype == torch.bool and batch.actions.dtype == torch.int64
+    assert batch.policy_version.tolist() == [7, 7, 7]
+    assert batch.actor_id.tolist() == [0, 1, 2] and batch.rollout_id.tolist() == [3, 4, 5]
+    assert batch.worker == ("w0", "w1", "w2")
+    # final observations: (time step, batch column), in the order of final_obs
+    assert batch.final_obs_index.tolist() == [[1, 1], [3, 1], [4, 2]]
+    assert batch.final_obs.shape == (3, 3)
+    assert batch.final_obs[:, 0].tolist() == [1200.0, 1200.0, 2200.0]
+    for (step, column) in batch.final_obs_index.tolist():
+        assert batch.truncated[step, column]
+    assert batch.episode_returns.tolist() == [1.5, 2.5, 1001.5, 2.5, 2001.5, 2.5]
+    assert batch.episode_lengths.tolist() == [3, 4] * 3
+
+
+def test_batch_records_without_truncations_has_empty_final_obs():
+    batch = batch_records([box_record(4), box_record(4)], "cpu")
+    assert batch.final_obs.shape == (0, 3)
+    assert batch.final_obs_index.shape == (0, 2)
+
+
+def test_batch_records_drops_logits_unless_every_record_has_them():
+    batch = batch_records([box_record(4), box_record(4, with_logits=False)], "cpu")
+    assert batch.logits is None
+
+
+def test_batch_records_of_nested_dict_obs():
+    batch = batch_records([nested_record(), nested_record()], "cpu")
+    assert batch.obs["image"].shape == (4, 2, 2, 2)
+    assert batch.obs["state"]["pos"].shape == (4, 2, 2)
+    assert batch.obs["state"]["goal"].shape == (4, 2)
+    assert batch.next_obs["image"].shape == (2, 2, 2)
+    assert batch.final_obs["state"]["pos"].shape == (2, 2)
+    assert batch.final_obs_index.tolist() == [[1, 0], [1, 1]]
+
+
+def test_batch_records_refuses_mixed_lengths_and_nothing():
+    with pytest.raises(RecordError, match=r"one length, got lengths \[4, 5\]"):
+        batch_records([box_record(5), box_record(4)], "cpu")
+    with pytest.raises(RecordError, match="zero records"):
+        batch_records([], "cpu")

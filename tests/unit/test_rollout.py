@@ -1,0 +1,256 @@
+"""ActorGroup: stepping real gymnasium envs with a real torch policy, no Redis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rqrl.errors import ConfigError
+from rqrl.policy import make_act_function
+from rqrl.rollout import ActorGroup, derive_seed
+from tests import fixtures
+
+
+def group_and_act(env_factory, n_actors: int, n_steps: int, policy=None, env_seeds=None, agent_seeds=None):
+    group = ActorGroup(env_factory, list(range(n_actors)), env_seeds or list(range(n_actors)),
+                       agent_seeds or [100 + i for i in range(n_actors)], n_steps)
+    act = make_act_function(policy if policy is not None else fixtures.mlp_policy(seed=0), group.action_space)
+    return group, act
+
+
+def counting_group(n_steps: int, length: int = 50, n_actors: int = 1):
+    group = ActorGroup(lambda: fixtures.CountingEnv(length=length), list(range(n_actors)), list(range(n_actors)),
+                       list(range(n_actors)), n_steps)
+    return group, make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+
+
+def test_cartpole_record_shapes_and_dtypes():
+    group, act = group_and_act(fixtures.make_cartpole, 3, 20)
+    records = group.run(act, rollout_id=0, policy_version=4, cut_at_end=False, worker="w-test")
+    assert [record.actor_id for record in records] == [0, 1, 2]
+    for record in records:
+        assert record.n_steps == 20
+        assert record.obs.shape == (20, 4) and record.obs.dtype == np.float32
+        assert record.actions.shape == (20,) and record.actions.dtype == np.int64
+        assert set(np.unique(record.actions)) <= {0, 1}
+        assert record.rewards.shape == (20,) and record.rewards.dtype == np.float32
+        assert record.terminated.dtype == bool and record.truncated.dtype == bool
+        assert record.log_probs.shape == (20,) and record.log_probs.dtype == np.float32
+        assert record.logits.shape == (20, 2)
+        assert record.next_obs.shape == (4,)
+        assert record.final_obs.shape == (0, 4) and record.final_obs_steps.shape == (0,)
+        assert (record.policy_version, record.rollout_id, record.worker) == (4, 0, "w-test")
+        logp = torch.log_softmax(torch.from_numpy(record.logits), -1)
+        expected = logp.gather(-1, torch.from_numpy(record.actions).unsqueeze(-1)).squeeze(-1).numpy()
+        np.testing.assert_allclose(record.log_probs, expected, rtol=1e-6)
+    group.close()
+
+
+def test_logits_are_those_of_the_policy_on_the_recorded_obs():
+    policy = fixtures.mlp_policy(seed=5)
+    group, act = group_and_act(fixtures.make_cartpole, 2, 10, policy=policy)
+    record = group.run(act, 0, 1, cut_at_end=False)[1]
+    with torch.no_grad():
+        expected = policy(torch.from_numpy(record.obs)).numpy()
+    np.testing.assert_allclose(record.logits, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_first_obs_is_the_seeded_reset():
+    group, act = group_and_act(fixtures.make_cartpole, 2, 5, env_seeds=[11, 12])
+    records = group.run(act, rollout_id=3, policy_version=1, cut_at_end=False)
+    for record, seed in zip(records, [11, 12], strict=True):
+        env = fixtures.make_cartpole()
+        obs, _ = env.reset(seed=derive_seed(seed, 3))
+        np.testing.assert_array_equal(record.obs[0], obs)
+
+
+def test_same_seeds_give_identical_records():
+    def run_twice():
+        group, act = group_and_act(fixtures.make_cartpole, 2, 60, env_seeds=[7, 8], agent_seeds=[9, 10])
+        return group.run(act, 0, 1, cut_at_end=False) + group.run(act, 1, 1, cut_at_end=True)
+
+    first, second = run_twice(), run_twice()
+    for a, b in zip(first, second, strict=True):
+        for name in ("obs", "actions", "rewards", "terminated", "truncated", "log_probs", "logits", "next_obs",
+                     "final_obs", "final_obs_steps", "episode_returns", "episode_lengths"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+def test_different_env_seeds_give_different_obs():
+    a = group_and_act(fixtures.make_cartpole, 1, 5, env_seeds=[1])
+    b = group_and_act(fixtures.make_cartpole, 1, 5, env_seeds=[2])
+    obs_a = a[0].run(a[1], 0, 1, cut_at_end=False)[0].obs
+    obs_b = b[0].run(b[1], 0, 1, cut_at_end=False)[0].obs
+    assert not np.array_equal(obs_a[0], obs_b[0])
+
+
+def test_actors_of_one_group_get_different_starts():
+    group, act = group_and_act(fixtures.make_dict_env, 3, 3, policy=fixtures.DictPolicy())
+    records = group.run(act, 0, 1, cut_at_end=False)
+    starts = {tuple(record.obs["position"][0]) for record in records}
+    assert len(starts) == 3
+
+
+def test_different_agent_seeds_give_different_actions():
+    a = group_and_act(fixtures.make_cartpole, 1, 40, env_seeds=[1], agent_seeds=[1])
+    b = group_and_act(fixtures.make_cartpole, 1, 40, env_seeds=[1], agent_seeds=[2])
+    actions_a = a[0].run(a[1], 0, 1, cut_at_end=True)[0].actions
+    actions_b = b[0].run(b[1], 0, 1, cut_at_end=True)[0].actions
+    assert not np.array_equal(actions_a, actions_b)
+
+
+def test_episodes_continue_across_runs():
+    group, act = counting_group(8)
+    first = group.run(act, 0, 1, cut_at_end=False)[0]
+    second = group.run(act, 1, 1, cut_at_end=False)[0]
+    assert first.obs[:, 0].tolist() == list(range(8))
+    assert first.next_obs.tolist() == [8.0]
+    assert second.obs[:, 0].tolist() == list(range(8, 16))
+    assert not first.truncated.any() and not second.truncated.any()
+
+
+def test_episode_that_spans_runs_is_reported_whole_when_it_ends():
+    group, act = counting_group(30, length=50)
+    first = group.run(act, 0, 1, cut_at_end=False)[0]
+    second = group.run(act, 1, 1, cut_at_end=False)[0]
+    assert len(first.episode_returns) == 0
+    # steps 30..49 of the first episode, then the env resets to 0
+    assert second.obs[:, 0].tolist() == list(range(30, 50)) + list(range(10))
+    assert second.terminated.nonzero()[0].tolist() == [19]
+    assert second.episode_returns.tolist() == [50.0] and second.episode_lengths.tolist() == [50]
+    assert second.final_obs_steps.tolist() == []
+
+
+def test_run_with_an_unexpected_rollout_id_starts_afresh():
+    group, act = counting_group(5)
+    group.run(act, 0, 1, cut_at_end=False)
+    jumped = group.run(act, 7, 1, cut_at_end=False)[0]
+    assert jumped.obs[:, 0].tolist() == list(range(5))
+
+
+def test_cut_at_end_truncates_last_step_and_next_run_resets():
+    group, act = counting_group(10, length=50, n_actors=2)
+    cut = group.run(act, 0, 1, cut_at_end=True)
+    for record in cut:
+        assert record.truncated.tolist() == [False] * 9 + [True]
+        assert record.final_obs_steps.tolist() == [9]
+        assert record.final_obs.tolist() == [[10.0]]
+        np.testing.assert_array_equal(record.final_obs[-1], record.next_obs)
+        assert len(record.episode_returns) == 0  # a cut is not an episode end
+    after = group.run(act, 1, 1, cut_at_end=False)
+    for record in after:
+        assert record.obs[:, 0].tolist() == list(range(10))
+
+
+def test_after_a_cut_the_next_run_starts_from_the_seeded_reset():
+    group, act = group_and_act(fixtures.make_cartpole, 2, 5, env_seeds=[21, 22])
+    group.run(act, 0, 1, cut_at_end=True)
+    after = group.run(act, 1, 1, cut_at_end=False)
+    fresh_group, fresh_act = group_and_act(fixtures.make_cartpole, 2, 5, env_seeds=[21, 22])
+    fresh = fresh_group.run(fresh_act, 1, 1, cut_at_end=False)
+    for record, seed, other in zip(after, [21, 22], fresh, strict=True):
+        obs, _ = fixtures.make_cartpole().reset(seed=derive_seed(seed, 1))
+        np.testing.assert_array_equal(record.obs[0], obs)
+        np.testing.assert_array_equal(record.obs, other.obs)
+        np.testing.assert_array_equal(record.actions, other.actions)
+
+
+def test_cut_at_end_leaves_an_episode_that_terminated_on_the_last_step_alone():
+    group, act = counting_group(10, length=10)
+    record = group.run(act, 0, 1, cut_at_end=True)[0]
+    assert record.terminated[-1] and not record.truncated.any()
+    assert record.final_obs_steps.tolist() == [] and record.final_obs.shape == (0, 1)
+    assert record.episode_lengths.tolist() == [10]
+
+
+def test_env_truncation_mid_rollout_keeps_the_final_obs():
+    env_seed, rollout_id = 31, 2
+    group, act = group_and_act(fixtures.make_dict_env, 1, 25, policy=fixtures.DictPolicy(), env_seeds=[env_seed])
+    record = group.run(act, rollout_id, 1, cut_at_end=False)[0]
+    assert record.truncated.nonzero()[0].tolist() == [19]
+    assert not record.terminated.any()
+    assert record.final_obs_steps.tolist() == [19]
+    assert record.final_obs["position"].shape == (1, 2) and record.final_obs["goal"].shape == (1,)
+    assert record.obs["position"].shape == (25, 2) and record.obs["goal"].shape == (25,)
+    # replay the same env: DictObsEnv's dynamics depend only on its seeded RNG
+    env = fixtures.DictObsEnv()
+    obs, _ = env.reset(seed=derive_seed(env_seed, rollout_id))
+    for step in range(20):
+        np.testing.assert_array_equal(record.obs["position"][step], obs["position"])
+        assert record.obs["goal"][step] == obs["goal"]
+        obs, reward, _, truncated, _ = env.step(record.actions[step])
+        assert record.rewards[step] == reward
+        assert truncated == (step == 19)
+    np.testing.assert_array_equal(record.final_obs["position"][0], obs["position"])
+    assert record.final_obs["goal"][0] == obs["goal"]
+    # the step after the truncation starts the next episode, from a reset
+    reset_obs, _ = env.reset()
+    np.testing.assert_array_equal(record.obs["position"][20], reset_obs["position"])
+    assert record.episode_lengths.tolist() == [20]
+    assert record.episode_returns.tolist() == [pytest.approx(float(record.rewards[:20].sum()))]
+
+
+def test_env_truncation_and_cut_in_one_rollout():
+    group, act = group_and_act(fixtures.make_dict_env, 1, 25, policy=fixtures.DictPolicy())
+    record = group.run(act, 0, 1, cut_at_end=True)[0]
+    assert record.truncated.nonzero()[0].tolist() == [19, 24]
+    assert record.final_obs_steps.tolist() == [19, 24]
+    assert record.final_obs["position"].shape == (2, 2)
+    np.testing.assert_array_equal(record.final_obs["position"][1], record.next_obs["position"])
+
+
+def test_cartpole_episode_returns_and_lengths_match_the_rewards():
+    group, act = group_and_act(fixtures.make_cartpole, 2, 120)
+    for record in group.run(act, 0, 1, cut_at_end=False):
+        ends = np.flatnonzero(record.terminated | record.truncated)
+        assert len(ends) >= 1, "a random CartPole policy ends an episode within 120 steps"
+        assert len(record.episode_lengths) == len(record.episode_returns) == len(ends)
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        assert record.episode_lengths.tolist() == (ends - starts + 1).tolist()
+        for start, end, episode_return in zip(starts, ends, record.episode_returns, strict=True):
+            assert episode_return == pytest.approx(float(record.rewards[start:end + 1].sum()))
+
+
+def test_weight_revealing_policy_shows_in_log_probs():
+    policy = fixtures.WeightRevealingPolicy()
+    policy.load_state_dict(fixtures.revealing_state(3.0))
+    group, act = group_and_act(fixtures.make_cartpole, 2, 6, policy=policy)
+    for record in group.run(act, 0, 3, cut_at_end=False):
+        assert record.logits is None
+        assert record.log_probs.tolist() == [3.0] * 6
+
+
+def test_env_errors_propagate():
+    group = ActorGroup(fixtures.make_failing_env, [0], [0], [0], 40)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    with pytest.raises(RuntimeError, match="exploded at step 30"):
+        group.run(act, 0, 1, cut_at_end=False)
+
+
+def test_group_arguments_are_checked():
+    with pytest.raises(ConfigError, match="one env seed and one agent seed per actor"):
+        ActorGroup(fixtures.make_cartpole, [0, 1], [0], [0, 1], 5)
+    with pytest.raises(ConfigError, match="one env seed"):
+        ActorGroup(fixtures.make_cartpole, [], [], [], 5)
+    with pytest.raises(ConfigError, match="gymnasium.Env, got str"):
+        ActorGroup(lambda: "not an env", [0], [0], [0], 5)
+
+
+def test_derive_seed_is_stable_and_separates_parts():
+    assert derive_seed(1, 2) == derive_seed(1, 2)
+    assert len({derive_seed(a, b) for a in range(20) for b in range(20)}) == 400
+    assert 0 <= derive_seed(5) < 2**32
+
+
+def test_an_env_that_changes_its_observation_shape_is_refused_with_the_fix():
+    from rqrl.errors import EnvError
+    from rqrl.policy import make_act_function
+
+    group = ActorGroup(fixtures.make_growing_obs_env, [0], [1], [2], 16)
+    act = make_act_function(fixtures.WeightRevealingPolicy(), group.action_space)
+    group.run(act, 0, 1, cut_at_end=False)
+    group.run(act, 1, 1, cut_at_end=False)
+    with pytest.raises(EnvError, match=r"changed shape .* fix the env factory"):
+        for rollout_id in range(2, 5):
+            group.run(act, rollout_id, 1, cut_at_end=False)

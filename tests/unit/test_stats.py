@@ -1,0 +1,92 @@
+"""EpochStatsAggregator: values per event, reduced per epoch, read the Maze way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rqrl.errors import ConfigError
+from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents, event_name
+
+
+def test_add_and_current_reduce_each_event():
+    stats = EpochStatsAggregator()
+    stats.add(RolloutEvents.episode_return, [1.0, 2.0, 6.0])
+    stats.add(RolloutEvents.episode_return, 3.0)
+    stats.add(RolloutEvents.queue_size, np.array([4, 8]))
+    current = stats.current()
+    assert set(current) == {"episode_return", "queue_size"}
+    assert current["episode_return"] == {"mean": 3.0, "min": 1.0, "max": 6.0, "sum": 12.0, "count": 4.0, "last": 3.0}
+    assert current["queue_size"]["mean"] == 6.0
+
+
+def test_numpy_scalars_and_ints_are_values():
+    stats = EpochStatsAggregator()
+    stats.add(RolloutEvents.env_steps, np.int64(16))
+    stats.add(RolloutEvents.env_steps, np.float32(4.0))
+    stats.add(RolloutEvents.env_steps, 5)
+    assert stats.get_stats_value(RolloutEvents.env_steps, LogStatsLevel.EPOCH, "sum") == 25.0
+
+
+def test_events_as_methods_and_strings_are_the_same_event():
+    stats = EpochStatsAggregator()
+    stats.add(RolloutEvents.policy_lag, [0, 2])
+    stats.add("policy_lag", [4])
+    assert stats.get_stats_value(RolloutEvents.policy_lag, LogStatsLevel.EPOCH, "count") == 3.0
+    assert stats.get_stats_value("policy_lag", LogStatsLevel.EPOCH, "max") == 4.0
+    assert stats.get_stats_value("policy_lag", name="mean") == 2.0
+    assert event_name(RolloutEvents.workers_alive) == "workers_alive"
+
+
+def test_get_stats_value_without_name_returns_every_statistic():
+    stats = EpochStatsAggregator()
+    stats.add(RolloutEvents.dequeue_time, [0.5, 1.5])
+    assert stats.get_stats_value(RolloutEvents.dequeue_time) == {
+        "mean": 1.0, "min": 0.5, "max": 1.5, "sum": 2.0, "count": 2.0, "last": 1.5,
+    }
+
+
+def test_empty_adds_leave_no_event():
+    stats = EpochStatsAggregator()
+    stats.add(RolloutEvents.episode_length, [])
+    assert stats.current() == {}
+    with pytest.raises(KeyError, match="episode_length"):
+        stats.get_stats_value(RolloutEvents.episode_length, LogStatsLevel.EPOCH, "mean")
+
+
+def test_reduce_ends_the_epoch():
+    stats = EpochStatsAggregator()
+    stats.add(RolloutEvents.episode_return, [10.0, 20.0])
+    first = stats.reduce()
+    assert first["episode_return"]["mean"] == 15.0
+    assert stats.last_stats == first
+    assert stats.current() == {}
+    stats.add(RolloutEvents.episode_return, [1.0])
+    assert stats.get_stats_value(RolloutEvents.episode_return, LogStatsLevel.EPOCH, "mean") == 1.0
+    second = stats.reduce()
+    assert second["episode_return"]["count"] == 1.0
+    assert first["episode_return"]["count"] == 2.0  # earlier epochs are not rewritten
+    assert stats.reduce() == {} and stats.last_stats == {}
+
+
+@pytest.mark.parametrize("level", [LogStatsLevel.STEP, LogStatsLevel.EPISODE, "epoch"])
+def test_non_epoch_levels_are_refused(level):
+    stats = EpochStatsAggregator()
+    stats.add(RolloutEvents.episode_return, [1.0])
+    with pytest.raises(ConfigError, match="LogStatsLevel.EPOCH"):
+        stats.get_stats_value(RolloutEvents.episode_return, level, "mean")
+
+
+def test_unknown_statistic_is_refused_with_the_choices():
+    stats = EpochStatsAggregator()
+    stats.add(RolloutEvents.episode_return, [1.0])
+    choices = r"\['count', 'last', 'max', 'mean', 'min', 'sum'\]"
+    with pytest.raises(ConfigError, match=rf"unknown statistic 'median'.*{choices}"):
+        stats.get_stats_value(RolloutEvents.episode_return, LogStatsLevel.EPOCH, "median")
+
+
+def test_every_rollout_event_is_documented():
+    names = [name for name in vars(RolloutEvents) if not name.startswith("_")]
+    assert {"episode_return", "episode_length", "policy_lag", "queue_size"} <= set(names)
+    for name in names:
+        assert getattr(RolloutEvents, name).__doc__, name
