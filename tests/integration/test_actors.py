@@ -291,6 +291,9 @@ def test_unpicklable_env_factory_is_refused(connection, redis_url, run_name):
 def test_stats_cover_returns_lengths_throughput_lag_queue_and_workers(connection, redis_url, run_name):
     with local_actors(redis_url, run_name, n_actors=4, batch_size=4, n_local_workers=2) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
+        deadline = time.monotonic() + 60  # on a loaded machine the second worker may register late
+        while actors.workers_alive(cached=False) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         for _ in range(20):
             actors.collect_outputs("cpu")
         stats = actors.get_epoch_stats_aggregator().reduce()

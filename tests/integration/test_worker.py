@@ -36,7 +36,7 @@ def test_a_worker_joining_mid_run_gets_work(connection, redis_url, run_name, wor
         deadline = time.monotonic() + 30
         while "second" not in after and time.monotonic() < deadline:
             after |= set(actors.collect_outputs("cpu").record.worker)
-        assert actors.workers_alive() == 2
+        assert actors.workers_alive(cached=False) == 2
     assert before == {"first"}
     assert "second" in after, f"the joining worker delivered nothing; workers seen: {after}"
 
