@@ -60,7 +60,7 @@ from rqrl.rollout import EnvFactory, stack_obs, to_array, to_tensor
 from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.server import EmbeddedRedis
 from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
-from rqrl.trajectories import TrajectoryQueue
+from rqrl.trajectories import Popped, TrajectoryQueue
 from rqrl.weights import WeightStore
 from rqrl.worker import DEFAULT_QUEUE, run_worker
 
@@ -222,6 +222,9 @@ class RedisDistributedActors(DistributedActors):
         self._server: EmbeddedRedis | None = None
         self._processes: list[multiprocessing.process.BaseProcess] = []
         self._pending: list[RolloutRecord] = []
+        self._pending_indices: list[int] = []  # absolute index of each pending record on the unacknowledged list
+        self._next_index = 0  # absolute index of the next unacknowledged entry this learner has not read
+        self._done_below = 0  # entries below this index are trained on or rejected: acknowledged at the next pop
         self._started = False
         self._last_collect = time.monotonic()
         self._finalizer: weakref.finalize | None = None
@@ -230,6 +233,7 @@ class RedisDistributedActors(DistributedActors):
         self._reaper: Reaper | None = None
         self._last_run_check = time.monotonic()
         self._last_rollout: dict[int, int] = {}
+        self._ended_mid_episode: dict[int, bool] = {}  # actor id -> its last rollout ended inside an episode
         self._last_state_dict: dict | None = None
         self._workers_alive = (-1e9, 0)
         self._transport: tuple[WeightStore, TrajectoryQueue, Queue] | None = None
@@ -379,6 +383,8 @@ class RedisDistributedActors(DistributedActors):
             if is_new:  # an adopted run's groups keep running; the reaper re-enqueues any that died
                 for group_id in range(len(self.config.actor_groups)):
                     enqueue_group(connection, self.config, group_id, 0)
+            else:
+                self._take_over_unacknowledged()
         except BaseException:
             self.stop()
             raise
@@ -405,13 +411,16 @@ class RedisDistributedActors(DistributedActors):
         started = time.perf_counter()
         self._raise_actor_failures(throttled=True)
         self._reap()
-        popped, size_before, size_after = self._queue.pop_counted(self.batch_size - len(self._pending))
-        size_before += len(self._pending)
-        self._accept(popped)
+        pending_before = len(self._pending)
+        popped = self._pop(self.batch_size - pending_before)
+        size_before, size_after = popped.size_before + pending_before, popped.size_after
         if len(self._pending) < self.batch_size:
             self._wait_for_batch()
             size_after = self._queue.size()
         records, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size :]
+        self._pending_indices = self._pending_indices[self.batch_size :]
+        # the learner is done with this batch when it asks for the next one
+        self._done_below = self._pending_indices[0] if self._pending_indices else self._next_index
         size_after += len(self._pending)
         batch = batch_records(records, learner_device)
         dequeue_time = time.perf_counter() - started
@@ -442,10 +451,27 @@ class RedisDistributedActors(DistributedActors):
                     f"with {self.workers_alive()} worker(s) alive; raise collect_timeout or check the workers' logs"
                 )
             self._reap()
-            blob = self._queue.wait_for_one(min(0.25, max(0.01, deadline - now)))
-            if blob is not None:
-                self._accept([blob])
-                self._accept(self._queue.pop_available(self.batch_size - len(self._pending)))
+            if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
+                self._pop(self.batch_size - len(self._pending))
+
+    def _pop(self, count: int) -> Popped:
+        """Acknowledge what the learner is done with, pop up to ``count`` rollouts and accept them,
+        first reading any entries a retried pop left unseen on the unacknowledged list."""
+        popped = self._queue.pop(count, self._done_below)
+        if popped.first_index > self._next_index:  # a pop whose reply was lost
+            missed, first = self._queue.unacknowledged(self._next_index, popped.first_index - 1)
+            self._accept(missed, first)
+        self._accept(popped.entries, popped.first_index)
+        return popped
+
+    def _take_over_unacknowledged(self) -> None:
+        """A resumed run: what the previous learner popped but did not finish with comes first."""
+        entries, first = self._queue.unacknowledged()
+        self._next_index = self._done_below = first
+        if entries:
+            log.warning("run %s: re-delivering %d rollout(s) the previous learner popped but did not finish with",
+                        self.run_name, len(entries))
+        self._accept(entries, first)
 
     def _reap(self) -> None:
         """Re-enqueue actor groups whose job died with its worker or hung (see rqrl.leases)."""
@@ -478,6 +504,10 @@ class RedisDistributedActors(DistributedActors):
                 delivered = [self._last_rollout.get(actor, -1) for actor in actor_ids]
                 pipe.set(self.keys.progress(group_id), max(delivered) + 1)
             pipe.execute()
+        # the unacknowledged list is gone too: indices restart at 0 (pending records keep index 0, so
+        # nothing popped after them is acknowledged before they are trained on)
+        self._pending_indices = [0] * len(self._pending)
+        self._next_index = self._done_below = 0
         self.epoch_stats.add(RolloutEvents.runs_restored, 1)
 
     def _forget_started_jobs(self, group_id: int) -> None:
@@ -499,9 +529,11 @@ class RedisDistributedActors(DistributedActors):
                 f"'if __name__ == \"__main__\":')"
             )
 
-    def _accept(self, blobs: list[bytes]) -> None:
-        """Decode queue entries; reject (count and log, never raise) anything foreign or malformed."""
-        for blob in blobs:
+    def _accept(self, blobs: list[bytes], first_index: int) -> None:
+        """Decode entries popped onto the unacknowledged list from ``first_index`` on; reject (count and
+        log, never raise) anything foreign or malformed."""
+        self._next_index = max(self._next_index, first_index + len(blobs))
+        for index, blob in enumerate(blobs, start=first_index):
             try:
                 record = decode_record(blob, self.config.run_id)
                 self._check_fits_run(record)
@@ -511,7 +543,19 @@ class RedisDistributedActors(DistributedActors):
                 log.warning("rejected a queue entry of run %s: %s", self.run_name, error)
                 continue
             self._last_rollout[record.actor_id] = record.rollout_id
+            self._note_unmarked_cut(record)
             self._pending.append(record)
+            self._pending_indices.append(index)
+
+    def _note_unmarked_cut(self, record: RolloutRecord) -> None:
+        """Count episodes a fault cut without a mark: the previous rollout ended mid-episode (its
+        worker died), and this one does not continue it. The learner bootstraps from ``next_obs`` at
+        every rollout end, so training treats the cut like a truncation either way."""
+        if not record.continues_previous and self._ended_mid_episode.get(record.actor_id, False):
+            self.epoch_stats.add(RolloutEvents.episodes_cut, 1)
+            log.info("actor %d's episode was cut by a fault before rollout %d (its actors were re-run)",
+                     record.actor_id, record.rollout_id)
+        self._ended_mid_episode[record.actor_id] = not (record.terminated[-1] or record.truncated[-1])
 
     def _check_fits_run(self, record: RolloutRecord) -> None:
         if record.n_steps != self.n_rollout_steps:

@@ -9,6 +9,7 @@ lands on the same worker only costs the RQ round trips. Job arguments are plain 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -252,17 +253,22 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             return stop_check["stopped"]
 
         label = worker_label()
+        refused: set[int] = set()  # actors whose last rollout here was already delivered by an earlier job
         while True:
             _wait_for_weights(context, store, is_stopped, lambda: (work.heartbeat(), lease.touch()))
             if is_stopped():
                 return {"rollouts": rollout_id - first_rollout, "stopped": True}
             yield_now = work.should_yield()
             records = group.run(context.act, rollout_id, context.weights_version, cut_at_end=yield_now, worker=label)
+            # a re-run recomputes rollouts an earlier job delivered; the first new one does not
+            # continue the delivered one before it, and says so
             pending = [
-                PendingRollout(r.actor_id, r.rollout_id, encode_record(r, config.run_id))
+                PendingRollout(r.actor_id, r.rollout_id, encode_record(
+                    dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r, config.run_id))
                 for r in records
             ]
-            queue.push(pending, is_stopped, on_wait=lambda: (work.heartbeat(), lease.touch()))
+            report = queue.push(pending, is_stopped, on_wait=lambda: (work.heartbeat(), lease.touch()))
+            refused = {rollout.actor_id for rollout in report.duplicates}
             rollout_id += 1
             lease.record_progress(rollout_id)
             work.heartbeat()

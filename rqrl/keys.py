@@ -71,6 +71,16 @@ class RunKeys:
         return self._key("trajectories")
 
     @property
+    def unacknowledged(self) -> str:
+        """Rollouts the learner popped but has not finished with: re-delivered if it dies."""
+        return self._key("unacknowledged")
+
+    @property
+    def acknowledged(self) -> str:
+        """Integer: rollouts ever acknowledged, i.e. the absolute index of the unacknowledged list's head."""
+        return self._key("acknowledged")
+
+    @property
     def pushed_rollouts(self) -> str:
         """Hash actor id -> highest rollout id pushed: makes pushes idempotent."""
         return self._key("pushed")

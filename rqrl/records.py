@@ -31,7 +31,9 @@ class RolloutRecord:
     ``final_obs`` holds the last observation of each episode truncated inside the rollout
     (the value to bootstrap from), at the step indices in ``final_obs_steps``; ``next_obs`` is the
     observation after the last step. ``episode_returns``/``episode_lengths`` list the episodes
-    that ended in this rollout by the env's own termination or truncation.
+    that ended in this rollout by the env's own termination or truncation. ``continues_previous``
+    says the first observation follows on from the ``next_obs`` of the actor's previous rollout
+    (False after a reset, and after a fault re-ran the actor from an earlier rollout).
     """
 
     obs: Obs
@@ -50,6 +52,7 @@ class RolloutRecord:
     actor_id: int
     rollout_id: int
     worker: str = ""
+    continues_previous: bool = False
 
     def __post_init__(self) -> None:
         for name in (*_STEP_FIELDS, "final_obs_steps", "episode_returns", "episode_lengths"):
@@ -127,6 +130,7 @@ def encode_record(record: RolloutRecord, run_id: str) -> bytes:
         "actor_id": str(record.actor_id),
         "rollout_id": str(record.rollout_id),
         "worker": record.worker,
+        "continues_previous": "1" if record.continues_previous else "0",
     }
     return encode_arrays(arrays, metadata)
 
@@ -152,9 +156,16 @@ def decode_record(blob: bytes, run_id: str) -> RolloutRecord:
             actor_id=int(metadata["actor_id"]),
             rollout_id=int(metadata["rollout_id"]),
             worker=metadata.get("worker", ""),
+            continues_previous=_flag(metadata.get("continues_previous", "0")),
         )
     except (KeyError, ValueError, TypeError) as error:
         raise RecordError(f"record is missing or has a malformed field: {error}") from error
+
+
+def _flag(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(f"expected a 0/1 flag, got {text!r}")
+    return text == "1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,7 +175,9 @@ class BatchedRecord:
     ``final_obs[i]`` is the final observation of the episode truncated at
     ``(final_obs_index[i, 0], final_obs_index[i, 1])`` = (time step, batch column). ``worker`` names
     the worker that produced each column; ``episode_returns``/``episode_lengths`` are the episodes
-    that ended inside these rollouts.
+    that ended inside these rollouts. ``continues_previous[b]`` is False where column b's first
+    observation does not follow on from the actor's previous rollout: its first rollout, after a
+    cut (marked ``truncated``), and after a fault re-ran its actor group elsewhere.
     """
 
     obs: TensorObs
@@ -183,6 +196,7 @@ class BatchedRecord:
     worker: tuple[str, ...] = ()
     episode_returns: torch.Tensor = field(repr=False)
     episode_lengths: torch.Tensor = field(repr=False)
+    continues_previous: torch.Tensor | None = None
 
     @property
     def n_steps(self) -> int:
@@ -249,4 +263,5 @@ def batch_records(records: Sequence[RolloutRecord], device: torch.device | str) 
         worker=tuple(r.worker for r in records),
         episode_returns=torch.from_numpy(np.concatenate([r.episode_returns for r in records])).to(device),
         episode_lengths=torch.from_numpy(np.concatenate([r.episode_lengths for r in records])).to(device),
+        continues_previous=torch.tensor([r.continues_previous for r in records], dtype=torch.bool, device=device),
     )

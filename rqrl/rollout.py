@@ -84,7 +84,7 @@ class RolloutSteps:
     episodes: list[list[tuple[float, int]]]
 
     def records(self, actor_ids: Sequence[int], next_obs: Sequence[Obs], policy_version: int, rollout_id: int,
-                worker: str) -> list[RolloutRecord]:
+                worker: str, continues_previous: bool) -> list[RolloutRecord]:
         stacked_obs = stack_obs(self.obs)
         return [
             RolloutRecord(
@@ -105,6 +105,7 @@ class RolloutSteps:
                 actor_id=actor_id,
                 rollout_id=rollout_id,
                 worker=worker,
+                continues_previous=continues_previous,
             )
             for index, actor_id in enumerate(actor_ids)
         ]
@@ -156,7 +157,8 @@ class ActorGroup:
         self, act: ActFunction, rollout_id: int, policy_version: int, cut_at_end: bool, worker: str = ""
     ) -> list[RolloutRecord]:
         """Step every env ``n_rollout_steps`` times and return one record per actor."""
-        if self.next_rollout_id != rollout_id:
+        continues_previous = self.next_rollout_id == rollout_id
+        if not continues_previous:
             self.reset(rollout_id)
         generator = self.generator(rollout_id)
         n_envs, n_steps = len(self.envs), self.n_rollout_steps
@@ -192,7 +194,7 @@ class ActorGroup:
         steps = RolloutSteps(obs=obs_steps, actions=actions, log_probs=log_probs, logits=logits, rewards=rewards,
                              terminated=terminated, truncated=truncated, final_obs=final_obs, episodes=episodes)
         try:
-            records = steps.records(self.actor_ids, self._obs, policy_version, rollout_id, worker)
+            records = steps.records(self.actor_ids, self._obs, policy_version, rollout_id, worker, continues_previous)
         except ValueError as error:  # arrays of different shapes across steps
             raise EnvError(f"observations or actions changed shape during rollout {rollout_id}; {SPACES_HINT}") \
                 from error

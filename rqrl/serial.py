@@ -97,7 +97,8 @@ class SerialDistributedActors(DistributedActors):
                                    rewards=rewards, terminated=terminated, truncated=truncated, final_obs=final_obs,
                                    episodes=episodes)
         next_obs = [select(self._obs, index) for index in range(n)]
-        records = steps_taken.records(range(n), next_obs, self.policy_version, self._rollout_id, "serial")
+        records = steps_taken.records(range(n), next_obs, self.policy_version, self._rollout_id, "serial",
+                                      continues_previous=self._rollout_id > 0)
         self._rollout_id += 1
         batch = batch_records(records, learner_device)
         self._record_stats(records, time.perf_counter() - started)

@@ -64,6 +64,11 @@ class RolloutEvents:
         """Actor groups re-enqueued because their job's worker died or hung (one value 1 each)."""
 
     @staticmethod
+    def episodes_cut() -> None:
+        """Episodes a fault cut without a ``truncated`` mark: the actor's next rollout does not continue
+        its previous one, which ended mid-episode (one value 1 each; see BatchedRecord.continues_previous)."""
+
+    @staticmethod
     def runs_restored() -> None:
         """Times the learner stored the run again after Redis lost its keys (one value 1 each)."""
 

@@ -5,6 +5,11 @@ rollout id atomically, so the bound always holds and a rollout pushed twice (a r
 re-run job) is delivered once. An actor's rollouts are pushed in increasing id order (one job
 stream per actor), so the high-water mark is all the memory this takes: one hash field per actor.
 Producers wait while the list is full; the learner pops batches.
+
+Pops move rollouts atomically onto a second list, the unacknowledged list, where they stay until
+the learner acknowledges them (when it asks for its next batch). A learner that dies mid-batch
+leaves its rollouts there, and the learner that resumes the run takes them first: delivery to
+the learner is at-least-once, never lossy.
 """
 
 from __future__ import annotations
@@ -41,7 +46,31 @@ end
 return results
 """
 
-PUSHED, FULL, DUPLICATE = 1, 0, 2
+# KEYS[1] = queue, KEYS[2] = unacknowledged list, KEYS[3] = acknowledged counter (absolute index of
+# that list's head). ARGV[1] = how many to pop, ARGV[2] = absolute index below which the learner is
+# done. Absolute indices make a retried call harmless: acknowledging twice drops nothing more, and a
+# pop whose reply was lost leaves its entries on the list where the next call's indices reveal them.
+# Returns {queue length before, popped entries, queue length after, list head, first popped index}.
+_POP_UNACKNOWLEDGED = """
+local head = tonumber(redis.call('GET', KEYS[3]) or '0')
+local done = tonumber(ARGV[2])
+if done > head then
+  redis.call('LTRIM', KEYS[2], done - head, -1)
+  redis.call('SET', KEYS[3], done)
+  head = done
+end
+local first = head + redis.call('LLEN', KEYS[2])
+local before = redis.call('LLEN', KEYS[1])
+local count = tonumber(ARGV[1])
+local popped = {}
+if count > 0 and before > 0 then
+  popped = redis.call('LPOP', KEYS[1], count)
+  for i = 1, #popped, 1000 do
+    redis.call('RPUSH', KEYS[2], unpack(popped, i, math.min(i + 999, #popped)))
+  end
+end
+return {before, popped, before - #popped, head, first}
+"""
 
 
 @dataclass(frozen=True)
@@ -53,6 +82,28 @@ class PendingRollout:
     payload: bytes
 
 
+@dataclass(frozen=True)
+class PushReport:
+    """What push did: seconds spent waiting for space, and the rollouts refused as already pushed."""
+
+    waited_seconds: float
+    duplicates: tuple[PendingRollout, ...]
+
+
+@dataclass(frozen=True)
+class Popped:
+    """What one pop returned: entries with their absolute indices on the unacknowledged list."""
+
+    entries: list[bytes]
+    first_index: int
+    size_before: int
+    size_after: int
+    head: int
+
+
+PUSHED, FULL, DUPLICATE = 1, 0, 2
+
+
 class TrajectoryQueue:
     """One run's out-of-sync queue."""
 
@@ -61,6 +112,7 @@ class TrajectoryQueue:
         self.keys = keys
         self.bound = bound
         self._push = connection.register_script(_PUSH_BOUNDED)
+        self._pop = connection.register_script(_POP_UNACKNOWLEDGED)
 
     def try_push(self, rollouts: Sequence[PendingRollout]) -> list[int]:
         """Push what fits, in order, in one atomic call; returns PUSHED, FULL or DUPLICATE per rollout."""
@@ -78,16 +130,18 @@ class TrajectoryQueue:
         is_stopped: Callable[[], bool],
         on_wait: Callable[[], None] = lambda: None,
         max_poll_seconds: float = 0.02,
-    ) -> float:
-        """Push all rollouts, waiting while the queue is full; returns seconds spent waiting.
+    ) -> PushReport:
+        """Push all rollouts, waiting while the queue is full.
 
         Raises RunStoppedError if the run stops while waiting (the rollouts are dropped).
         """
         pending = list(rollouts)
+        duplicates: list[PendingRollout] = []
         poll, waited = 0.0005, False
         started = last_check = time.monotonic()
         while pending:
             results = self.try_push(pending)
+            duplicates += [rollout for rollout, result in zip(pending, results, strict=True) if result == DUPLICATE]
             pending = [rollout for rollout, result in zip(pending, results, strict=True) if result == FULL]
             if not pending:
                 break
@@ -99,28 +153,49 @@ class TrajectoryQueue:
                 on_wait()
                 if is_stopped():
                     raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
-        return time.monotonic() - started if waited else 0.0
+        return PushReport(time.monotonic() - started if waited else 0.0, tuple(duplicates))
 
     def size(self) -> int:
         return int(self.connection.llen(self.keys.trajectories))
 
     def pop_available(self, count: int) -> list[bytes]:
-        """Pop up to ``count`` rollouts without blocking."""
-        if count <= 0:
-            return []
-        popped = self.connection.lpop(self.keys.trajectories, count)
-        return list(popped or [])
+        """Pop up to ``count`` rollouts without blocking (onto the unacknowledged list)."""
+        return self.pop(count).entries if count > 0 else []
 
     def pop_counted(self, count: int) -> tuple[list[bytes], int, int]:
-        """Pop up to ``count`` rollouts in one round trip: ``(rollouts, size before, size after)``."""
-        with self.connection.pipeline(transaction=True) as pipe:
-            pipe.llen(self.keys.trajectories)
-            pipe.lpop(self.keys.trajectories, max(count, 1))
-            pipe.llen(self.keys.trajectories)
-            size_before, popped, size_after = pipe.execute()
-        return list(popped or []), int(size_before), int(size_after)
+        """Pop up to ``count`` rollouts: ``(rollouts, size before, size after)``."""
+        popped = self.pop(count)
+        return popped.entries, popped.size_before, popped.size_after
+
+    def pop(self, count: int, done_below: int = 0) -> Popped:
+        """Acknowledge every unacknowledged rollout with an absolute index below ``done_below``, then
+        pop up to ``count`` onto the unacknowledged list, in one atomic round trip."""
+        size_before, entries, size_after, head, first = self._pop(
+            keys=[self.keys.trajectories, self.keys.unacknowledged, self.keys.acknowledged],
+            args=[max(count, 0), max(done_below, 0)])
+        return Popped(list(entries or []), int(first), int(size_before), int(size_after), int(head))
+
+    def wait_until_not_empty(self, timeout_seconds: float) -> bool:
+        """Block up to ``timeout_seconds`` until a rollout waits; pops nothing (a LEFT-to-LEFT move of
+        the list onto itself leaves it as it was, so a retried call is harmless)."""
+        return self.connection.blmove(self.keys.trajectories, self.keys.trajectories, timeout_seconds,
+                                      "LEFT", "LEFT") is not None
 
     def wait_for_one(self, timeout_seconds: float) -> bytes | None:
-        """Block up to ``timeout_seconds`` for one rollout."""
-        reply = self.connection.blpop([self.keys.trajectories], timeout=timeout_seconds)
-        return reply[1] if reply else None
+        """Block up to ``timeout_seconds`` for one rollout (popped onto the unacknowledged list)."""
+        if not self.wait_until_not_empty(timeout_seconds):
+            return None
+        entries = self.pop_available(1)
+        return entries[0] if entries else None
+
+    def unacknowledged(self, start: int = 0, stop: int = -1) -> tuple[list[bytes], int]:
+        """Unacknowledged rollouts from absolute index ``start`` (to ``stop``, inclusive, -1: all):
+        ``(entries, absolute index of the first)``; what a dead learner had in hand."""
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.get(self.keys.acknowledged)
+            pipe.lrange(self.keys.unacknowledged, 0, -1)
+            head, entries = pipe.execute()
+        head = int(head or 0)
+        first = max(start, head)
+        last = head + len(entries) - 1 if stop < 0 else min(stop, head + len(entries) - 1)
+        return list(entries[first - head:last - head + 1]), first

@@ -232,6 +232,7 @@ def drop_stale(record: BatchedRecord, learner_version: int, max_policy_lag: int 
         policy_version=record.policy_version[columns], actor_id=record.actor_id[columns],
         rollout_id=record.rollout_id[columns], worker=tuple(record.worker[int(c)] for c in columns),
         episode_returns=record.episode_returns, episode_lengths=record.episode_lengths,
+        continues_previous=record.continues_previous[columns] if record.continues_previous is not None else None,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import signal
 import time
 
@@ -84,6 +85,34 @@ def test_the_rerun_starts_within_15_seconds_of_the_kill(connection, redis_url, r
         assert time.monotonic() - killed_at < 15
 
 
+def test_a_rerun_says_where_its_rollouts_do_not_continue_the_delivered_ones(connection, redis_url, run_name,
+                                                                            workers):
+    victim = workers.start("victim")
+    workers.wait_registered(connection, 1)
+    long_episodes = functools.partial(fixtures.CountingEnv, length=1_000_000)  # obs: step count in the episode
+    with actors_on_workers(redis_url, run_name, env_factory=long_episodes, policy=fixtures.mlp_policy(obs_size=1),
+                           n_actors=1, batch_size=1) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        records = [actors.collect_outputs("cpu").record for _ in range(3)]
+        workers.start("rescuer")
+        workers.wait_registered(connection, 2)
+        # collect fast so the victim pushes rollouts quicker than its lease records progress: the
+        # rescuer re-runs from the last recorded rollout and recomputes some delivered ones
+        records += [actors.collect_outputs("cpu").record for _ in range(40)]
+        victim.send_signal(signal.SIGKILL)
+        while records[-1].worker != ("rescuer",):
+            records.append(actors.collect_outputs("cpu").record)
+        records += [actors.collect_outputs("cpu").record for _ in range(3)]
+        cuts = actors.get_stats_value(RolloutEvents.episodes_cut, name="sum")
+    assert [int(record.rollout_id[0]) for record in records] == list(range(len(records)))
+    for previous, current in itertools.pairwise(records):
+        follows_on = float(current.obs[0, 0, 0]) == float(previous.next_obs[0, 0])
+        assert bool(current.continues_previous[0]) == follows_on, f"rollout {int(current.rollout_id[0])}"
+    first_rescued = next(record for record in records if record.worker == ("rescuer",))
+    assert not bool(first_rescued.continues_previous[0])
+    assert cuts == 1, "the episode the kill cut is counted once"
+
+
 def test_a_worker_hung_in_env_step_is_timed_out_and_its_group_rerun(connection, redis_url, run_name, workers,
                                                                       tmp_path):
     for index in range(2):
@@ -101,7 +130,14 @@ def test_a_worker_hung_in_env_step_is_timed_out_and_its_group_rerun(connection, 
         assert actors.get_stats_value(RolloutEvents.groups_rerun, name="sum") >= 1
 
 
-def test_a_restarted_learner_takes_over_its_run_and_workers_never_notice(connection, redis_url, run_name, workers):
+def pairs(records) -> list[tuple[int, int]]:
+    return [(a, r) for record in records
+            for a, r in zip(record.actor_id.tolist(), record.rollout_id.tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("resumed_batch_size", [2, 1])
+def test_a_restarted_learner_takes_over_its_run_and_workers_never_notice(connection, redis_url, run_name, workers,
+                                                                         resumed_batch_size):
     worker = workers.start("steady")
     workers.wait_registered(connection, 1)
     first = actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2)
@@ -110,20 +146,35 @@ def test_a_restarted_learner_takes_over_its_run_and_workers_never_notice(connect
     before = [first.collect_outputs("cpu").record for _ in range(3)]
     first.broadcast_updated_policy(first.policy.state_dict())
     version_before = first.policy_version
-    first.connection.close()  # the learner dies: no stop(), its keys, queue and jobs stay in Redis
+    first.connection.close()  # the learner dies holding its last batch: no stop(), its keys stay in Redis
     del first
     time.sleep(1.0)
 
-    with actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2, resume=True) as second:
+    with actors_on_workers(redis_url, run_name, n_actors=2, batch_size=resumed_batch_size, resume=True) as second:
         second.broadcast_updated_policy(second.policy.state_dict())
         assert second.policy_version == version_before + 1
-        after = [second.collect_outputs("cpu").record for _ in range(4)]
+        after = [second.collect_outputs("cpu").record for _ in range(8 // resumed_batch_size)]
         assert second.records_rejected == 0, "records made for the first learner must stay readable"
     assert worker.poll() is None, "the worker noticed the learner restart"
-    delivered = [(a, r) for record in before + after
-                 for a, r in zip(record.actor_id.tolist(), record.rollout_id.tolist(), strict=True)]
-    assert_each_actor_delivered_a_contiguous_run_once(delivered, 2)
-    assert max(r for _, r in delivered) >= 3
+    held = pairs(before[-1:])
+    assert pairs(after)[:len(held)] == held, "the batch the dead learner held was not delivered again first"
+    assert_each_actor_delivered_a_contiguous_run_once(pairs(before[:-1] + after), 2)
+    assert max(r for _, r in pairs(after)) >= 3
+
+
+def test_acknowledged_batches_are_not_delivered_again(connection, redis_url, run_name, workers):
+    workers.start("steady")
+    workers.wait_registered(connection, 1)
+    first = actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2)
+    first.start()
+    first.broadcast_updated_policy(first.policy.state_dict())
+    before = [first.collect_outputs("cpu").record for _ in range(3)]
+    assert len(connection.lrange(first.keys.unacknowledged, 0, -1)) == 2, "only the last batch is unacknowledged"
+    first.connection.close()
+    del first
+    with actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2, resume=True) as second:
+        after = [second.collect_outputs("cpu").record for _ in range(3)]
+    assert_each_actor_delivered_a_contiguous_run_once(pairs(before[:-1] + after), 2)
 
 
 def test_resuming_with_other_settings_is_refused(connection, redis_url, run_name):

@@ -49,8 +49,8 @@ LEARNER_RULES = (
     "+ping +info +multi +exec "
     "+get +set +mget +exists +del +expire +scan "
     "+hget +hgetall +hset +sadd +smembers "
-    "+llen +lrange +rpush +lpop +blpop +lrem "
-    "+zrange +zrangebyscore +zremrangebyscore +zrem"
+    "+llen +lrange +ltrim +rpush +lpop +lrem +blmove "
+    "+zrange +zrangebyscore +zremrangebyscore +zrem +evalsha +script|load"
 )
 DASHBOARD_RULES = (
     "resetkeys %R~rq:* resetchannels -@all "

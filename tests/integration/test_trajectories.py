@@ -49,7 +49,7 @@ def test_duplicates_are_delivered_once(connection, run_name):
     assert queue.try_push([rollout(0, 5)]) == [PUSHED]
     assert queue.try_push([rollout(0, 5)]) == [DUPLICATE]
     assert queue.try_push([rollout(0, 6), rollout(0, 6), rollout(1, 5)]) == [PUSHED, DUPLICATE, PUSHED]
-    queue.push([rollout(0, 5), rollout(1, 5)], never_stopped)
+    assert queue.push([rollout(0, 5), rollout(1, 5)], never_stopped).duplicates == (rollout(0, 5), rollout(1, 5))
     assert queue.pop_available(10) == [b"a0-r5", b"a0-r6", b"a1-r5"]
 
 
@@ -68,7 +68,8 @@ def test_a_duplicate_of_a_full_queue_is_not_waited_for(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
     queue.try_push([rollout(0, 0)])
     started = time.monotonic()
-    assert queue.push([rollout(0, 0)], never_stopped) == 0.0
+    report = queue.push([rollout(0, 0)], never_stopped)
+    assert report.waited_seconds == 0.0 and report.duplicates == (rollout(0, 0),)
     assert time.monotonic() - started < 0.5
     assert queue.size() == 1
 
@@ -96,7 +97,7 @@ def test_push_waits_while_full_and_completes_when_a_consumer_pops(connection, re
     consumer = threading.Thread(target=consume)
     started = time.monotonic()
     consumer.start()
-    waited = queue.push([rollout(0, 1), rollout(1, 1)], never_stopped)
+    waited = queue.push([rollout(0, 1), rollout(1, 1)], never_stopped).waited_seconds
     elapsed = time.monotonic() - started
     consumer.join(timeout=10)
     assert popped == [b"a0-r0", b"a1-r0"]
@@ -106,7 +107,7 @@ def test_push_waits_while_full_and_completes_when_a_consumer_pops(connection, re
 
 def test_push_into_room_does_not_wait(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=4)
-    assert queue.push([rollout(0, 0), rollout(1, 0)], never_stopped) == 0.0
+    assert queue.push([rollout(0, 0), rollout(1, 0)], never_stopped).waited_seconds == 0.0
     assert queue.size() == 2
 
 
@@ -213,3 +214,39 @@ def test_stress_several_producers_one_consumer_never_exceed_the_bound(connection
         assert mine == [rollout(actor, rollout_id).payload for rollout_id in range(per_producer)]
     assert max_seen == bound
     assert consumer.size() == 0
+
+
+def test_popped_rollouts_stay_unacknowledged_until_the_learner_is_done(connection, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=5)
+    queue.try_push([rollout(i, 0) for i in range(3)])
+    first = queue.pop(2)
+    assert (first.entries, first.first_index, first.size_before, first.size_after) == ([b"a0-r0", b"a1-r0"], 0, 3, 1)
+    assert queue.unacknowledged() == ([b"a0-r0", b"a1-r0"], 0)
+    second = queue.pop(5, done_below=2)  # done with the first batch
+    assert (second.entries, second.first_index, second.head) == ([b"a2-r0"], 2, 2)
+    assert queue.unacknowledged() == ([b"a2-r0"], 2)
+    queue.pop(5, done_below=2)  # a retried acknowledgement drops nothing more
+    assert queue.unacknowledged() == ([b"a2-r0"], 2)
+    queue.pop(5, done_below=3)
+    assert queue.unacknowledged() == ([], 3)
+    assert connection.get(keys.acknowledged) == b"3"
+
+
+def test_a_pop_whose_reply_was_lost_is_found_again_by_its_index(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=5)
+    queue.try_push([rollout(i, 0) for i in range(3)])
+    queue.pop(1)  # as if redis-py retried a pop: the first call ran but its reply never arrived
+    again = queue.pop(1)
+    assert again.first_index == 1 and again.entries == [b"a1-r0"]
+    assert queue.unacknowledged(0, again.first_index - 1) == ([b"a0-r0"], 0)
+    assert queue.unacknowledged(1) == ([b"a1-r0"], 1)
+
+
+def test_waiting_for_a_rollout_pops_nothing(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=5)
+    assert queue.wait_until_not_empty(0.1) is False
+    queue.try_push([rollout(0, 0), rollout(1, 0)])
+    assert queue.wait_until_not_empty(0.1) is True
+    assert queue.pop_available(5) == [b"a0-r0", b"a1-r0"]
+    assert queue.unacknowledged() == ([b"a0-r0", b"a1-r0"], 0)

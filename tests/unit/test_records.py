@@ -20,7 +20,8 @@ RUN = "run-a"
 
 
 def box_record(steps: int = 5, *, truncated_at: tuple[int, ...] = (), actor_id: int = 0, rollout_id: int = 0,
-               offset: float = 0.0, with_logits: bool = True, worker: str = "w1") -> RolloutRecord:
+               offset: float = 0.0, with_logits: bool = True, worker: str = "w1",
+               continues_previous: bool = False) -> RolloutRecord:
     """A record with Box observations [T, 3] whose values are distinct per step and per record."""
     truncated = np.zeros(steps, bool)
     truncated[list(truncated_at)] = True
@@ -41,6 +42,7 @@ def box_record(steps: int = 5, *, truncated_at: tuple[int, ...] = (), actor_id: 
         actor_id=actor_id,
         rollout_id=rollout_id,
         worker=worker,
+        continues_previous=continues_previous,
     )
 
 
@@ -91,7 +93,7 @@ def assert_records_equal(actual: RolloutRecord, expected: RolloutRecord) -> None
         assert actual.logits is None
     else:
         assert_obs_equal(actual.logits, expected.logits)
-    for name in ("policy_version", "actor_id", "rollout_id", "worker"):
+    for name in ("policy_version", "actor_id", "rollout_id", "worker", "continues_previous"):
         assert getattr(actual, name) == getattr(expected, name)
 
 
@@ -102,6 +104,14 @@ def test_round_trip_preserves_a_box_record():
     record = box_record(6, truncated_at=(2,))
     decoded = decode_record(encode_record(record, RUN), RUN)
     assert_records_equal(decoded, record)
+
+
+@pytest.mark.parametrize("continues_previous", [False, True])
+def test_round_trip_keeps_whether_a_rollout_continues_the_previous_one(continues_previous):
+    record = box_record(4, continues_previous=continues_previous)
+    assert decode_record(encode_record(record, RUN), RUN).continues_previous is continues_previous
+    batch = batch_records([record, box_record(4, actor_id=1)], "cpu")
+    assert batch.continues_previous.tolist() == [continues_previous, False]
 
 
 def test_round_trip_preserves_a_record_without_logits_or_truncations():

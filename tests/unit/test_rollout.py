@@ -127,6 +127,13 @@ def test_run_with_an_unexpected_rollout_id_starts_afresh():
     group.run(act, 0, 1, cut_at_end=False)
     jumped = group.run(act, 7, 1, cut_at_end=False)[0]
     assert jumped.obs[:, 0].tolist() == list(range(5))
+    assert not jumped.continues_previous
+
+
+def test_records_say_which_rollouts_continue_the_previous_one():
+    group, act = counting_group(5)
+    flags = [group.run(act, rollout, 1, cut_at_end=rollout == 1)[0].continues_previous for rollout in range(4)]
+    assert flags == [False, True, False, True]  # first rollout, continued, after the cut, continued
 
 
 def test_cut_at_end_truncates_last_step_and_next_run_resets():
