@@ -10,7 +10,11 @@ every collect, while a fault thread hurts the workers every ``--period`` seconds
   replacements 3 s later;
 * ``kill-one``: SIGKILL one random worker and start a replacement at once;
 * ``stop-gracefully``: SIGTERM one random worker (RQ's warm shutdown: it finishes its job) and
-  start a replacement at once.
+  start a replacement at once;
+* ``restart-learner``: the learner dies while training on the batch it just received (its
+  connection closed, no ``stop()``: the run's keys, jobs and that batch stay in Redis) and a new
+  learner resumes the run with ``resume=True``. The dead learner's last batch is not counted as
+  delivered, since it was never trained on: it must come again from the new learner.
 
 Faults are injected during ``--seconds``; the learner then collects for ``--settle`` more seconds
 without new faults, so that the groups hit by the last fault can come back before the counts are
@@ -57,7 +61,7 @@ log = logging.getLogger("faults")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_ID = "CartPole-v1"
-SCENARIOS = ("kill-half", "kill-one", "stop-gracefully")
+SCENARIOS = ("kill-half", "kill-one", "stop-gracefully", "restart-learner")
 N_ACTORS = 8
 N_ROLLOUT_STEPS = 32
 BATCH_SIZE = 4
@@ -192,6 +196,7 @@ class FaultInjector(threading.Thread):
         super().__init__(name=f"faults-{scenario}", daemon=True)
         self.scenario, self.pool, self.period, self.inject_until, self.rng = scenario, pool, period, inject_until, rng
         self.stop_event = threading.Event()
+        self.restart_learner = threading.Event()  # the learner loop restarts the learner when set
         self.faults = 0
         self.replacements = 0
         self.error: BaseException | None = None
@@ -219,6 +224,11 @@ class FaultInjector(threading.Thread):
         log.info("    started replacement worker(s) %s", ", ".join(names))
 
     def _inject(self) -> None:
+        if self.scenario == "restart-learner":
+            self.restart_learner.set()
+            self.faults += 1
+            log.info("    the learner dies")
+            return
         live = self.pool.live_names()
         if not live:
             log.warning("    no live worker to hurt")
@@ -264,6 +274,8 @@ class Result:
     unexpected_exits: list[str] = field(default_factory=list)
     error: str | None = None
     leftover_pids: list[int] = field(default_factory=list)
+    learner_pause: float = 0.0
+    episodes_cut: int = 0
 
     @property
     def steps_per_second(self) -> float:
@@ -305,14 +317,12 @@ def run_scenario(scenario: str, args: argparse.Namespace, rng: random.Random) ->
         log.info("%s: %d workers registered; collecting for %g s with faults every %g s, then %g s without",
                  scenario, args.workers, args.seconds, args.period, args.settle)
         policy = make_policy()
-        actors = RedisDistributedActors(
-            make_env, policy, N_ROLLOUT_STEPS, N_ACTORS, BATCH_SIZE, QUEUE_FACTOR,
-            list(range(N_ACTORS)), [1_000 + actor for actor in range(N_ACTORS)], redis_url=server.url,
-            run_name=f"faults-{scenario}", actors_per_job=ACTORS_PER_JOB, min_job_seconds=MIN_JOB_SECONDS,
-        )
+        actors = make_actors(server.url, scenario, policy)
+        retired: list[RedisDistributedActors] = []  # learners that died (restart-learner)
         delivered: list[tuple[int, int]] = []
         times: dict[int, list[float]] = collections.defaultdict(list)
-        with actors:
+        actors.start()
+        try:
             actors.broadcast_updated_policy(policy.state_dict())
 
             def receive(record: rqrl.BatchedRecord, at: float) -> None:
@@ -333,6 +343,13 @@ def run_scenario(scenario: str, args: argparse.Namespace, rng: random.Random) ->
                 while now < ends:
                     record = actors.collect_outputs("cpu").record
                     now = time.monotonic()
+                    if injector.restart_learner.is_set():  # it dies before training on this batch
+                        injector.restart_learner.clear()
+                        retired.append(actors)
+                        actors = restart_learner(actors, server.url, scenario, policy)
+                        record = actors.collect_outputs("cpu").record
+                        result.learner_pause = max(result.learner_pause, time.monotonic() - now)
+                        now = time.monotonic()
                     receive(record, now)
                     result.steps += int(record.rewards.numel())
                     result.collects += 1
@@ -344,7 +361,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, rng: random.Random) ->
                         log.info("  %s t=%5.1f s: %6d rollouts, %7.0f steps/s, %d live workers, %d faults, "
                                  "%d group re-runs", scenario, now - started, len(delivered),
                                  result.steps / (now - started), len(pool.live_names()), injector.faults,
-                                 _groups_rerun(actors))
+                                 _stat_sum(actors, RolloutEvents.groups_rerun))
             except RqrlError as error:
                 result.error = f"{type(error).__name__}: {error}"
                 log.error("  %s: collect_outputs raised %s", scenario, result.error)
@@ -352,10 +369,13 @@ def run_scenario(scenario: str, args: argparse.Namespace, rng: random.Random) ->
             injector.stop_event.set()
             injector.join(5)
             analyse(result, delivered, times, now)
-            result.groups_rerun = _groups_rerun(actors)
-            result.records_rejected = actors.records_rejected
+            result.groups_rerun = sum(_stat_sum(learner, RolloutEvents.groups_rerun) for learner in [*retired, actors])
+            result.episodes_cut = sum(_stat_sum(learner, RolloutEvents.episodes_cut) for learner in [*retired, actors])
+            result.records_rejected = sum(learner.records_rejected for learner in [*retired, actors])
             result.workers_alive_rqrl = actors.workers_alive(cached=False)
             result.workers_alive_real = len(pool.live_names())
+        finally:
+            actors.stop()
         result.faults, result.replacements = injector.faults, injector.replacements
         result.unexpected_exits = list(pool.unexpected_exits)
     finally:
@@ -379,9 +399,28 @@ def run_scenario(scenario: str, args: argparse.Namespace, rng: random.Random) ->
     return result
 
 
-def _groups_rerun(actors: RedisDistributedActors) -> int:
+def make_actors(redis_url: str, scenario: str, policy: torch.nn.Module, resume: bool = False) -> RedisDistributedActors:
+    return RedisDistributedActors(
+        make_env, policy, N_ROLLOUT_STEPS, N_ACTORS, BATCH_SIZE, QUEUE_FACTOR,
+        list(range(N_ACTORS)), [1_000 + actor for actor in range(N_ACTORS)], redis_url=redis_url,
+        run_name=f"faults-{scenario}", actors_per_job=ACTORS_PER_JOB, min_job_seconds=MIN_JOB_SECONDS,
+        resume=resume,
+    )
+
+
+def restart_learner(dead: RedisDistributedActors, redis_url: str, scenario: str,
+                    policy: torch.nn.Module) -> RedisDistributedActors:
+    """The learner process dies (no stop(): its run stays in Redis) and a new one resumes the run."""
+    dead.connection.close()
+    resumed = make_actors(redis_url, scenario, policy, resume=True)
+    resumed.start()
+    resumed.broadcast_updated_policy(policy.state_dict())
+    return resumed
+
+
+def _stat_sum(actors: RedisDistributedActors, event) -> int:
     try:
-        return int(actors.get_stats_value(RolloutEvents.groups_rerun, name="sum"))
+        return int(actors.get_stats_value(event, name="sum"))
     except MissingStatsError:
         return 0
 
@@ -406,15 +445,18 @@ def print_tables(args: argparse.Namespace, results: list[Result]) -> None:
           f"rqrl {rqrl.__version__}")
     print()
     print("| scenario | faults | rollouts | duplicates | gaps | lost | longest actor stall s | groups re-run "
-          "| steps/s |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+          "| episodes cut | learner pause s | steps/s |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for r in results:
+        pause = f"{r.learner_pause:.2f}" if r.scenario == "restart-learner" else "n/a"
         print(f"| {r.scenario} | {r.faults} | {r.rollouts:,} | {r.duplicates} | {r.gaps} | {r.gaps} | "
-              f"{r.longest_stall:.1f} | {r.groups_rerun} | {r.steps_per_second:,.0f} |")
+              f"{r.longest_stall:.1f} | {r.groups_rerun} | {r.episodes_cut} | {pause} | {r.steps_per_second:,.0f} |")
     print()
-    print("faults: workers signalled (SIGKILL, or SIGTERM for stop-gracefully). lost = gaps: rollout ids missing "
-          "inside an actor's delivered range. Stall: the most seconds between consecutive deliveries of one actor "
-          "to the learner (from its first delivery to the end of the run).")
+    print("faults: workers signalled (SIGKILL, or SIGTERM for stop-gracefully), or learners restarted. lost = gaps: "
+          "rollout ids missing inside an actor's delivered range. Stall: the most seconds between consecutive "
+          "deliveries of one actor to the learner (from its first delivery to the end of the run). Learner pause: "
+          "the longest time from a learner's death to the new learner's first batch. Episodes cut: episodes a re-run "
+          "cut without a truncated mark, flagged by continues_previous=False on the re-run's first rollout.")
     print()
     print("| scenario | seconds | collects | replacements | records rejected | actors delivering | stalled actor "
           "| workers alive at end (rqrl / real) | unexpected worker exits | error | processes left |")

@@ -140,7 +140,9 @@ class RedisDistributedActors(DistributedActors):
     ``n_local_workers`` worker processes started here (default: one per core with an embedded
     Redis, none with an external one); ``actors_per_job`` actors stepped together by one job
     (one batched policy call per step); ``collect_timeout`` seconds before collect_outputs gives
-    up; ``min_job_seconds``/``max_job_seconds`` bound a job's slice before it yields its worker.
+    up; ``min_job_seconds``/``max_job_seconds`` bound a job's slice before it yields its worker;
+    ``worker_redis_url`` is the URL local workers connect with (default: the learner's), for a
+    Redis whose ACLs give workers a user of their own.
     """
 
     def __init__(
@@ -169,6 +171,7 @@ class RedisDistributedActors(DistributedActors):
         hang_seconds: float = 60.0,
         resume: bool = False,
         redis_outage_seconds: float = 60.0,
+        worker_redis_url: str | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
         bound = queue_bound(batch_size, queue_out_of_sync_factor)
@@ -211,6 +214,10 @@ class RedisDistributedActors(DistributedActors):
         self.keys = RunKeys(self.config.run_name)
         self.resume = resume
         self.redis_outage_seconds = redis_outage_seconds
+        if worker_redis_url and self.embedded:
+            raise ConfigError("worker_redis_url is for an external Redis; pass redis_url too, or leave both out "
+                              "to use an embedded Redis")
+        self.worker_redis_url = worker_redis_url
         self.n_local_workers = n_local_workers
         self.start_method = start_method
         self.collect_timeout = collect_timeout
@@ -360,7 +367,7 @@ class RedisDistributedActors(DistributedActors):
         for index in range(count):
             process = context.Process(
                 target=run_worker,
-                kwargs={"redis_url": self.redis_url, "queue_names": [self.config.queue_name],
+                kwargs={"redis_url": self.worker_redis_url or self.redis_url, "queue_names": [self.config.queue_name],
                         "name": f"rqrl.{self.run_name}.local{index}.{uuid.uuid4().hex[:4]}",
                         "parent_pid": os.getpid(), "secret": self.secret},
                 name=f"rqrl-worker-{index}",

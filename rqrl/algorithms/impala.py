@@ -60,6 +60,8 @@ class ImpalaConfig:
         "help": "Local worker processes (default: one per core but the learner's, at least 1; with --redis-url 0: "
                 "only external `rqrl worker`s)."})
     redis_url: str | None = field(default=None, metadata={"help": "Redis URL (default: an embedded private Redis)."})
+    worker_redis_url: str | None = field(default=None, metadata={
+        "help": "Redis URL of the local workers, if their ACL user is not the learner's (default: --redis-url)."})
     actors_per_job: int | None = field(default=None, metadata={
         "help": "Actors one job steps together with one batched policy call (default: n_actors / local workers; "
                 "1 with external workers only). Larger is faster per worker, smaller spreads over more workers."})
@@ -285,7 +287,8 @@ def make_actors(config: ImpalaConfig, model: ActorCritic) -> DistributedActors:
         functools.partial(make_flat_env, config.env_id), actor_policy, config.n_rollout_steps, config.n_actors,
         config.batch_size, config.queue_out_of_sync_factor,
         actor_env_seeds=seeds[: config.n_actors], actor_agent_seeds=seeds[config.n_actors:],
-        redis_url=config.redis_url, run_name=config.run_name, n_local_workers=workers,
+        redis_url=config.redis_url, worker_redis_url=config.worker_redis_url, run_name=config.run_name,
+        n_local_workers=workers,
         actors_per_job=config.actors_per_job,
         start_method="forkserver", resume=config.resume is not None,
     )
@@ -316,7 +319,8 @@ class Learner:
             config.run_name = f"impala-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / config.run_name
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        stored = {**asdict(config), "redis_url": redact_url(config.redis_url)}  # no password in the run folder
+        stored = {**asdict(config), "redis_url": redact_url(config.redis_url),  # no password in the run folder
+                  "worker_redis_url": redact_url(config.worker_redis_url)}
         (self.run_dir / "config.json").write_text(json.dumps(stored, indent=2))
 
     def _resume(self, path: Path) -> None:

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import REPO_ROOT, alive, descendants, processes_with_marker, worker_env
+from tests.conftest import REPO_ROOT, alive, descendants, processes_with_marker, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(240)
 TRIVIAL_ENV = "tests.fixtures:RqrlGuessSign-v0"
@@ -78,3 +78,35 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path):
                    "--target-return", "1000", "--run-dir", str(tmp_path), "--run-name", "interrupted")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["env_steps"] >= steps_before + 2000
+
+
+def test_a_sigkilled_learner_resumes_its_run_on_the_same_redis_and_workers_never_notice(
+        tmp_path, connection, redis_url, workers):
+    worker = workers.start("steady")
+    workers.wait_registered(connection, 1)
+    common = ["--env", TRIVIAL_ENV, "--n-actors", "2", "--batch-size", "2", "--n-rollout-steps", "20",
+              "--workers", "0", "--redis-url", redis_url, "--run-dir", str(tmp_path), "--run-name", "killed",
+              "--target-return", "1000", "--checkpoint-seconds", "0.5"]
+    learner = subprocess.Popen([sys.executable, "-m", "rqrl", "train", *common, "--total-env-steps", "100000000"],
+                               cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run = tmp_path / "killed"
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoint.safetensors").is_file() or len((run / "metrics.csv").read_text().splitlines()) < 5:
+            assert learner.poll() is None and time.monotonic() < deadline, learner.stderr.read().decode()[-3000:]
+            time.sleep(0.2)
+        learner.send_signal(signal.SIGKILL)  # no clean-up at all: the run's keys, jobs and batch stay in Redis
+        learner.wait(timeout=10)
+    finally:
+        stop_process(learner)
+    assert connection.exists("rqrl:killed:config")
+    held = connection.llen("rqrl:killed:unacknowledged")  # the (part of a) batch the learner had popped
+    assert held <= 2
+    steps_before = int(list(csv.DictReader((run / "metrics.csv").open()))[-1]["env_steps"])
+
+    resumed = rqrl("train", "--resume", str(run), *common, "--total-env-steps", str(steps_before + 4000))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (f"re-delivering {held} rollout(s)" in resumed.stderr) == (held > 0), resumed.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["env_steps"] >= steps_before + 4000
+    assert worker.poll() is None, "the worker noticed the learner's death"
+    assert connection.keys("rqrl:killed:*") == [], "the resumed learner's stop() cleans the run up"

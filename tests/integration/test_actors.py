@@ -274,6 +274,13 @@ def test_policy_that_does_not_fit_the_env_is_refused_at_start(connection, redis_
         local_actors(redis_url, run_name, env_factory=fixtures.make_counting_env, n_local_workers=0).start()
 
 
+def test_worker_redis_url_without_an_external_redis_is_refused(monkeypatch):
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    with pytest.raises(ConfigError, match="worker_redis_url is for an external Redis"):
+        RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
+                               worker_redis_url="redis://worker:pw@127.0.0.1:6379/0")
+
+
 def test_unpicklable_env_factory_is_refused(connection, redis_url, run_name):
     import threading
 

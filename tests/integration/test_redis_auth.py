@@ -428,6 +428,18 @@ def test_acl_users_collect_fail_and_show_on_the_dashboard(acl_server, tmp_path):
     assert acl_denials(acl_server) == EXPECTED_DENIALS, admin.acl_log(count=20)
 
 
+def test_local_workers_connect_with_their_own_acl_user(acl_server):
+    admin = acl_server.admin
+    admin.execute_command("ACL", "LOG", "RESET")
+    records = collect(acl_url(acl_server, "learner"), "acl-local", batches=3, n_local_workers=1,
+                      start_method="fork", worker_redis_url=acl_url(acl_server, "worker"))
+    assert [record.rewards.shape for record in records] == [(16, 2)] * 3
+    assert not admin.keys("rqrl:acl-local:*")
+    # the one denial the worker rules mean shows the local worker logged in as 'worker'; as 'learner'
+    # it would have been refused RQ's dequeue
+    assert acl_denials(acl_server) == EXPECTED_DENIALS, admin.acl_log(count=20)
+
+
 def test_the_worker_and_learner_users_may_run_info_so_rq_uses_its_reliable_dequeue(acl_server):
     from rq.utils import get_version
 
