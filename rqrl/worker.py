@@ -94,13 +94,25 @@ class RolloutWorker(SimpleWorker):
         """RQ's heartbeat, plus registering again if Redis lost our registration (a restart without
         persistence), so the learner keeps counting this worker."""
         super().heartbeat(timeout, pipeline)
-        # RQ writes "birth" when a worker registers; a restarted Redis only has the heartbeat just written
-        if pipeline is None and self.connection.hget(self.key, "birth") is None:
-            log.warning("worker %s: Redis lost its registration (restarted?); registering again", self.name)
-            with self.connection.pipeline() as registration:
-                registration.hset(self.key, mapping=self.serialize())
-                worker_registration.register(self, registration)
-                registration.execute()
+        if pipeline is None:
+            self.register_again_if_lost()
+
+    def register_again_if_lost(self) -> None:
+        """Register again if Redis lost our registration (a restart without persistence): RQ's
+        heartbeat rewrites the worker's hash, but not its entries in the registries of workers."""
+        registries = [self.redis_workers_keys, *(worker_registration.WORKERS_BY_QUEUE_KEY % name
+                                                  for name in self.queue_names())]
+        with self.connection.pipeline(transaction=False) as check:
+            check.hget(self.key, "birth")
+            for registry in registries:
+                check.sismember(registry, self.key)
+            if all(check.execute()):
+                return
+        log.warning("worker %s: Redis lost its registration (restarted?); registering again", self.name)
+        with self.connection.pipeline() as registration:
+            registration.hset(self.key, mapping=self.serialize())
+            worker_registration.register(self, registration)
+            registration.execute()
 
     def execute_job(self, job, queue):  # noqa: ANN001 - RQ's signature
         global _running
@@ -118,7 +130,8 @@ def send_heartbeat() -> None:
         return
     job = get_current_job()
     if job is not None and getattr(worker, "execution", None) is not None:
-        worker.maintain_heartbeats(job)
+        worker.maintain_heartbeats(job)  # RQ's heartbeat in a pipeline: check the registration here
+        worker.register_again_if_lost()
     else:
         worker.heartbeat()
 

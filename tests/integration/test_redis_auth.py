@@ -39,7 +39,7 @@ WORKER_RULES = (
     "resetkeys ~rq:* ~rqrl:* resetchannels &rq:pubsub:* -@all "
     "+ping +info +client|setname +multi +exec +watch +unwatch "
     "+get +set +mget +exists +del +expire +pexpire +persist "
-    "+hget +hgetall +hset +hdel +hincrby +hincrbyfloat +sadd +srem +smembers "
+    "+hget +hgetall +hset +hdel +hincrby +hincrbyfloat +sadd +srem +smembers +sismember "
     "+llen +lrange +rpush +lrem +lmove +blmove "
     "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +xadd "
     "+evalsha +script|load +subscribe +unsubscribe"

@@ -41,6 +41,34 @@ def test_a_worker_joining_mid_run_gets_work(connection, redis_url, run_name, wor
     assert "second" in after, f"the joining worker delivered nothing; workers seen: {after}"
 
 
+def test_a_busy_worker_whose_registration_redis_lost_registers_again_mid_job(connection, redis_url, run_name,
+                                                                             workers):
+    from rqrl.jobs import HEARTBEAT_SECONDS
+
+    workers.start("busy")
+    workers.wait_registered(connection, 1)
+    with external_actors(redis_url, run_name, n_actors=2, actors_per_job=2) as actors:  # one group: one long job
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        actors.collect_outputs("cpu")
+        job_ids = connection.zrange("rq:wip:rqrl", 0, -1)
+        # what a Redis restart without persistence does to the registration of a busy worker
+        connection.delete("rq:worker:busy")
+        connection.srem("rq:workers", "rq:worker:busy")
+        connection.srem("rq:workers:rqrl", "rq:worker:busy")
+        deadline = time.monotonic() + HEARTBEAT_SECONDS + 15
+
+        def registered() -> bool:
+            return bool(connection.sismember("rq:workers", "rq:worker:busy")
+                        and connection.sismember("rq:workers:rqrl", "rq:worker:busy"))
+
+        while not registered() and time.monotonic() < deadline:
+            actors.collect_outputs("cpu")
+        assert registered(), "the busy worker never registered again"
+        assert connection.hget("rq:worker:busy", "birth") is not None
+        assert connection.zrange("rq:wip:rqrl", 0, -1) == job_ids, "it registered again mid-job, not after it"
+        assert actors.workers_alive(cached=False) == 1
+
+
 def test_plain_rq_worker_with_the_documented_class_runs_rollouts(connection, redis_url, run_name):
     command = [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.worker.RolloutWorker",
                "-S", "rq.serializers.JSONSerializer", "--url", redis_url, "rqrl"]
