@@ -424,14 +424,15 @@ class RedisDistributedActors(DistributedActors):
         if len(self._pending) < self.batch_size:
             self._wait_for_batch()
             size_after = self._queue.size()
-        records, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size :]
-        self._pending_indices = self._pending_indices[self.batch_size :]
-        # the learner is done with this batch when it asks for the next one
-        self._done_below = self._pending_indices[0] if self._pending_indices else self._next_index
-        size_after += len(self._pending)
+        records = self._pending[: self.batch_size]
+        size_after += len(self._pending) - len(records)
         batch = batch_records(records, learner_device)
         dequeue_time = time.perf_counter() - started
         self._record_stats(records, size_before, dequeue_time)
+        # only now is the batch the caller's; it is acknowledged when the caller asks for the next one
+        self._pending = self._pending[self.batch_size :]
+        self._pending_indices = self._pending_indices[self.batch_size :]
+        self._done_below = self._pending_indices[0] if self._pending_indices else self._next_index
         return CollectedOutputs(batch, size_before, size_after, dequeue_time)
 
     def _wait_for_batch(self) -> None:
@@ -510,6 +511,8 @@ class RedisDistributedActors(DistributedActors):
             for group_id, actor_ids in enumerate(self.config.actor_groups):
                 delivered = [self._last_rollout.get(actor, -1) for actor in actor_ids]
                 pipe.set(self.keys.progress(group_id), max(delivered) + 1)
+            # a pop in the moment before this check may have made the list afresh: indices restart at 0
+            pipe.delete(self.keys.unacknowledged, self.keys.acknowledged)
             pipe.execute()
         # the unacknowledged list is gone too: indices restart at 0 (pending records keep index 0, so
         # nothing popped after them is acknowledged before they are trained on)

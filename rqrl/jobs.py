@@ -16,6 +16,7 @@ import os
 import socket
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -253,6 +254,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             return stop_check["stopped"]
 
         label = worker_label()
+        token = uuid.uuid4().hex  # this job run's pushes: tells a retried push from another job's rollout
         refused: set[int] = set()  # actors whose last rollout here was already delivered by an earlier job
         while True:
             _wait_for_weights(context, store, is_stopped, lambda: (work.heartbeat(), lease.touch()))
@@ -267,7 +269,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                     dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r, config.run_id))
                 for r in records
             ]
-            report = queue.push(pending, is_stopped, on_wait=lambda: (work.heartbeat(), lease.touch()))
+            report = queue.push(pending, is_stopped, on_wait=lambda: (work.heartbeat(), lease.touch()), token=token)
             refused = {rollout.actor_id for rollout in report.duplicates}
             rollout_id += 1
             lease.record_progress(rollout_id)
@@ -280,21 +282,28 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         return {"rollouts": rollout_id - first_rollout, "stopped": True}
     except LeaseLostError:
         log.warning("job %s lost actor group %d to another job; stopping", job.id, group_id)
+        # its envs may be ahead of what was pushed: whoever runs the group here next starts afresh
+        _drop_group(run_name, group_id)
         return {"rollouts": rollout_id - first_rollout, "lost": True}
     except Exception as error:
         if lease is not None:
             lease.mark_failed()
             lease = None
-        context = _CONTEXTS.get(run_name)
-        if context is not None:  # the group's envs may be mid-step: rebuild them next time
-            failed = context.groups.pop(group_id, None)
-            if failed is not None:
-                failed.close()
+        _drop_group(run_name, group_id)  # the group's envs may be mid-step: rebuild them next time
         _report_failure(connection, keys, job.id, group_id, rollout_id, error)
         raise
     finally:
         if lease is not None:
             lease.release()
+
+
+def _drop_group(run_name: str, group_id: int) -> None:
+    """Close and forget this worker's envs of one actor group."""
+    context = _CONTEXTS.get(run_name)
+    if context is not None:
+        dropped = context.groups.pop(group_id, None)
+        if dropped is not None:
+            dropped.close()
 
 
 def _report_failure(connection: redis.Redis, keys: RunKeys, job_id: str, group_id: int, rollout_id: int,

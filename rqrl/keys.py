@@ -86,6 +86,11 @@ class RunKeys:
         return self._key("pushed")
 
     @property
+    def pushed_by(self) -> str:
+        """Hash actor id -> token of the job run that pushed its highest rollout (tells retries from re-runs)."""
+        return self._key("pushed_by")
+
+    @property
     def errors(self) -> str:
         """List of JSON error reports from failed jobs."""
         return self._key("errors")

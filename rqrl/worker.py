@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 import torch
 from rq import Queue, SimpleWorker, get_current_job, worker_registration
 from rq.job import Job
@@ -86,6 +87,7 @@ class RolloutWorker(SimpleWorker):
         # a heartbeat every HEARTBEAT_SECONDS while idle (RQ waits worker_ttl - 15 s per dequeue),
         # so the learner can tell live workers from killed ones (see workers_alive)
         kwargs.setdefault("worker_ttl", int(HEARTBEAT_SECONDS) + 15)
+        self._check_registration = True  # off once the ACL user turns out not to allow the check
         super().__init__(*args, **kwargs)
         torch.set_num_threads(1)
         configure_secret(secret or os.environ.get("RQRL_SECRET"))
@@ -100,14 +102,22 @@ class RolloutWorker(SimpleWorker):
     def register_again_if_lost(self) -> None:
         """Register again if Redis lost our registration (a restart without persistence): RQ's
         heartbeat rewrites the worker's hash, but not its entries in the registries of workers."""
+        if not self._check_registration:
+            return
         registries = [self.redis_workers_keys, *(worker_registration.WORKERS_BY_QUEUE_KEY % name
                                                   for name in self.queue_names())]
-        with self.connection.pipeline(transaction=False) as check:
-            check.hget(self.key, "birth")
-            for registry in registries:
-                check.sismember(registry, self.key)
-            if all(check.execute()):
-                return
+        try:
+            with self.connection.pipeline(transaction=False) as check:
+                check.hget(self.key, "birth")
+                for registry in registries:
+                    check.sismember(registry, self.key)
+                if all(check.execute()):
+                    return
+        except redis.exceptions.NoPermissionError as error:
+            self._check_registration = False
+            log.warning("worker %s cannot check its registration (%s): it will not register again after a Redis "
+                        "restart; add +sismember to its ACL user (docs/redis-security.md)", self.name, error)
+            return
         log.warning("worker %s: Redis lost its registration (restarted?); registering again", self.name)
         with self.connection.pipeline() as registration:
             registration.hset(self.key, mapping=self.serialize())

@@ -274,6 +274,26 @@ def test_policy_that_does_not_fit_the_env_is_refused_at_start(connection, redis_
         local_actors(redis_url, run_name, env_factory=fixtures.make_counting_env, n_local_workers=0).start()
 
 
+def test_rollouts_a_lost_pop_reply_left_unseen_are_still_delivered_once(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        records = [actors.collect_outputs("cpu").record]
+        deadline = time.monotonic() + 30
+        while actors.queue_size() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # a pop whose reply never reached the learner (redis-py retried it): its entry sits unseen on
+        # the unacknowledged list, and the learner's next pop must notice the gap in the indices
+        lost = actors._queue.pop(1, actors._done_below)
+        assert len(lost.entries) == 1
+        records += [actors.collect_outputs("cpu").record for _ in range(4)]
+        assert actors.records_rejected == 0
+    delivered = [(a, r) for record in records
+                 for a, r in zip(record.actor_id.tolist(), record.rollout_id.tolist(), strict=True)]
+    assert len(delivered) == len(set(delivered)) == 10
+    for actor in (0, 1):
+        assert sorted(r for a, r in delivered if a == actor) == list(range(5))
+
+
 def test_worker_redis_url_without_an_external_redis_is_refused(monkeypatch):
     monkeypatch.delenv("REDIS_URL", raising=False)
     with pytest.raises(ConfigError, match="worker_redis_url is for an external Redis"):
@@ -408,6 +428,8 @@ def test_foreign_and_corrupted_queue_entries_are_rejected_and_counted(connection
             assert record.obs.shape == (16, 2, 4)
         assert actors.records_rejected == len(junk)
         assert actors.get_stats_value(RolloutEvents.records_rejected, name="sum") == len(junk)
+        # rejected entries are acknowledged like trained ones: only the last batch stays unacknowledged
+        assert connection.llen(actors.keys.unacknowledged) == 2
 
 
 def test_a_nan_reward_is_refused_with_the_fix(connection, redis_url, run_name):

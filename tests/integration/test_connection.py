@@ -79,6 +79,7 @@ def test_a_redis_restart_without_persistence_is_ridden_out(restartable, run_name
             while actors.workers_alive(cached=False) < 2 and time.monotonic() < deadline:
                 actors.collect_outputs("cpu")
             assert actors.workers_alive(cached=False) == 2
+            assert actors.records_rejected == 0
         assert all(process.poll() is None for process in pool.processes), "a worker died with the restart"
     finally:
         pool.stop_all()

@@ -99,6 +99,9 @@ def test_a_rerun_says_where_its_rollouts_do_not_continue_the_delivered_ones(conn
         # collect fast so the victim pushes rollouts quicker than its lease records progress: the
         # rescuer re-runs from the last recorded rollout and recomputes some delivered ones
         records += [actors.collect_outputs("cpu").record for _ in range(40)]
+        # as if the victim's last progress write were a second old: the rescuer re-runs from rollout 1
+        # and recomputes rollouts the victim delivered; its pushes of those are refused as duplicates
+        connection.set(actors.keys.progress(0), 1)
         victim.send_signal(signal.SIGKILL)
         while records[-1].worker != ("rescuer",):
             records.append(actors.collect_outputs("cpu").record)
@@ -110,6 +113,7 @@ def test_a_rerun_says_where_its_rollouts_do_not_continue_the_delivered_ones(conn
         assert bool(current.continues_previous[0]) == follows_on, f"rollout {int(current.rollout_id[0])}"
     first_rescued = next(record for record in records if record.worker == ("rescuer",))
     assert not bool(first_rescued.continues_previous[0])
+    assert float(first_rescued.obs[0, 0, 0]) != 0.0, "expected the rescuer to deliver after refused duplicates"
     assert cuts == 1, "the episode the kill cut is counted once"
 
 

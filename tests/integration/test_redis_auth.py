@@ -435,9 +435,33 @@ def test_local_workers_connect_with_their_own_acl_user(acl_server):
                       start_method="fork", worker_redis_url=acl_url(acl_server, "worker"))
     assert [record.rewards.shape for record in records] == [(16, 2)] * 3
     assert not admin.keys("rqrl:acl-local:*")
-    # the one denial the worker rules mean shows the local worker logged in as 'worker'; as 'learner'
-    # it would have been refused RQ's dequeue
+    # the one denial the worker rules mean (CLIENT LIST, by user 'worker') shows the local worker
+    # logged in as 'worker'; as 'learner' it would have been refused other commands (HINCRBY, LMOVE)
     assert acl_denials(acl_server) == EXPECTED_DENIALS, admin.acl_log(count=20)
+
+
+def test_a_worker_under_older_rules_without_sismember_keeps_working(acl_server):
+    from rqrl.jobs import HEARTBEAT_SECONDS
+
+    admin = acl_server.admin
+    old_rules = WORKER_RULES.replace(" +sismember", "")
+    assert old_rules != WORKER_RULES
+    admin.execute_command("ACL", "SETUSER", "old-worker", "reset", "on", ">old-pw", *old_rules.split())
+    url = f"redis://old-worker:old-pw@127.0.0.1:{acl_server.port}/0"
+    try:
+        with workers_on(url) as workers:
+            process = workers.start("old-rules")
+            workers.wait_registered(admin, 1)
+            records = collect(acl_url(acl_server, "learner"), "acl-old-worker", batches=3)
+            assert [record.worker for record in records] == [("old-rules", "old-rules")] * 3
+            time.sleep(HEARTBEAT_SECONDS + 2)  # at least one idle heartbeat, which checks the registration
+            assert process.poll() is None, "the worker quit on a NOPERM for SISMEMBER"
+            process.terminate()
+            stderr = process.communicate(timeout=30)[1].decode()
+        assert "add +sismember to its ACL user" in stderr
+    finally:
+        admin.acl_deluser("old-worker")
+        admin.execute_command("ACL", "LOG", "RESET")
 
 
 def test_the_worker_and_learner_users_may_run_info_so_rq_uses_its_reliable_dequeue(acl_server):

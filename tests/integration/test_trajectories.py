@@ -10,7 +10,7 @@ import redis
 
 from rqrl.errors import RunStoppedError
 from rqrl.keys import RunKeys
-from rqrl.trajectories import DUPLICATE, FULL, PUSHED, PendingRollout, TrajectoryQueue
+from rqrl.trajectories import DUPLICATE, FULL, MINE, PUSHED, PendingRollout, TrajectoryQueue
 
 
 def rollout(actor_id: int, rollout_id: int) -> PendingRollout:
@@ -137,26 +137,23 @@ def test_pop_available(connection, run_name):
 
 
 @pytest.mark.timeout(60)
-def test_wait_for_one(connection, redis_url, run_name):
+def test_wait_until_not_empty(connection, redis_url, run_name):
     keys = RunKeys(run_name)
     queue = TrajectoryQueue(connection, keys, bound=5)
     started = time.monotonic()
-    assert queue.wait_for_one(0.2) is None
+    assert queue.wait_until_not_empty(0.2) is False
     assert 0.15 <= time.monotonic() - started < 2
-    queue.try_push([rollout(0, 0), rollout(1, 0)])
-    assert queue.wait_for_one(1) == b"a0-r0"
-    assert queue.size() == 1
 
     def produce_later() -> None:
         time.sleep(0.2)
         with redis.Redis.from_url(redis_url) as producer_connection:
             TrajectoryQueue(producer_connection, keys, bound=5).try_push([rollout(2, 0)])
 
-    assert queue.pop_available(1) == [b"a1-r0"]
     producer = threading.Thread(target=produce_later)
     producer.start()
-    assert queue.wait_for_one(10) == b"a2-r0"
+    assert queue.wait_until_not_empty(10) is True
     producer.join(timeout=10)
+    assert queue.pop_available(5) == [b"a2-r0"]
 
 
 @pytest.mark.timeout(60)
@@ -196,10 +193,8 @@ def test_stress_several_producers_one_consumer_never_exceed_the_bound(connection
     received: list[bytes] = []
     while len(received) < n_producers * per_producer and time.monotonic() < deadline:
         max_seen = max(max_seen, consumer.size())
-        one = consumer.wait_for_one(0.5)
-        if one is not None:
-            received.append(one)
-            received.extend(consumer.pop_available(len(received) % 3))
+        if consumer.wait_until_not_empty(0.5):
+            received.extend(consumer.pop_available(1 + len(received) % 3))
     for thread in producers:
         thread.join(timeout=10)
     stop_watching.set()
@@ -241,6 +236,33 @@ def test_a_pop_whose_reply_was_lost_is_found_again_by_its_index(connection, run_
     assert again.first_index == 1 and again.entries == [b"a1-r0"]
     assert queue.unacknowledged(0, again.first_index - 1) == ([b"a0-r0"], 0)
     assert queue.unacknowledged(1) == ([b"a1-r0"], 1)
+
+
+def test_a_retried_push_is_mine_and_a_recomputed_rollout_is_a_duplicate(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10)
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)], token="job-a") == [PUSHED, PUSHED]
+    # the same job's command again (redis-py retried it after a lost reply): not another job's rollout
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)], token="job-a") == [MINE, MINE]
+    report = queue.push([rollout(0, 0)], never_stopped, token="job-a")
+    assert report.duplicates == ()
+    # a re-run job recomputing what job-a delivered
+    assert queue.try_push([rollout(0, 0)], token="job-b") == [DUPLICATE]
+    assert queue.push([rollout(1, 0)], never_stopped, token="job-b").duplicates == (rollout(1, 0),)
+    assert queue.try_push([rollout(0, 1)], token="job-b") == [PUSHED]
+    assert queue.try_push([rollout(0, 1)], token="job-a") == [DUPLICATE]
+    assert queue.try_push([rollout(0, 0)], token="job-b") == [DUPLICATE]  # older than its highest: not a retry
+    assert queue.size() == 3
+
+
+def test_a_consumer_that_never_looks_back_keeps_one_pop_unacknowledged(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10)
+    queue.try_push([rollout(i, 0) for i in range(5)])
+    assert queue.pop_available(2) == [b"a0-r0", b"a1-r0"]
+    assert queue.pop_available(2) == [b"a2-r0", b"a3-r0"]
+    assert queue.unacknowledged() == ([b"a2-r0", b"a3-r0"], 2)
+    assert queue.unacknowledged(0, 1) == ([], 2)  # acknowledged already
+    assert queue.pop_available(2) == [b"a4-r0"]
+    assert queue.unacknowledged() == ([b"a4-r0"], 4)
 
 
 def test_waiting_for_a_rollout_pops_nothing(connection, run_name):
