@@ -47,20 +47,21 @@ from rqrl.errors import (
     CollectTimeoutError,
     ConfigError,
     NoWorkersError,
-    RecordError,
     RedisUnavailableError,
     RqrlError,
 )
+from rqrl.inbox import Inbox
 from rqrl.jobs import LIVENESS_SECONDS, enqueue_group
 from rqrl.keys import RunKeys
 from rqrl.leases import Reaper, read_progress
 from rqrl.policy import check_state_dict, make_act_function, state_dict_of
-from rqrl.records import CollectedOutputs, RolloutRecord, batch_records, decode_record, record_signature
+from rqrl.process import stop_processes
+from rqrl.records import CollectedOutputs, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory, stack_obs, to_array, to_tensor
 from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.server import EmbeddedRedis
 from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
-from rqrl.trajectories import Popped, TrajectoryQueue
+from rqrl.trajectories import TrajectoryQueue
 from rqrl.weights import WeightStore
 from rqrl.worker import DEFAULT_QUEUE, run_worker
 
@@ -117,19 +118,6 @@ class DistributedActors(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def _stop_processes(processes: Sequence[multiprocessing.process.BaseProcess], timeout: float) -> None:
-    """SIGTERM (RQ's warm shutdown), then SIGKILL whatever is still alive after ``timeout``."""
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join(5)
 
 
 class RedisDistributedActors(DistributedActors):
@@ -224,23 +212,16 @@ class RedisDistributedActors(DistributedActors):
         self.no_worker_timeout = no_worker_timeout
         self.connection = connection
         self.policy_version = 0
-        self.records_rejected = 0
         self._policy_state = state_dict_of(policy)
         self._server: EmbeddedRedis | None = None
         self._processes: list[multiprocessing.process.BaseProcess] = []
-        self._pending: list[RolloutRecord] = []
-        self._pending_indices: list[int] = []  # absolute index of each pending record on the unacknowledged list
-        self._next_index = 0  # absolute index of the next unacknowledged entry this learner has not read
-        self._done_below = 0  # entries below this index are trained on or rejected: acknowledged at the next pop
+        self._inbox = self._new_inbox()
         self._started = False
         self._last_collect = time.monotonic()
         self._finalizer: weakref.finalize | None = None
         self._last_failure_check = 0.0
-        self._signature: dict | None = None
         self._reaper: Reaper | None = None
         self._last_run_check = time.monotonic()
-        self._last_rollout: dict[int, int] = {}
-        self._ended_mid_episode: dict[int, bool] = {}  # actor id -> its last rollout ended inside an episode
         self._last_state_dict: dict | None = None
         self._workers_alive = (-1e9, 0)
         self._transport: tuple[WeightStore, TrajectoryQueue, Queue] | None = None
@@ -248,6 +229,14 @@ class RedisDistributedActors(DistributedActors):
     @property
     def run_name(self) -> str:
         return self.config.run_name
+
+    @property
+    def records_rejected(self) -> int:
+        """Queue entries rejected as foreign, corrupted or malformed so far."""
+        return self._inbox.records_rejected
+
+    def _new_inbox(self) -> Inbox:
+        return Inbox(self.run_name, self.config.run_id, self.n_actors, self.n_rollout_steps, self.epoch_stats)
 
     # ---- set-up -------------------------------------------------------------------------
 
@@ -349,6 +338,7 @@ class RedisDistributedActors(DistributedActors):
                 f"the settings it was started with, or start a new run_name"
             )
         self.config = existing
+        self._inbox = self._new_inbox()  # the adopted run's id: its records stay readable
         log.info("resumed run %s (run id %s) from Redis", self.run_name, existing.run_id)
     def get_multiprocessing_context(self, start_method: str | None) -> multiprocessing.context.BaseContext:
         """Maze's choice: the given method if this platform has it, else forkserver, else spawn."""
@@ -391,7 +381,7 @@ class RedisDistributedActors(DistributedActors):
                 for group_id in range(len(self.config.actor_groups)):
                     enqueue_group(connection, self.config, group_id, 0)
             else:
-                self._take_over_unacknowledged()
+                self._inbox.take_over(self._queue)
         except BaseException:
             self.stop()
             raise
@@ -418,28 +408,27 @@ class RedisDistributedActors(DistributedActors):
         started = time.perf_counter()
         self._raise_actor_failures(throttled=True)
         self._reap()
-        pending_before = len(self._pending)
-        popped = self._pop(self.batch_size - pending_before)
+        inbox = self._inbox
+        pending_before = len(inbox)
+        popped = inbox.pop(self._queue, self.batch_size - pending_before)
         size_before, size_after = popped.size_before + pending_before, popped.size_after
-        if len(self._pending) < self.batch_size:
+        if len(inbox) < self.batch_size:
             self._wait_for_batch()
             size_after = self._queue.size()
-        records = self._pending[: self.batch_size]
-        size_after += len(self._pending) - len(records)
+        records = inbox.peek(self.batch_size)
+        size_after += len(inbox) - len(records)
         batch = batch_records(records, learner_device)
         dequeue_time = time.perf_counter() - started
         self._record_stats(records, size_before, dequeue_time)
         # only now is the batch the caller's; it is acknowledged when the caller asks for the next one
-        self._pending = self._pending[self.batch_size :]
-        self._pending_indices = self._pending_indices[self.batch_size :]
-        self._done_below = self._pending_indices[0] if self._pending_indices else self._next_index
+        inbox.hand_over(len(records))
         return CollectedOutputs(batch, size_before, size_after, dequeue_time)
 
     def _wait_for_batch(self) -> None:
         """The slow path: block on the queue, watching for failures, missing workers and the timeout."""
         deadline = time.monotonic() + self.collect_timeout
         no_worker_since: float | None = None
-        while len(self._pending) < self.batch_size:
+        while len(self._inbox) < self.batch_size:
             self._raise_actor_failures()
             now = time.monotonic()
             if self.workers_alive() == 0:  # re-read at most once a second
@@ -455,31 +444,12 @@ class RedisDistributedActors(DistributedActors):
                 no_worker_since = None
             if now > deadline:
                 raise CollectTimeoutError(
-                    f"collected {len(self._pending)} of {self.batch_size} rollouts in {self.collect_timeout:.0f} s "
+                    f"collected {len(self._inbox)} of {self.batch_size} rollouts in {self.collect_timeout:.0f} s "
                     f"with {self.workers_alive()} worker(s) alive; raise collect_timeout or check the workers' logs"
                 )
             self._reap()
             if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
-                self._pop(self.batch_size - len(self._pending))
-
-    def _pop(self, count: int) -> Popped:
-        """Acknowledge what the learner is done with, pop up to ``count`` rollouts and accept them,
-        first reading any entries a retried pop left unseen on the unacknowledged list."""
-        popped = self._queue.pop(count, self._done_below)
-        if popped.first_index > self._next_index:  # a pop whose reply was lost
-            missed, first = self._queue.unacknowledged(self._next_index, popped.first_index - 1)
-            self._accept(missed, first)
-        self._accept(popped.entries, popped.first_index)
-        return popped
-
-    def _take_over_unacknowledged(self) -> None:
-        """A resumed run: what the previous learner popped but did not finish with comes first."""
-        entries, first = self._queue.unacknowledged()
-        self._next_index = self._done_below = first
-        if entries:
-            log.warning("run %s: re-delivering %d rollout(s) the previous learner popped but did not finish with",
-                        self.run_name, len(entries))
-        self._accept(entries, first)
+                self._inbox.pop(self._queue, self.batch_size - len(self._inbox))
 
     def _reap(self) -> None:
         """Re-enqueue actor groups whose job died with its worker or hung (see rqrl.leases)."""
@@ -509,15 +479,12 @@ class RedisDistributedActors(DistributedActors):
             self.policy_version = self._weights.publish(self._last_state_dict)
         with connection.pipeline(transaction=False) as pipe:
             for group_id, actor_ids in enumerate(self.config.actor_groups):
-                delivered = [self._last_rollout.get(actor, -1) for actor in actor_ids]
+                delivered = [self._inbox.last_delivered(actor) for actor in actor_ids]
                 pipe.set(self.keys.progress(group_id), max(delivered) + 1)
             # a pop in the moment before this check may have made the list afresh: indices restart at 0
             pipe.delete(self.keys.unacknowledged, self.keys.acknowledged)
             pipe.execute()
-        # the unacknowledged list is gone too: indices restart at 0 (pending records keep index 0, so
-        # nothing popped after them is acknowledged before they are trained on)
-        self._pending_indices = [0] * len(self._pending)
-        self._next_index = self._done_below = 0
+        self._inbox.restart_indices()
         self.epoch_stats.add(RolloutEvents.runs_restored, 1)
 
     def _forget_started_jobs(self, group_id: int) -> None:
@@ -538,49 +505,6 @@ class RedisDistributedActors(DistributedActors):
                 f"says why (with start_method 'spawn' or 'forkserver', guard your script's entry point with "
                 f"'if __name__ == \"__main__\":')"
             )
-
-    def _accept(self, blobs: list[bytes], first_index: int) -> None:
-        """Decode entries popped onto the unacknowledged list from ``first_index`` on; reject (count and
-        log, never raise) anything foreign or malformed."""
-        self._next_index = max(self._next_index, first_index + len(blobs))
-        for index, blob in enumerate(blobs, start=first_index):
-            try:
-                record = decode_record(blob, self.config.run_id)
-                self._check_fits_run(record)
-            except RecordError as error:
-                self.records_rejected += 1
-                self.epoch_stats.add(RolloutEvents.records_rejected, 1)
-                log.warning("rejected a queue entry of run %s: %s", self.run_name, error)
-                continue
-            self._last_rollout[record.actor_id] = record.rollout_id
-            self._note_unmarked_cut(record)
-            self._pending.append(record)
-            self._pending_indices.append(index)
-
-    def _note_unmarked_cut(self, record: RolloutRecord) -> None:
-        """Count episodes a fault cut without a mark: the previous rollout ended mid-episode (its
-        worker died), and this one does not continue it. The learner bootstraps from ``next_obs`` at
-        every rollout end, so training treats the cut like a truncation either way."""
-        if not record.continues_previous and self._ended_mid_episode.get(record.actor_id, False):
-            self.epoch_stats.add(RolloutEvents.episodes_cut, 1)
-            log.info("actor %d's episode was cut by a fault before rollout %d (its actors were re-run)",
-                     record.actor_id, record.rollout_id)
-        self._ended_mid_episode[record.actor_id] = not (record.terminated[-1] or record.truncated[-1])
-
-    def _check_fits_run(self, record: RolloutRecord) -> None:
-        if record.n_steps != self.n_rollout_steps:
-            raise RecordError(f"record has {record.n_steps} steps, this run's rollouts have {self.n_rollout_steps}")
-        if not 0 <= record.actor_id < self.n_actors:
-            raise RecordError(f"record names actor {record.actor_id}, this run has actors 0..{self.n_actors - 1}")
-        if record.rollout_id <= self._last_rollout.get(record.actor_id, -1):
-            raise RecordError(f"rollout {record.rollout_id} of actor {record.actor_id} was delivered already")
-        signature = record_signature(record)
-        if self._signature is None:
-            self._signature = signature
-        elif signature != self._signature:
-            different = sorted(name for name in set(signature) | set(self._signature)
-                               if signature.get(name) != self._signature.get(name))
-            raise RecordError(f"record's arrays {different} differ in shape or dtype from this run's rollouts")
 
     def _raise_actor_failures(self, throttled: bool = False) -> None:
         now = time.monotonic()
@@ -647,7 +571,7 @@ class RedisDistributedActors(DistributedActors):
             if self._started:
                 self._stop_run(timeout)
         finally:
-            _stop_processes(self._processes, timeout)
+            stop_processes(self._processes, timeout)
             self._processes.clear()
             self._started = False
             if self._server is not None:
@@ -704,7 +628,7 @@ def _redis_errors(actors: RedisDistributedActors):
 
 def _emergency_cleanup(processes: list, server: EmbeddedRedis | None) -> None:
     """Last resort when a run is garbage-collected or the interpreter exits without stop()."""
-    _stop_processes(processes, 5.0)
+    stop_processes(processes, 5.0)
     if server is not None:
         server.stop()
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 
 
 def _alive(pid: int) -> bool:
@@ -48,3 +50,16 @@ def die_with_parent_thread() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
+
+
+def stop_processes(processes: Sequence[multiprocessing.process.BaseProcess], timeout: float) -> None:
+    """SIGTERM (RQ's warm shutdown), then SIGKILL whatever is still alive after ``timeout``."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(5)

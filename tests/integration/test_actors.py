@@ -283,7 +283,7 @@ def test_rollouts_a_lost_pop_reply_left_unseen_are_still_delivered_once(connecti
             time.sleep(0.01)
         # a pop whose reply never reached the learner (redis-py retried it): its entry sits unseen on
         # the unacknowledged list, and the learner's next pop must notice the gap in the indices
-        lost = actors._queue.pop(1, actors._done_below)
+        lost = actors._queue.pop(1, actors._inbox.done_below)
         assert len(lost.entries) == 1
         records += [actors.collect_outputs("cpu").record for _ in range(4)]
         assert actors.records_rejected == 0

@@ -1,0 +1,83 @@
+"""Inbox against a real Redis: what the learner accepts, rejects, hands over and acknowledges."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rqrl.inbox import Inbox
+from rqrl.keys import RunKeys
+from rqrl.records import RolloutRecord, decode_record, encode_record
+from rqrl.stats import EpochStatsAggregator, RolloutEvents
+from rqrl.trajectories import TrajectoryQueue
+
+RUN_ID = "run-id-1"
+STEPS = 4
+
+
+def encoded(actor_id: int, rollout_id: int, run_id: str = RUN_ID, steps: int = STEPS) -> bytes:
+    return encode_record(RolloutRecord(
+        obs=np.full((steps, 2), rollout_id, np.float32), actions=np.zeros(steps, np.int64),
+        rewards=np.ones(steps, np.float32), terminated=np.zeros(steps, bool), truncated=np.zeros(steps, bool),
+        log_probs=np.zeros(steps, np.float32), logits=None, next_obs=np.zeros(2, np.float32),
+        final_obs=np.zeros((0, 2), np.float32), final_obs_steps=np.zeros(0, np.int64),
+        episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64), policy_version=1,
+        actor_id=actor_id, rollout_id=rollout_id, continues_previous=rollout_id > 0), run_id)
+
+
+def decode(blob: bytes) -> RolloutRecord:
+    return decode_record(blob, RUN_ID)
+
+
+def inbox_and_queue(connection, run_name: str) -> tuple[Inbox, TrajectoryQueue]:
+    stats = EpochStatsAggregator()
+    return Inbox(run_name, RUN_ID, n_actors=2, n_rollout_steps=STEPS, stats=stats), \
+        TrajectoryQueue(connection, RunKeys(run_name), bound=100)
+
+
+def ids(records: list[RolloutRecord]) -> list[tuple[int, int]]:
+    return [(record.actor_id, record.rollout_id) for record in records]
+
+
+def test_bad_entries_are_rejected_and_acknowledged_with_the_batch_around_them(connection, run_name):
+    inbox, queue = inbox_and_queue(connection, run_name)
+    keys = RunKeys(run_name)
+    connection.rpush(keys.trajectories, encoded(0, 0), b"junk", encoded(1, 0), encoded(0, 0),
+                     encoded(0, 1, run_id="another-run"), encoded(0, 1, steps=3), encoded(0, 1))
+    popped = inbox.pop(queue, 10)
+    assert (popped.size_before, popped.size_after, popped.first_index) == (7, 0, 0)
+    assert len(inbox) == 3 and inbox.records_rejected == 4  # junk, a duplicate, a foreign run, a wrong length
+    assert inbox.stats.get_stats_value(RolloutEvents.records_rejected, name="sum") == 4
+    assert ids(inbox.peek(2)) == [(0, 0), (1, 0)]
+    inbox.hand_over(2)
+    assert inbox.done_below == 6, "everything before the last pending record is done, rejected entries included"
+    inbox.pop(queue, 10)  # acknowledges below 6
+    entries, first = queue.unacknowledged()
+    assert first == 6 and [(r.actor_id, r.rollout_id) for r in map(decode, entries)] == [(0, 1)]
+    assert (inbox.last_delivered(0), inbox.last_delivered(1)) == (1, 0)
+
+
+def test_a_new_inbox_takes_over_what_the_last_one_did_not_hand_over(connection, run_name):
+    first, queue = inbox_and_queue(connection, run_name)
+    connection.rpush(RunKeys(run_name).trajectories, *[encoded(actor, 0) for actor in (0, 1)],
+                     *[encoded(actor, 1) for actor in (0, 1)])
+    first.pop(queue, 2)
+    first.hand_over(2)
+    first.pop(queue, 2)  # acknowledges the first two; the learner dies holding the next two
+    second, _ = inbox_and_queue(connection, run_name)
+    second.take_over(queue)
+    assert ids(second.peek(10)) == [(0, 1), (1, 1)]
+    assert (second.next_index, second.done_below) == (4, 2)
+
+
+def test_an_episode_a_fault_cut_is_counted_once(connection, run_name):
+    inbox, queue = inbox_and_queue(connection, run_name)
+    # rollout 1 of actor 0 does not continue rollout 0, which ended inside an episode
+    cut = encode_record(RolloutRecord(
+        obs=np.zeros((STEPS, 2), np.float32), actions=np.zeros(STEPS, np.int64), rewards=np.ones(STEPS, np.float32),
+        terminated=np.zeros(STEPS, bool), truncated=np.zeros(STEPS, bool), log_probs=np.zeros(STEPS, np.float32),
+        logits=None, next_obs=np.zeros(2, np.float32), final_obs=np.zeros((0, 2), np.float32),
+        final_obs_steps=np.zeros(0, np.int64), episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64),
+        policy_version=1, actor_id=0, rollout_id=1, continues_previous=False), RUN_ID)
+    connection.rpush(RunKeys(run_name).trajectories, encoded(0, 0), cut, encoded(0, 2))
+    inbox.pop(queue, 3)
+    assert inbox.stats.get_stats_value(RolloutEvents.episodes_cut, name="sum") == 1
