@@ -460,7 +460,7 @@ class RedisDistributedActors(DistributedActors):
                 self._reseed()
         if self._reaper is None:
             self._reaper = Reaper(self._connect(), self.keys, len(self.config.actor_groups))
-        for group_id in self._reaper.orphaned_groups(self._rq_queue.get_job_ids):
+        for group_id in self._reaper.orphaned_groups(self._rq_queue.key):
             self._forget_started_jobs(group_id)
             rollout_id = read_progress(self._connect(), self.keys, group_id)
             enqueue_group(self._connect(), self.config, group_id, rollout_id)

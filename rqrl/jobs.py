@@ -47,9 +47,18 @@ ERROR_TTL_SECONDS = 24 * 3600
 
 
 def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rollout_id: int) -> str:
-    """Enqueue the job that runs ``group_id`` from ``rollout_id`` on; returns the job id."""
+    """Enqueue the job that runs ``group_id`` from ``rollout_id`` on; returns the job id.
+
+    The group's lease and progress are handed to the new job at once, so the reaper does not take
+    a job that a worker has dequeued but not yet started for a dead one (if it waits in the queue
+    longer than the lease, the queue itself shows it is not lost).
+    """
     keys = RunKeys(config.run_name)
     queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
+    with connection.pipeline(transaction=True) as pipe:
+        pipe.set(keys.lease(group_id), keys.job_id(group_id, rollout_id), px=int(config.lease_seconds * 1000))
+        pipe.set(keys.progress(group_id), rollout_id)
+        pipe.execute()
     job = queue.enqueue(
         JOB_FUNCTION,
         config.run_name,

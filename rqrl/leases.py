@@ -1,7 +1,8 @@
 """Leases that prove a live job is running an actor group, and the learner's reaper that re-runs
 groups whose job died with its worker.
 
-A job holds ``lease:{group}`` (value: its job id, a TTL of ``lease_seconds``). A thread in the
+A job holds ``lease:{group}`` (value: its job id, a TTL of ``lease_seconds``), handed to it when
+it is enqueued, so a job between a worker's dequeue and its start is covered too. A thread in the
 worker refreshes it while rollouts keep finishing; it stops refreshing when the process dies
 (SIGKILL, a lost machine) or when no rollout finished for ``hang_seconds`` (an env hung in
 ``step``). The refresher also stores ``progress:{group}``, the next rollout id after the last push. The
@@ -14,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 import redis
 
@@ -134,16 +134,25 @@ class Reaper:
         self._last_pass = 0.0
         self.reaped = 0
 
-    def orphaned_groups(self, queued_job_ids: Callable[[], list[str]]) -> list[int]:
-        """Groups to re-enqueue now (empty most of the time); ``queued_job_ids`` is read only if needed."""
+    def orphaned_groups(self, queue_key: str) -> list[int]:
+        """Groups to re-enqueue now (empty most of the time); ``queue_key`` is the RQ queue's list of job ids.
+
+        Leases and queued jobs are read in one transaction: read apart, a job dequeued between the
+        two reads (or a continuation enqueued just after its group's lease was read) would look like
+        a group with neither.
+        """
         now = time.monotonic()
         if now - self._last_pass < self.min_interval:
             return []
         self._last_pass = now
-        leases = self.connection.mget([self.keys.lease(group) for group in range(self.n_groups)])
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.mget([self.keys.lease(group) for group in range(self.n_groups)])
+            pipe.lrange(queue_key, 0, -1)
+            leases, queued = pipe.execute()
         without = {group for group, lease in enumerate(leases) if lease is None}
         if without:
-            without -= {self.keys.group_of_job(job_id) for job_id in queued_job_ids()}
+            without -= {self.keys.group_of_job(job_id.decode() if isinstance(job_id, bytes) else job_id)
+                        for job_id in queued}
         orphaned = sorted(without & self._suspects)
         self._suspects = without - set(orphaned)
         self.reaped += len(orphaned)

@@ -210,3 +210,25 @@ def test_when_every_worker_is_killed_the_learner_says_so(connection, redis_url, 
                 actors.collect_outputs("cpu")
         assert time.monotonic() - killed_at < LIVENESS_SECONDS + 15
         assert connection.scard("rq:workers:rqrl") == 1, "RQ itself still lists the killed worker"
+
+
+def test_a_job_dequeued_but_not_started_keeps_its_group_until_the_handed_over_lease_expires(
+        connection, redis_url, run_name):
+    from rq import Queue
+
+    from rqrl.leases import Reaper
+
+    actors = actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2)
+    actors.start()  # no worker: the two groups' jobs wait in the queue, each with the lease handed to it
+    try:
+        queue_key = Queue("rqrl", connection=connection).key
+        leases = [connection.get(actors.keys.lease(group)) for group in range(2)]
+        assert leases == [actors.keys.job_id(group, 0).encode() for group in range(2)]
+        connection.delete(queue_key)  # as if workers dequeued both jobs and had not started them yet
+        reaper = Reaper(connection, actors.keys, 2, min_interval=0.0)
+        assert reaper.orphaned_groups(queue_key) == [] and reaper.orphaned_groups(queue_key) == []
+        time.sleep(actors.config.lease_seconds + 0.5)  # the workers died before starting: the leases lapse
+        reaper.orphaned_groups(queue_key)
+        assert reaper.orphaned_groups(queue_key) == [0, 1]
+    finally:
+        actors.stop()
