@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from rqrl.errors import RecordError
-from rqrl.records import RolloutRecord, decode_record, record_signature
+from rqrl.records import RolloutRecord, decode_record, differing_arrays, record_signature
 from rqrl.stats import EpochStatsAggregator, RolloutEvents
 from rqrl.trajectories import Popped, TrajectoryQueue
 
@@ -118,6 +118,5 @@ class Inbox:
         if self._signature is None:
             self._signature = signature
         elif signature != self._signature:
-            different = sorted(name for name in set(signature) | set(self._signature)
-                               if signature.get(name) != self._signature.get(name))
+            different = differing_arrays(signature, self._signature)
             raise RecordError(f"record's arrays {different} differ in shape or dtype from this run's rollouts")

@@ -113,6 +113,11 @@ def record_signature(record: RolloutRecord) -> dict[str, tuple[tuple[int, ...], 
     return {name: (tuple(np.shape(array)[1:]), str(np.asarray(array).dtype)) for name, array in arrays.items()}
 
 
+def differing_arrays(signature: dict, reference: dict) -> list[str]:
+    """Names of the arrays whose shape or dtype differ between two record signatures."""
+    return sorted(name for name in set(signature) | set(reference) if signature.get(name) != reference.get(name))
+
+
 def encode_record(record: RolloutRecord, run_id: str) -> bytes:
     """Bytes for the out-of-sync queue; ``run_id`` lets the learner refuse other runs' data."""
     arrays: dict[str, np.ndarray] = {name: getattr(record, name) for name in _STEP_FIELDS}

@@ -19,7 +19,7 @@ import torch
 
 from rqrl.errors import ConfigError, EnvError
 from rqrl.policy import ActFunction
-from rqrl.records import Obs, RolloutRecord, TensorObs, flatten_obs, record_signature
+from rqrl.records import Obs, RolloutRecord, TensorObs, differing_arrays, flatten_obs, record_signature
 
 EnvFactory = Callable[[], gymnasium.Env]
 SPACES_HINT = "envs must keep their observation and action spaces: fix the env factory"
@@ -217,8 +217,7 @@ class ActorGroup:
             if self._signature is None:
                 self._signature = signature
             elif signature != self._signature:
-                changed = sorted(name for name in set(signature) | set(self._signature)
-                                 if signature.get(name) != self._signature.get(name))
+                changed = differing_arrays(signature, self._signature)
                 before = [self._signature.get(name) for name in changed]
                 after = [signature.get(name) for name in changed]
                 raise EnvError(
