@@ -591,8 +591,10 @@ class RedisDistributedActors(DistributedActors):
         while time.monotonic() < deadline:
             self._remove_queued_jobs(queue)
             # jobs whose lease expired died with their worker: nothing to wait for
+            # a started job whose group holds a lease is still running: the lease may already name the
+            # continuation it is enqueueing (leases are handed over before the enqueue)
             running = [job_id for job_id in started.get_job_ids() if job_id.startswith(self.keys.job_id_prefix)
-                       and connection.get(self.keys.lease(self.keys.group_of_job(job_id))) == job_id.encode()]
+                       and connection.exists(self.keys.lease(self.keys.group_of_job(job_id)))]
             if not running:
                 break
             time.sleep(0.05)
