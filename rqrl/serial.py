@@ -18,9 +18,10 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from rqrl.actors import DistributedActors
 from rqrl.errors import ConfigError, RqrlError
+from rqrl.observations import select, to_tensor
 from rqrl.policy import check_state_dict, make_act_function, state_dict_of
 from rqrl.records import CollectedOutputs, RolloutRecord, batch_records
-from rqrl.rollout import EnvFactory, RolloutSteps, derive_seed, select, to_tensor
+from rqrl.rollout import EnvFactory, RolloutSteps, derive_seed
 from rqrl.run_config import check_seeds
 from rqrl.stats import RolloutEvents
 
