@@ -7,7 +7,7 @@ A rollout is time-major ``[T, ...]`` numpy arrays; a batch stacks ``B`` rollouts
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -16,9 +16,7 @@ import torch
 
 from rqrl.codec import decode_arrays, encode_arrays
 from rqrl.errors import RecordError
-
-Obs = np.ndarray | dict[str, "Obs"]
-TensorObs = torch.Tensor | dict[str, "TensorObs"]
+from rqrl.observations import Obs, TensorObs, concat_to, flatten_obs, stack_to, unflatten_obs
 
 _STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "log_probs")
 _FORMAT = "rqrl.rollout.v1"
@@ -76,32 +74,6 @@ class RolloutRecord:
     @property
     def n_steps(self) -> int:
         return len(self.rewards)
-
-
-def flatten_obs(obs: Obs, prefix: str) -> dict[str, np.ndarray]:
-    """``{"obs": a}`` or ``{"obs/key/sub": a, ...}`` for (nested) dict observations."""
-    if isinstance(obs, Mapping):
-        flat: dict[str, np.ndarray] = {}
-        for key, value in obs.items():
-            if "/" in str(key):
-                raise RecordError(f"observation key {key!r} must not contain '/'")
-            flat.update(flatten_obs(value, f"{prefix}/{key}"))
-        return flat
-    return {prefix: np.asarray(obs)}
-
-
-def unflatten_obs(arrays: Mapping[str, np.ndarray], prefix: str) -> Obs:
-    """Inverse of flatten_obs for the arrays under ``prefix``."""
-    if prefix in arrays:
-        return arrays[prefix]
-    nested: dict[str, Obs] = {}
-    head = prefix + "/"
-    children = sorted({name[len(head):].split("/")[0] for name in arrays if name.startswith(head)})
-    if not children:
-        raise RecordError(f"record has no {prefix!r} arrays")
-    for child in children:
-        nested[child] = unflatten_obs(arrays, head + child)
-    return nested
 
 
 def record_signature(record: RolloutRecord) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -221,20 +193,6 @@ class CollectedOutputs(NamedTuple):
     dequeue_time: float
 
 
-def _stack(values: Sequence[Obs], axis: int, device: torch.device | str) -> TensorObs:
-    first = values[0]
-    if isinstance(first, Mapping):
-        return {key: _stack([value[key] for value in values], axis, device) for key in first}
-    return torch.from_numpy(np.stack(values, axis=axis)).to(device)
-
-
-def _concat(values: Sequence[Obs], device: torch.device | str) -> TensorObs:
-    first = values[0]
-    if isinstance(first, Mapping):
-        return {key: _concat([value[key] for value in values], device) for key in first}
-    return torch.from_numpy(np.concatenate(values, axis=0)).to(device)
-
-
 def batch_records(records: Sequence[RolloutRecord], device: torch.device | str) -> BatchedRecord:
     """Stack rollouts of equal length into one time-major batch on ``device``."""
     if not records:
@@ -252,15 +210,15 @@ def batch_records(records: Sequence[RolloutRecord], device: torch.device | str) 
     ]
     has_logits = all(r.logits is not None for r in records)
     return BatchedRecord(
-        obs=_stack([r.obs for r in records], 1, device),
+        obs=stack_to([r.obs for r in records], 1, device),
         actions=stack("actions"),
         rewards=stack("rewards"),
         terminated=stack("terminated"),
         truncated=stack("truncated"),
         log_probs=stack("log_probs"),
         logits=stack("logits") if has_logits else None,
-        next_obs=_stack([r.next_obs for r in records], 0, device),
-        final_obs=_concat([r.final_obs for r in records], device),
+        next_obs=stack_to([r.next_obs for r in records], 0, device),
+        final_obs=concat_to([r.final_obs for r in records], device),
         final_obs_index=torch.from_numpy(np.concatenate(final_index, axis=0)).to(device),
         policy_version=torch.tensor([r.policy_version for r in records], device=device),
         actor_id=torch.tensor([r.actor_id for r in records], device=device),

@@ -9,17 +9,19 @@ seeds and weights give the same trajectories wherever the next rollout runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import gymnasium
 import numpy as np
 import torch
 
 from rqrl.errors import ConfigError, EnvError
+
+# stack_obs, to_array and to_tensor stay importable from here (rqrl.actors imports them from rollout)
+from rqrl.observations import Obs, empty_like_batch, flatten_obs, select, stack_obs, to_array, to_tensor
 from rqrl.policy import ActFunction
-from rqrl.records import Obs, RolloutRecord, TensorObs, differing_arrays, flatten_obs, record_signature
+from rqrl.records import RolloutRecord, differing_arrays, record_signature
 
 EnvFactory = Callable[[], gymnasium.Env]
 SPACES_HINT = "envs must keep their observation and action spaces: fix the env factory"
@@ -28,40 +30,6 @@ SPACES_HINT = "envs must keep their observation and action spaces: fix the env f
 def derive_seed(*parts: int) -> int:
     """A 32-bit seed derived from integers (actor seed, rollout id, ...) without collisions in practice."""
     return int(np.random.SeedSequence([int(part) for part in parts]).generate_state(1)[0])
-
-
-def to_array(obs: Any) -> Obs:
-    """One env observation as numpy (dicts stay dicts)."""
-    if isinstance(obs, Mapping):
-        return {key: to_array(value) for key, value in obs.items()}
-    return np.asarray(obs)
-
-
-def stack_obs(observations: Sequence[Obs]) -> Obs:
-    first = observations[0]
-    if isinstance(first, Mapping):
-        return {key: stack_obs([obs[key] for obs in observations]) for key in first}
-    return np.stack(observations)
-
-
-def to_tensor(obs: Obs) -> TensorObs:
-    if isinstance(obs, Mapping):
-        return {key: to_tensor(value) for key, value in obs.items()}
-    return torch.from_numpy(obs)
-
-
-def select(obs: Obs, index: Any) -> Obs:
-    """``obs[index]`` through dicts."""
-    if isinstance(obs, Mapping):
-        return {key: select(value, index) for key, value in obs.items()}
-    return obs[index]
-
-
-def empty_like_batch(example: Obs) -> Obs:
-    """A zero-length batch with the shape and dtype of one observation."""
-    if isinstance(example, Mapping):
-        return {key: empty_like_batch(value) for key, value in example.items()}
-    return np.zeros((0, *example.shape), dtype=example.dtype)
 
 
 @dataclass

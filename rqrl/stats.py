@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -136,3 +137,44 @@ class EpochStatsAggregator:
         if name not in stats:
             raise ConfigError(f"unknown statistic {name!r} for {key!r}; choose one of {sorted(_REDUCERS)}")
         return stats[name]
+
+
+class DeliveredRollout(Protocol):
+    """What record_batch reads of a rollout (a RolloutRecord has it; stats does not import records)."""
+
+    @property
+    def episode_returns(self) -> np.ndarray: ...
+
+    @property
+    def episode_lengths(self) -> np.ndarray: ...
+
+    @property
+    def policy_version(self) -> int: ...
+
+    @property
+    def n_steps(self) -> int: ...
+
+
+def record_batch(
+    stats: EpochStatsAggregator,
+    records: Sequence[DeliveredRollout],
+    policy_version: int,
+    elapsed_seconds: float,
+    queue_size: int,
+    dequeue_time: float,
+    workers_alive: int | None = None,
+) -> None:
+    """Add one collect_outputs batch to the epoch: its episodes, policy lag, env steps and their rate
+    over ``elapsed_seconds`` (since the previous batch), queue size, dequeue time and, if given, the
+    workers alive; every DistributedActors records the same events this way."""
+    steps = sum(record.n_steps for record in records)
+    for record in records:
+        stats.add(RolloutEvents.episode_return, record.episode_returns)
+        stats.add(RolloutEvents.episode_length, record.episode_lengths)
+    stats.add(RolloutEvents.policy_lag, [policy_version - record.policy_version for record in records])
+    stats.add(RolloutEvents.env_steps, steps)
+    stats.add(RolloutEvents.env_steps_per_second, steps / max(elapsed_seconds, 1e-9))
+    stats.add(RolloutEvents.queue_size, queue_size)
+    stats.add(RolloutEvents.dequeue_time, dequeue_time)
+    if workers_alive is not None:
+        stats.add(RolloutEvents.workers_alive, workers_alive)

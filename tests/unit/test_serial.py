@@ -1,4 +1,4 @@
-"""SerialDistributedActors: in-process actors on a gymnasium SyncVectorEnv (real envs, real torch)."""
+"""SerialDistributedActors: in-process actors stepped by one ActorGroup (real envs, real torch)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from rqrl import ConfigError, PolicyError, RqrlError
-from rqrl.rollout import derive_seed
+from rqrl import ConfigError, EnvError, PolicyError, RqrlError
+from rqrl.policy import make_act_function
+from rqrl.records import batch_records
+from rqrl.rollout import ActorGroup, derive_seed
 from rqrl.serial import SerialDistributedActors
 from tests import fixtures
 
@@ -95,10 +97,13 @@ def collect_twice(env_seeds, agent_seeds):
         return [actors.collect_outputs("cpu").record for _ in range(2)]
 
 
-def assert_same_batches(left, right):
+BATCH_FIELDS = ("obs", "actions", "rewards", "terminated", "truncated", "log_probs", "logits", "next_obs",
+                "final_obs", "final_obs_index", "policy_version", "episode_returns", "episode_lengths")
+
+
+def assert_same_batches(left, right, fields=BATCH_FIELDS):
     for a, b in zip(left, right, strict=True):
-        for name in ("obs", "actions", "rewards", "terminated", "truncated", "log_probs", "logits", "next_obs",
-                     "final_obs", "final_obs_index", "policy_version", "episode_returns", "episode_lengths"):
+        for name in fields:
             assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
@@ -168,7 +173,7 @@ def test_collect_before_start_or_broadcast_raises():
     with actors:
         with pytest.raises(RqrlError, match="broadcast_updated_policy"):
             actors.collect_outputs("cpu")
-    assert actors.envs is None  # stop() closed the envs
+    assert actors.group is None  # stop() closed the envs
 
 
 def test_epoch_stats_count_the_env_steps():
@@ -178,3 +183,55 @@ def test_epoch_stats_count_the_env_steps():
         actors.collect_outputs("cpu")
         actors.collect_outputs("cpu")
         assert actors.get_stats_value("env_steps", name="sum") == 40
+
+
+def test_batches_equal_what_an_actor_group_delivers_when_driven_as_the_rq_job_drives_it():
+    """Serial mode runs the distributed rollout core: same seeds and weights, same trajectories
+    (including truncations with their final_obs, episode stats and continues_previous)."""
+    env_seeds, agent_seeds, steps = [4, 5, 6], [40, 50, 60], 30
+    policy = fixtures.mlp_policy(seed=2)
+    with make_actors(env_factory=SHORT_CARTPOLE, policy=policy, steps=steps, n_actors=3, env_seeds=env_seeds,
+                     agent_seeds=agent_seeds) as actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        serial = [actors.collect_outputs("cpu").record for _ in range(3)]
+    # what rqrl.jobs.run_actor_group does with one group of every actor: consecutive rollout ids, no cut
+    group = ActorGroup(SHORT_CARTPOLE, [0, 1, 2], env_seeds, agent_seeds, steps)
+    act = make_act_function(fixtures.mlp_policy(seed=2), group.action_space)
+    distributed = [batch_records(group.run(act, rollout_id, 1, cut_at_end=False, worker="w"), "cpu")
+                   for rollout_id in range(3)]
+    group.close()
+    assert_same_batches(serial, distributed,
+                        BATCH_FIELDS + ("actor_id", "rollout_id", "continues_previous"))
+    assert [batch.continues_previous.tolist() for batch in serial] == [[False] * 3, [True] * 3, [True] * 3]
+    assert len(serial[0].final_obs) > 0  # the 10-step limit truncated episodes inside the batches
+
+
+def test_a_nan_reward_raises_env_error_as_on_a_worker():
+    policy = fixtures.mlp_policy(obs_size=1)
+    with make_actors(env_factory=fixtures.make_nan_reward_env, policy=policy, steps=10, n_actors=2) as actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        with pytest.raises(EnvError, match=r"reward nan at step 4 .* rewards must be finite"):
+            actors.collect_outputs("cpu")
+
+
+def test_dict_observations_are_batched_as_dicts():
+    policy = fixtures.DictPolicy()
+    with make_actors(env_factory=fixtures.make_dict_env, policy=policy, steps=25, n_actors=2) as actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        record = actors.collect_outputs("cpu").record
+    assert record.obs["position"].shape == (25, 2, 2) and record.obs["goal"].shape == (25, 2)
+    assert record.next_obs["goal"].shape == (2,)
+    assert record.final_obs["position"].shape == (2, 2)  # each actor's 20-step episode was truncated once
+    assert sorted(record.final_obs_index.tolist()) == [[19, 0], [19, 1]]
+
+
+def test_stats_are_those_every_distributed_actors_records():
+    policy = fixtures.mlp_policy(seed=0)
+    with make_actors(env_factory=SHORT_CARTPOLE, policy=policy, steps=25, n_actors=2) as actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        record = actors.collect_outputs("cpu").record
+        assert actors.get_stats_value("episode_length", name="count") == len(record.episode_lengths) > 0
+        assert actors.get_stats_value("episode_return", name="sum") == float(record.episode_returns.sum())
+        assert actors.get_stats_value("policy_lag", name="max") == 0
+        assert actors.get_stats_value("queue_size", name="last") == 0
+        assert actors.get_stats_value("env_steps_per_second", name="last") > 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
 from rqrl.errors import ConfigError
-from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents, event_name
+from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents, event_name, record_batch
 
 
 def test_add_and_current_reduce_each_event():
@@ -90,3 +92,37 @@ def test_every_rollout_event_is_documented():
     assert {"episode_return", "episode_length", "policy_lag", "queue_size"} <= set(names)
     for name in names:
         assert getattr(RolloutEvents, name).__doc__, name
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """The parts of a rollout record that record_batch reads."""
+
+    episode_returns: np.ndarray
+    episode_lengths: np.ndarray
+    policy_version: int
+    n_steps: int
+
+
+def test_record_batch_adds_every_event_of_one_collect():
+    stats = EpochStatsAggregator()
+    records = [Delivered(np.array([3.0, 5.0]), np.array([3, 5]), 4, 10),
+               Delivered(np.array([], np.float64), np.array([], np.int64), 6, 10)]
+    record_batch(stats, records, policy_version=6, elapsed_seconds=0.5, queue_size=7, dequeue_time=0.25,
+                 workers_alive=3)
+    current = stats.current()
+    assert current["episode_return"]["count"] == 2 and current["episode_return"]["sum"] == 8.0
+    assert current["episode_length"]["max"] == 5
+    assert (current["policy_lag"]["min"], current["policy_lag"]["max"], current["policy_lag"]["count"]) == (0, 2, 2)
+    assert current["env_steps"]["sum"] == 20
+    assert current["env_steps_per_second"]["last"] == 40.0
+    assert current["queue_size"]["last"] == 7 and current["dequeue_time"]["last"] == 0.25
+    assert current["workers_alive"]["last"] == 3
+
+
+def test_record_batch_without_workers_alive_leaves_that_event_out():
+    stats = EpochStatsAggregator()
+    record_batch(stats, [Delivered(np.array([1.0]), np.array([1]), 1, 4)], policy_version=1, elapsed_seconds=0.0,
+                 queue_size=0, dequeue_time=0.0)
+    assert "workers_alive" not in stats.current()
+    assert stats.get_stats_value(RolloutEvents.env_steps_per_second, name="last") == 4 / 1e-9  # no division by 0
