@@ -3,7 +3,7 @@ single-process baseline, side by side in one run.
 
 *rqrl*: ``rqrl.algorithms.impala.train`` with its default actors (embedded Redis, one local RQ worker
 per core, the learner in this process). *baseline*: the same learner, loss and hyperparameters on
-``SerialDistributedActors``, which steps a gymnasium ``SyncVectorEnv`` in the learner's process
+``SerialDistributedActors``, which steps the job's ``ActorGroup`` in the learner's process
 (no Redis, no workers, always on-policy). Solved = mean return of the last 100 episodes at or
 above the env's reward threshold. Seeds alternate between the two so machine noise hits both.
 
@@ -71,7 +71,7 @@ def main() -> None:
         seconds = [run["seconds"] for run in runs]
         steps = [run["env_steps"] for run in runs]
         rates = [run["env_steps"] / run["seconds"] for run in runs]
-        label = "rqrl (Redis, local workers)" if variant == "rqrl" else "baseline (1 process, SyncVectorEnv)"
+        label = "rqrl (Redis, local workers)" if variant == "rqrl" else "baseline (1 process, serial ActorGroup)"
         print(f"| {label} | {sum(run['solved'] for run in runs)}/{len(runs)} | {statistics.median(seconds):.1f} "
               f"| {statistics.median(steps):,.0f} | {statistics.median(rates):,.0f} "
               f"| {', '.join(f'{s:.1f}' for s in seconds)} |")
