@@ -103,13 +103,15 @@ class RolloutJob(Job):
 
 
 class RolloutQueue(Queue):
-    """An RQ queue whose jobs are always :class:`RolloutJob` read with JSON, whatever it is given."""
+    """An RQ queue whose jobs are always :class:`RolloutJob` (or a subclass it is given) read with JSON."""
 
     job_class = RolloutJob
 
     def __init__(self, name: str = "default", connection: redis.Redis | None = None, *args: Any,
                  **kwargs: Any) -> None:
-        kwargs["job_class"] = RolloutJob
+        job_class = kwargs.get("job_class")
+        if not (isinstance(job_class, type) and issubclass(job_class, RolloutJob)):
+            kwargs["job_class"] = RolloutJob
         kwargs["serializer"] = JSONSerializer
         super().__init__(name, connection, *args, **kwargs)
 

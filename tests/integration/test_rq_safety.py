@@ -308,3 +308,34 @@ def test_dashboard_job_pages_and_actions_unpickle_nothing(launch, connection, re
     finally:
         stop_process(process)
     assert_nothing_ran(markers, listener, log)
+
+
+def test_rollout_worker_rebuilds_the_pickle_queues_rq_command_line_hands_it(connection):
+    from rq import Queue
+    from rq.job import Job
+    from rq.serializers import JSONSerializer
+
+    from rqrl.rq_safety import RolloutQueue
+    from rqrl.worker import RolloutJob, RolloutWorker
+
+    given = [Queue(QUEUE, connection=connection, job_class=Job, serializer="rq.serializers.DefaultSerializer")]
+    worker = RolloutWorker(given, connection=connection, job_class=Job, queue_class=Queue,
+                           serializer="rq.serializers.DefaultSerializer")
+    assert [queue.name for queue in worker.queues] == [QUEUE]
+    for queue in [*worker.queues, *worker._ordered_queues]:
+        assert isinstance(queue, RolloutQueue) and queue.job_class is RolloutJob
+        assert queue.serializer is JSONSerializer
+    assert worker.serializer is JSONSerializer and worker.job_class is RolloutJob
+
+
+def test_rollout_job_reads_with_json_whatever_serializer_it_is_given(connection, markers, listener):
+    from rqrl.worker import RolloutJob
+
+    job_id = plant_job(connection, "planted-fetched", markers, listener)
+    job = RolloutJob.fetch(job_id, connection=connection, serializer="rq.serializers.DefaultSerializer")
+    assert job.meta == {"unserialized": connection.hget(f"rq:job:{job_id}", "meta")}
+    assert job.webhooks == [] and job.failure_callback is None and job.success_callback is None
+    job.execute_failure_callback(None)  # returns before it needs a death penalty: there is no callback
+    job.send_webhooks("failed", exc_string="")
+    time.sleep(0.2)
+    assert_nothing_ran(markers, listener)
