@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 import torch
+from rq import VERSION as RQ_VERSION
 from rq import Queue, SimpleWorker, get_current_job, worker_registration
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -25,7 +26,7 @@ from rq.utils import now
 from rqrl.connection import connect
 from rqrl.jobs import HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook
 from rqrl.process import exit_when_orphaned
-from rqrl.rq_safety import RolloutJob, RolloutQueue, as_rollout_job, clean_queue, rollout_queue
+from rqrl.rq_safety import TESTED_RQ_VERSIONS, RolloutJob, RolloutQueue, as_rollout_job, clean_queue, rollout_queue
 
 __all__ = ["DEFAULT_QUEUE", "RolloutJob", "RolloutWorker", "run_worker", "send_heartbeat"]
 
@@ -61,6 +62,10 @@ class RolloutWorker(SimpleWorker):
             if queue_class is not Queue:  # rq's command line passes Queue when no --queue-class is given
                 log.warning("rqrl workers use RolloutQueue; ignoring queue class %s", queue_class)
             queue_class = None
+        if RQ_VERSION not in TESTED_RQ_VERSIONS:
+            log.warning("rqrl's guards against job data were checked on RQ %s, and this is RQ %s: run "
+                        "tests/integration/test_rq_safety.py (docs/redis-security.md)",
+                        ", ".join(TESTED_RQ_VERSIONS), RQ_VERSION)
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = job_class or RolloutJob
         kwargs["queue_class"] = queue_class or RolloutQueue
