@@ -17,14 +17,18 @@ from typing import Any
 
 import redis
 import torch
+from rq import VERSION as RQ_VERSION
 from rq import Queue, SimpleWorker, get_current_job, worker_registration
 from rq.job import Job
 from rq.serializers import JSONSerializer
+from rq.utils import now
 
 from rqrl.connection import connect
-from rqrl.errors import ForbiddenJobError
-from rqrl.jobs import ALLOWED_JOB_FUNCTIONS, HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook
+from rqrl.jobs import HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook
 from rqrl.process import exit_when_orphaned
+from rqrl.rq_safety import TESTED_RQ_VERSIONS, RolloutJob, RolloutQueue, as_rollout_job, clean_queue, rollout_queue
+
+__all__ = ["DEFAULT_QUEUE", "RolloutJob", "RolloutWorker", "run_worker", "send_heartbeat"]
 
 log = logging.getLogger(__name__)
 
@@ -32,63 +36,49 @@ DEFAULT_QUEUE = "rqrl"
 _running: RolloutWorker | None = None
 
 
-class RolloutJob(Job):
-    """An RQ job that runs only rqrl's own job functions and never a callback named in its data.
-
-    RQ resolves a job's function (and its success/failure/stopped callbacks) by importing the
-    dotted names stored in Redis, so anyone able to write a job could otherwise run any importable
-    function (``os.system``) on every worker, even with the JSON serializer.
-    """
-
-    allowed_functions: frozenset[str] = ALLOWED_JOB_FUNCTIONS  # a subclass may extend it
-
-    @property
-    def func(self):  # noqa: ANN201 - RQ's signature
-        if self.func_name not in self.allowed_functions or self.instance is not None:
-            raise ForbiddenJobError(
-                f"refusing job {self.id}: it calls {self.func_name!r}, and rqrl workers only run "
-                f"{sorted(self.allowed_functions)}"
-            )
-        return super().func
-
-    def _refuse_callback(self, name: str | None) -> None:
-        if name:
-            log.warning("job %s names callback %r; rqrl workers never run callbacks from job data", self.id, name)
-
-    @property
-    def success_callback(self):  # noqa: ANN201
-        self._refuse_callback(self._success_callback_name)
-        return None
-
-    @property
-    def failure_callback(self):  # noqa: ANN201
-        self._refuse_callback(self._failure_callback_name)
-        return None
-
-    @property
-    def stopped_callback(self):  # noqa: ANN201
-        self._refuse_callback(self._stopped_callback_name)
-        return None
-
-
 class RolloutWorker(SimpleWorker):
     """SimpleWorker with JSON job payloads, RolloutJob (rqrl's functions only), one torch thread,
-    and heartbeats for long slices. The shared secret comes from ``secret`` or ``RQRL_SECRET``."""
+    and heartbeats for long slices. The shared secret comes from ``secret`` or ``RQRL_SECRET``.
 
-    def __init__(self, *args: Any, secret: str | bytes | None = None, **kwargs: Any):
-        if kwargs.get("serializer") not in (None, JSONSerializer):
+    Whatever queues, job class, queue class and serializer it is given (``rq worker`` builds pickle
+    queues of plain ``Job`` unless told otherwise), it serves RolloutQueues of RolloutJobs read with
+    JSON, and its maintenance (registry and intermediate-queue clean-up) goes through
+    :mod:`rqrl.rq_safety`, so nothing it does unpickles, or calls a function or URL named in, Redis data.
+    """
+
+    job_class = RolloutJob
+    queue_class = RolloutQueue
+
+    def __init__(self, queues: Any, *args: Any, secret: str | bytes | None = None, **kwargs: Any):
+        if kwargs.get("serializer") not in (None, JSONSerializer, "json", "rq.serializers.JSONSerializer"):
             log.warning("rqrl workers use the JSON serializer; ignoring %s", kwargs["serializer"])
         job_class = kwargs.get("job_class")
         if job_class is not None and not (isinstance(job_class, type) and issubclass(job_class, RolloutJob)):
-            log.warning("rqrl workers run RolloutJob or a subclass; ignoring job class %s", job_class)
+            if job_class is not Job:  # rq's command line passes Job when no --job-class is given
+                log.warning("rqrl workers run RolloutJob or a subclass; ignoring job class %s", job_class)
             job_class = None
+        queue_class = kwargs.get("queue_class")
+        if queue_class is not None and not (isinstance(queue_class, type) and issubclass(queue_class, RolloutQueue)):
+            if queue_class is not Queue:  # rq's command line passes Queue when no --queue-class is given
+                log.warning("rqrl workers use RolloutQueue; ignoring queue class %s", queue_class)
+            queue_class = None
+        if RQ_VERSION not in TESTED_RQ_VERSIONS:
+            log.warning("rqrl's guards against job data were checked on RQ %s, and this is RQ %s: run "
+                        "tests/integration/test_rq_safety.py (docs/redis-security.md)",
+                        ", ".join(TESTED_RQ_VERSIONS), RQ_VERSION)
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = job_class or RolloutJob
+        kwargs["queue_class"] = queue_class or RolloutQueue
+        # queues by name only: RQ keeps Queue objects as given, with their job class and serializer
+        given = [queues] if isinstance(queues, str | Queue) else list(queues)
+        if kwargs.get("connection") is None and len(args) < 3:
+            kwargs["connection"] = next((queue.connection for queue in given if isinstance(queue, Queue)), None)
+        queues = [queue.name if isinstance(queue, Queue) else queue for queue in given]
         # a heartbeat every HEARTBEAT_SECONDS while idle (RQ waits worker_ttl - 15 s per dequeue),
         # so the learner can tell live workers from killed ones (see workers_alive)
         kwargs.setdefault("worker_ttl", int(HEARTBEAT_SECONDS) + 15)
         self._check_registration = True  # off once the ACL user turns out not to allow the check
-        super().__init__(*args, **kwargs)
+        super().__init__(queues, *args, **kwargs)
         torch.set_num_threads(1)
         configure_secret(secret or os.environ.get("RQRL_SECRET"))
 
@@ -123,6 +113,25 @@ class RolloutWorker(SimpleWorker):
             registration.hset(self.key, mapping=self.serialize())
             worker_registration.register(self, registration)
             registration.execute()
+
+    def clean_registries(self) -> None:
+        """RQ's maintenance of each queue, through rqrl's job class and JSON only (see rq_safety)."""
+        for queue in self.queues:
+            clean_queue(self, queue.name)
+        self.last_cleaned_at = now()
+
+    def handle_job_failure(self, job, queue, started_job_registry=None, exc_string=""):  # noqa: ANN001
+        """RQ's failure handling, on a RolloutJob and a RolloutQueue (no callback, no webhook)."""
+        rollout_job = as_rollout_job(job)
+        if rollout_job is None:
+            log.warning("job %s failed but is gone from Redis; nothing to file", job.id)
+            return
+        super().handle_job_failure(rollout_job, rollout_queue(queue.name, self.connection), started_job_registry,
+                                   exc_string)
+
+    def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
+        """rqrl schedules no jobs: ``rq worker --with-scheduler`` starts no scheduler here."""
+        log.warning("rqrl workers run no RQ scheduler (rqrl schedules no jobs); ignoring --with-scheduler")
 
     def execute_job(self, job, queue):  # noqa: ANN001 - RQ's signature
         global _running
@@ -170,6 +179,6 @@ def run_worker(
         exit_when_orphaned(parent_pid)
         os.setsid()  # out of the terminal's process group: Ctrl-C goes to the learner, which stops us
     connection = connect(redis_url)
-    queues = [Queue(queue_name, connection=connection, serializer=JSONSerializer) for queue_name in queue_names]
-    worker = RolloutWorker(queues, connection=connection, name=name or default_worker_name(), secret=secret)
+    worker = RolloutWorker(list(queue_names), connection=connection, name=name or default_worker_name(),
+                           secret=secret)
     return worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
