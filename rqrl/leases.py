@@ -18,7 +18,7 @@ import time
 
 import redis
 
-from rqrl.errors import RqrlError
+from rqrl.errors import LeaseLostError  # defined there; importable from here as before
 from rqrl.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,6 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-
-
-class LeaseLostError(RqrlError):
-    """Another job took over this job's actor group (the reaper judged this one dead or hung)."""
 
 
 class GroupLease:
