@@ -53,7 +53,7 @@ from rqrl.errors import (
 from rqrl.inbox import Inbox
 from rqrl.jobs import LIVENESS_SECONDS, enqueue_group
 from rqrl.keys import RunKeys
-from rqrl.leases import Reaper, read_progress
+from rqrl.leases import Reaper, group_is_leased, read_progress, set_progress
 from rqrl.policy import check_state_dict, make_act_function, state_dict_of
 from rqrl.process import stop_processes
 from rqrl.records import CollectedOutputs, RolloutRecord, batch_records
@@ -480,7 +480,7 @@ class RedisDistributedActors(DistributedActors):
         with connection.pipeline(transaction=False) as pipe:
             for group_id, actor_ids in enumerate(self.config.actor_groups):
                 delivered = [self._inbox.last_delivered(actor) for actor in actor_ids]
-                pipe.set(self.keys.progress(group_id), max(delivered) + 1)
+                set_progress(pipe, self.keys, group_id, max(delivered) + 1)
             # a pop in the moment before this check may have made the list afresh: indices restart at 0
             pipe.delete(self.keys.unacknowledged, self.keys.acknowledged)
             pipe.execute()
@@ -594,7 +594,7 @@ class RedisDistributedActors(DistributedActors):
             # a started job whose group holds a lease is still running: the lease may already name the
             # continuation it is enqueueing (leases are handed over before the enqueue)
             running = [job_id for job_id in started.get_job_ids() if job_id.startswith(self.keys.job_id_prefix)
-                       and connection.exists(self.keys.lease(self.keys.group_of_job(job_id)))]
+                       and group_is_leased(connection, self.keys, self.keys.group_of_job(job_id))]
             if not running:
                 break
             time.sleep(0.05)
