@@ -105,3 +105,8 @@ def test_a_redis_that_stays_away_ends_the_run_with_a_clear_error(restartable, ru
     assert time.monotonic() - started < 20
     with pytest.raises(RedisUnavailableError):
         actors.broadcast_updated_policy(actors.policy.state_dict())
+    with pytest.raises(RedisUnavailableError) as raised:  # stop() too: no raw redis error
+        actors.stop(timeout=1)
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
+    with pytest.raises(RedisUnavailableError):
+        actors.queue_size()

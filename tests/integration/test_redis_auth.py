@@ -26,7 +26,7 @@ import redis
 import torch
 from redis.exceptions import NoPermissionError
 
-from rqrl import ActorFailedError, RedisDistributedActors
+from rqrl import ActorFailedError, RedisDistributedActors, RedisRefusedError
 from rqrl.server import find_redis_server
 from tests import fixtures
 from tests.conftest import REPO_ROOT, TEST_SECRET, WorkerProcesses, stop_process, worker_env
@@ -359,7 +359,8 @@ def learner_start_error(redis_url: str, timeout: float = 5) -> BaseException | N
 
 def test_learner_with_a_wrong_password_fails_fast(requirepass_server):
     error = learner_start_error(requirepass_url(requirepass_server, "not-the-password"))
-    assert isinstance(error, redis.AuthenticationError) and "invalid username-password pair" in str(error), error
+    assert isinstance(error, RedisRefusedError) and "invalid username-password pair" in str(error), error
+    assert isinstance(error.__cause__, redis.AuthenticationError), error.__cause__
 
 
 def test_the_train_run_folder_does_not_store_the_redis_password(tmp_path):
@@ -601,4 +602,5 @@ def test_tls_refuses_an_untrusted_certificate_and_plain_connections(tls_server, 
 def test_learner_with_an_untrusted_certificate_fails_fast(tls_server, tmp_path):
     other_ca = make_certificates(tmp_path, "other-ca")["ca"]
     error = learner_start_error(tls_url(tls_server, other_ca))
-    assert isinstance(error, redis.ConnectionError) and "certificate verify failed" in str(error), error
+    assert isinstance(error, RedisRefusedError) and "certificate verify failed" in str(error), error
+    assert isinstance(error.__cause__, redis.ConnectionError), error.__cause__
