@@ -404,7 +404,7 @@ def make_actors(redis_url: str, scenario: str, policy: torch.nn.Module, resume: 
         make_env, policy, N_ROLLOUT_STEPS, N_ACTORS, BATCH_SIZE, QUEUE_FACTOR,
         list(range(N_ACTORS)), [1_000 + actor for actor in range(N_ACTORS)], redis_url=redis_url,
         run_name=f"faults-{scenario}", actors_per_job=ACTORS_PER_JOB, min_job_seconds=MIN_JOB_SECONDS,
-        resume=resume,
+        resume=resume, secret=os.environ["RQRL_SECRET"],
     )
 
 

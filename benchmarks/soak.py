@@ -278,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with actors:
             actors.broadcast_updated_policy(policy.state_dict())
-            worker_pids = [process.pid for process in actors._processes]
-            redis_pid = actors._server.process.pid
+            worker_pids = [process.pid for process in actors.local_workers.processes]
+            redis_pid = actors.local_workers.server.process.pid
             watched = {f"worker {index} (pid {pid})": pid for index, pid in enumerate(worker_pids)}
             watched[f"redis-server (pid {redis_pid})"] = redis_pid
             log.info("started: redis-server pid %d, worker pids %s; the first batch includes worker start-up",

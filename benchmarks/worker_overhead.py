@@ -201,7 +201,8 @@ def measure_rollout_jobs(url: str, label: str, worker_class: str, preload: list[
         make_env, policy, ROLLOUT_STEPS, ACTORS_PER_JOB, ACTORS_PER_JOB, 2.0,
         list(range(ACTORS_PER_JOB)), [1000 + actor for actor in range(ACTORS_PER_JOB)],
         redis_url=url, queue_name=f"rollouts-{uuid.uuid4().hex[:8]}", n_local_workers=0,
-        actors_per_job=ACTORS_PER_JOB, collect_timeout=WORKER_START_TIMEOUT, **slicing,
+        actors_per_job=ACTORS_PER_JOB, collect_timeout=WORKER_START_TIMEOUT, secret=os.environ["RQRL_SECRET"],
+        **slicing,
     )
     log.info("%s: %d rollouts of %d actors x %d steps", label, n_jobs, ACTORS_PER_JOB, ROLLOUT_STEPS)
     process = None

@@ -3,22 +3,27 @@
 from rqrl.actors import DistributedActors, RedisDistributedActors, SubprocDistributedActors
 from rqrl.errors import (
     ActorFailedError,
+    CheckpointError,
     CollectTimeoutError,
     ConfigError,
     EnvError,
     ForbiddenJobError,
+    LeaseLostError,
     MissingStatsError,
     NoWorkersError,
     PolicyError,
     RecordError,
+    RedisRefusedError,
     RedisServerNotFoundError,
     RedisUnavailableError,
     RqrlError,
     RunStoppedError,
+    ServerError,
     SignatureError,
 )
 from rqrl.policy import ActorPolicy, PolicyStep
 from rqrl.records import BatchedRecord, CollectedOutputs, RolloutRecord
+from rqrl.serial import SerialDistributedActors
 from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
 
 __version__ = "0.1.0"
@@ -27,6 +32,7 @@ __all__ = [
     "ActorFailedError",
     "ActorPolicy",
     "BatchedRecord",
+    "CheckpointError",
     "CollectTimeoutError",
     "CollectedOutputs",
     "ConfigError",
@@ -34,6 +40,7 @@ __all__ = [
     "EnvError",
     "EpochStatsAggregator",
     "ForbiddenJobError",
+    "LeaseLostError",
     "LogStatsLevel",
     "MissingStatsError",
     "NoWorkersError",
@@ -41,12 +48,15 @@ __all__ = [
     "PolicyStep",
     "RecordError",
     "RedisDistributedActors",
+    "RedisRefusedError",
     "RedisServerNotFoundError",
     "RedisUnavailableError",
     "RolloutEvents",
     "RolloutRecord",
     "RqrlError",
     "RunStoppedError",
+    "SerialDistributedActors",
+    "ServerError",
     "SignatureError",
     "SubprocDistributedActors",
     "__version__",

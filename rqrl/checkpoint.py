@@ -17,11 +17,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from rqrl.errors import RqrlError
-
-
-class CheckpointError(RqrlError):
-    """A checkpoint or weights file is missing, corrupted or does not fit the model."""
+from rqrl.errors import CheckpointError  # defined there; importable from here as before
 
 
 def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import time
 
@@ -14,6 +15,16 @@ from rqrl.connection import redact_url
 from rqrl.worker import DEFAULT_QUEUE
 
 REDIS_URL_HELP = "Redis to connect to, e.g. redis://host:6379/0 (env: REDIS_URL)."
+
+
+def secret_from_env() -> str | None:
+    """The learner's and workers' shared secret, RQRL_SECRET (an env var, never a flag: flags show in `ps`)."""
+    return os.environ.get("RQRL_SECRET") or None
+
+
+def redis_server_from_env() -> str | None:
+    """The redis-server binary for an embedded Redis that RQRL_REDIS_SERVER names, if set."""
+    return os.environ.get("RQRL_REDIS_SERVER") or None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,14 +46,12 @@ def worker(redis_url: str, queues: tuple[str, ...], name: str | None, burst: boo
 
     Needs RQRL_SECRET, the learner's shared secret (the env var, never a flag: flags show in `ps`).
     """
-    import os
-
     import redis
 
     from rqrl.worker import run_worker
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not os.environ.get("RQRL_SECRET"):
+    if not secret_from_env():
         raise click.ClickException(
             "RQRL_SECRET is not set: workers only unpickle env factories and policies signed with the learner's "
             "shared secret; set RQRL_SECRET to the same value for the learner and every worker"
@@ -130,12 +139,10 @@ def _train_command():
         if env_alias:
             options["env_id"] = env_alias
         if options["redis_url"] is None:
-            import os
-
             options["redis_url"] = os.environ.get("REDIS_URL")
         try:
             config = ImpalaConfig(**options)
-            result = run_training(config)
+            result = run_training(config, secret=secret_from_env(), redis_server=redis_server_from_env())
         except RqrlError as error:
             raise click.ClickException(str(error)) from error
         state = "solved" if result.solved else ("interrupted" if result.interrupted else "step budget reached")
@@ -212,7 +219,8 @@ def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batc
     click.echo(f"rqrl demo: {env_id}, {actors} actors, {rollout_steps}-step rollouts, batches of {batch_size}")
     try:
         with RedisDistributedActors(env_factory, policy, rollout_steps, actors, batch_size, 2.0,
-                                    redis_url=redis_url, n_local_workers=workers, start_method="forkserver") as run:
+                                    redis_url=redis_url, n_local_workers=workers, start_method="forkserver",
+                                    secret=secret_from_env(), redis_server=redis_server_from_env()) as run:
             run.broadcast_updated_policy(policy.state_dict())
             click.echo(f"run {run.run_name}: {run.n_local_workers} local worker(s), Redis {redact_url(run.redis_url)}")
             _collect_with_progress(run, seconds, RolloutEvents)

@@ -7,16 +7,26 @@ tolerate: pushes are idempotent per rollout id, weights are write-once per versi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import ssl
 import urllib.parse
+from collections.abc import Iterator
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from rqrl.errors import RedisRefusedError, RedisUnavailableError
+
 DEFAULT_OUTAGE_SECONDS = 60.0
 _BACKOFF_CAP_SECONDS = 1.0
+
+
+def refused_login(error: BaseException) -> bool:
+    """A refused login or an untrusted certificate, which redis-py reports as connection errors."""
+    return isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError)) or isinstance(
+        error.__context__, ssl.SSLCertVerificationError)
 
 
 class _OutageRetry(Retry):
@@ -25,8 +35,7 @@ class _OutageRetry(Retry):
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # noqa: ANN001, ANN201
         def retryable(error: Exception) -> bool:
-            if isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError)) or isinstance(
-                    error.__context__, ssl.SSLCertVerificationError):
+            if refused_login(error):
                 return False
             return is_retryable(error) if is_retryable else True
 
@@ -50,3 +59,27 @@ def connect(url: str, outage_seconds: float = DEFAULT_OUTAGE_SECONDS) -> redis.R
     retry = _OutageRetry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
     return redis.Redis.from_url(url, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
                                 socket_connect_timeout=5, health_check_interval=30)
+
+
+@contextlib.contextmanager
+def redis_errors(url: str | None, outage_seconds: float) -> Iterator[None]:
+    """Raise the redis-py errors that reach the caller after the client's retries as rqrl's own:
+    RedisUnavailableError for an outage, RedisRefusedError for a refusal; the cause is kept."""
+    try:
+        yield
+    except redis.RedisError as error:
+        where = f"Redis at {redact_url(url)}"
+        if refused_login(error):
+            raise RedisRefusedError(
+                f"{where} refused the connection ({error}); check the user and password in the URL, and for "
+                f"rediss:// the CA that signed the server's certificate"
+            ) from error
+        if isinstance(error, (redis.ConnectionError, redis.TimeoutError)):
+            raise RedisUnavailableError(
+                f"{where} stayed unreachable for about {outage_seconds:.0f} s ({error}); check the server, or raise "
+                f"redis_outage_seconds to ride out longer outages"
+            ) from error
+        raise RedisRefusedError(
+            f"{where} refused a command ({type(error).__name__}: {error}); check the URL's user against the ACL "
+            f"rules in docs/redis-security.md, and the server's state (memory limit, read-only replica)"
+        ) from error

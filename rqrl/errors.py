@@ -2,7 +2,8 @@
 
     RqrlError
     ├── ConfigError (also ValueError)      bad constructor or CLI arguments
-    ├── RedisServerNotFoundError           no redis-server for the embedded default
+    ├── ServerError (also RuntimeError)    the embedded redis-server did not start or is not running
+    │   └── RedisServerNotFoundError       ... because there is no usable redis-server binary
     ├── PolicyError                        a policy that does not follow the protocol
     ├── EnvError                           an env that breaks its contract (NaN reward, ...)
     ├── SignatureError                     an unsigned or tampered pickled payload
@@ -13,7 +14,10 @@
     ├── CollectTimeoutError                nothing arrived within the timeout
     │   └── NoWorkersError                 ... because no worker is alive
     ├── RunStoppedError                    the run was stopped while waiting
-    └── RedisUnavailableError              Redis stayed unreachable past the outage deadline
+    ├── LeaseLostError                     another job took over a job's actor group (workers only)
+    ├── CheckpointError                    a checkpoint or weights file is missing, corrupted or foreign
+    ├── RedisUnavailableError              Redis stayed unreachable past the outage deadline
+    └── RedisRefusedError                  Redis refused the login or a command (password, ACL, TLS)
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ class ConfigError(RqrlError, ValueError):
     """An argument is out of range or inconsistent; the message names it and the fix."""
 
 
-class RedisServerNotFoundError(RqrlError):
+class ServerError(RqrlError, RuntimeError):
+    """The embedded redis-server did not start, or was used before start()."""
+
+
+class RedisServerNotFoundError(ServerError):
     """No redis-server binary to start an embedded Redis."""
 
 
@@ -79,3 +87,16 @@ class RunStoppedError(RqrlError):
 
 class RedisUnavailableError(RqrlError):
     """Redis could not be reached for longer than the configured outage deadline."""
+
+
+class RedisRefusedError(RqrlError):
+    """Redis answered but refused: a wrong password, an ACL rule, an untrusted TLS certificate, a full or
+    read-only server. Waiting does not help; the message names the fix."""
+
+
+class LeaseLostError(RqrlError):
+    """Another job took over this job's actor group (the reaper judged this one dead or hung)."""
+
+
+class CheckpointError(RqrlError):
+    """A checkpoint or weights file is missing, corrupted or does not fit the model."""

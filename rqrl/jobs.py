@@ -27,9 +27,9 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from rqrl.codec import loads_object, secret_bytes
-from rqrl.errors import RecordError, RunStoppedError, SignatureError
+from rqrl.errors import LeaseLostError, RecordError, RunStoppedError, SignatureError
 from rqrl.keys import RunKeys
-from rqrl.leases import GroupLease, LeaseLostError, read_progress
+from rqrl.leases import GroupLease, hand_over, read_progress
 from rqrl.policy import ActFunction, make_act_function
 from rqrl.records import encode_record
 from rqrl.rollout import ActorGroup
@@ -56,8 +56,7 @@ def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rol
     keys = RunKeys(config.run_name)
     queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
     with connection.pipeline(transaction=True) as pipe:
-        pipe.set(keys.lease(group_id), keys.job_id(group_id, rollout_id), px=int(config.lease_seconds * 1000))
-        pipe.set(keys.progress(group_id), rollout_id)
+        hand_over(pipe, keys, group_id, keys.job_id(group_id, rollout_id), rollout_id, config.lease_seconds)
         pipe.execute()
     job = queue.enqueue(
         JOB_FUNCTION,
@@ -126,8 +125,7 @@ def configure_secret(secret: str | bytes | None) -> None:
 
 
 def _require_secret() -> bytes:
-    if _secret is None and os.environ.get("RQRL_SECRET"):
-        configure_secret(os.environ["RQRL_SECRET"])
+    """The secret configure_secret set (RolloutWorker passes its ``secret`` or RQRL_SECRET)."""
     if _secret is None:
         raise SignatureError(
             "this worker has no shared secret, so it cannot verify the run's signed env factory and policy; "

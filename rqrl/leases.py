@@ -1,5 +1,6 @@
 """Leases that prove a live job is running an actor group, and the learner's reaper that re-runs
-groups whose job died with its worker.
+groups whose job died with its worker. This module is the only one that reads or writes the
+``lease:{group}`` and ``progress:{group}`` keys.
 
 A job holds ``lease:{group}`` (value: its job id, a TTL of ``lease_seconds``), handed to it when
 it is enqueued, so a job between a worker's dequeue and its start is covered too. A thread in the
@@ -17,8 +18,9 @@ import threading
 import time
 
 import redis
+from redis.client import Pipeline
 
-from rqrl.errors import RqrlError
+from rqrl.errors import LeaseLostError  # defined there; importable from here as before
 from rqrl.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -35,10 +37,6 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-
-
-class LeaseLostError(RqrlError):
-    """Another job took over this job's actor group (the reaper judged this one dead or hung)."""
 
 
 class GroupLease:
@@ -115,10 +113,31 @@ class GroupLease:
             pass
 
 
+def hand_over(pipe: redis.Redis | Pipeline, keys: RunKeys, group_id: int, holder: str, rollout_id: int,
+              lease_seconds: float) -> None:
+    """Give a group's lease to ``holder`` (a job being enqueued) and set its progress to ``rollout_id``.
+
+    Queue it on the transaction that enqueues the job, so the reaper never sees the job waiting
+    without a lease; the job's GroupLease takes over the same lease when it starts.
+    """
+    pipe.set(keys.lease(group_id), holder, px=int(lease_seconds * 1000))
+    pipe.set(keys.progress(group_id), rollout_id)
+
+
+def set_progress(pipe: redis.Redis | Pipeline, keys: RunKeys, group_id: int, next_rollout_id: int) -> None:
+    """Set where a group's next (re-)run starts, e.g. after Redis lost the run's keys."""
+    pipe.set(keys.progress(group_id), next_rollout_id)
+
+
 def read_progress(connection: redis.Redis, keys: RunKeys, group_id: int) -> int:
     """The next rollout id of a group (0 before its first push)."""
     value = connection.get(keys.progress(group_id))
     return int(value) if value is not None else 0
+
+
+def group_is_leased(connection: redis.Redis, keys: RunKeys, group_id: int) -> bool:
+    """Whether a live, hung-but-not-yet-expired or failed job holds the group's lease."""
+    return bool(connection.exists(keys.lease(group_id)))
 
 
 class Reaper:

@@ -7,14 +7,14 @@ rqrl samples from those logits with the actor's seeded generator.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium
 import torch
 
-from rqrl.errors import PolicyError
+from rqrl.errors import ConfigError, PolicyError
 from rqrl.records import TensorObs
 
 
@@ -82,6 +82,21 @@ def state_dict_of(policy: Any) -> dict[str, torch.Tensor]:
             f"broadcast; subclass torch.nn.Module"
         )
     return dict(policy.state_dict())
+
+
+def as_state_dict(value: object) -> dict[str, torch.Tensor]:
+    """``value`` as a plain dict of tensors, or ConfigError naming what it is instead."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"expected a state dict (a mapping of parameter names to tensors, e.g. policy.state_dict()), "
+            f"got {type(value).__name__} {value!r:.80}"
+        )
+    not_tensors = sorted(f"{key!r}: {type(item).__name__}" for key, item in value.items()
+                         if not isinstance(item, torch.Tensor))
+    if not_tensors:
+        raise ConfigError(f"expected a state dict of tensors, got non-tensor values {not_tensors[:5]}; broadcast "
+                          f"policy.state_dict()")
+    return dict(value)
 
 
 def check_state_dict(expected: dict[str, torch.Tensor], given: dict[str, torch.Tensor]) -> None:

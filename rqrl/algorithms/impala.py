@@ -276,8 +276,10 @@ def make_flat_env(env_id: str) -> gymnasium.Env:
     return env
 
 
-def make_actors(config: ImpalaConfig, model: ActorCritic) -> DistributedActors:
-    """The default actors: rqrl's Redis engine, embedded Redis unless ``redis_url`` is given."""
+def make_actors(config: ImpalaConfig, model: ActorCritic, *, secret: str | bytes | None = None,
+                redis_server: str | None = None) -> DistributedActors:
+    """The default actors: rqrl's Redis engine, embedded Redis unless ``redis_url`` is given; ``secret``
+    (the workers' RQRL_SECRET) is needed with an external Redis, ``redis_server`` is the embedded one's binary."""
     seeds = np.random.SeedSequence(config.seed).generate_state(2 * config.n_actors).tolist()
     workers = config.workers
     if workers is None and not (config.redis_url or os.environ.get("REDIS_URL")):
@@ -290,7 +292,7 @@ def make_actors(config: ImpalaConfig, model: ActorCritic) -> DistributedActors:
         redis_url=config.redis_url, worker_redis_url=config.worker_redis_url, run_name=config.run_name,
         n_local_workers=workers,
         actors_per_job=config.actors_per_job,
-        start_method="forkserver", resume=config.resume is not None,
+        start_method="forkserver", resume=config.resume is not None, secret=secret, redis_server=redis_server,
     )
 
 
@@ -374,10 +376,13 @@ METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episo
                  "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped"]
 
 
-def train(config: ImpalaConfig, actors: DistributedActors | None = None) -> TrainResult:
-    """Train until solved, the step budget ends, or Ctrl-C; always leaves a checkpoint behind."""
+def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secret: str | bytes | None = None,
+          redis_server: str | None = None) -> TrainResult:
+    """Train until solved, the step budget ends, or Ctrl-C; always leaves a checkpoint behind. ``secret``
+    and ``redis_server`` go to the default actors (see make_actors)."""
     learner = Learner(config)
-    actors = actors if actors is not None else make_actors(config, learner.model)
+    actors = actors if actors is not None else make_actors(config, learner.model, secret=secret,
+                                                           redis_server=redis_server)
     metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS)
     progress = _progress_bar(config, learner.env_steps)
     started, last_checkpoint, interrupted = time.monotonic(), time.monotonic(), False

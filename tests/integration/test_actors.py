@@ -19,6 +19,7 @@ from rqrl import (
     SubprocDistributedActors,
 )
 from tests import fixtures
+from tests.conftest import TEST_SECRET
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,7 +31,8 @@ def local_actors(redis_url, run_name, env_factory=fixtures.make_cartpole, policy
     return RedisDistributedActors(
         env_factory, policy if policy is not None else fixtures.mlp_policy(),
         options.pop("n_rollout_steps", 16), options.pop("n_actors", 2), options.pop("batch_size", 2),
-        options.pop("queue_out_of_sync_factor", 2.0), redis_url=redis_url, run_name=run_name, **options,
+        options.pop("queue_out_of_sync_factor", 2.0), redis_url=redis_url, run_name=run_name, secret=TEST_SECRET,
+        **options,
     )
 
 
@@ -211,7 +213,7 @@ def test_stop_leaves_no_process_job_or_key(connection, redis_url, run_name):
     actors.start()
     actors.broadcast_updated_policy(actors.policy.state_dict())
     actors.collect_outputs("cpu")
-    pids = [process.pid for process in actors._processes]
+    pids = [process.pid for process in actors.local_workers.processes]
     actors.stop()
     assert not [child for child in children_alive() if child.pid in pids]
     assert list(connection.scan_iter(match=f"rqrl:{run_name}:*")) == []
@@ -225,8 +227,8 @@ def test_subproc_actors_embedded_redis_is_gone_after_stop():
     with actors:
         actors.broadcast_updated_policy(policy.state_dict())
         assert actors.collect_outputs("cpu").record.rewards.shape == (16, 2)
-        server_process = actors._server.process
-        worker_pids = [process.pid for process in actors._processes]
+        server_process = actors.local_workers.server.process
+        worker_pids = [process.pid for process in actors.local_workers.processes]
     assert server_process.poll() is not None
     assert not [child for child in children_alive() if child.pid in worker_pids]
 
@@ -341,7 +343,7 @@ def test_actors_started_from_a_short_lived_thread_keep_their_workers(connection,
     starter.join(30)
     try:
         time.sleep(1.5)  # the orphan watchdog polls every second
-        assert all(process.is_alive() for process in actors._processes)
+        assert all(process.is_alive() for process in actors.local_workers.processes)
         actors.broadcast_updated_policy(actors.policy.state_dict())
         assert actors.collect_outputs("cpu").record.rewards.shape == (16, 2)
     finally:
@@ -352,13 +354,14 @@ LEARNER_SCRIPT = """
 import os, sys, time
 from rqrl import SubprocDistributedActors
 from tests import fixtures
+from tests.conftest import TEST_SECRET
 policy = fixtures.mlp_policy()
 actors = SubprocDistributedActors(fixtures.make_cartpole, policy, 16, 2, 2, 2.0, sys.argv[1], [0, 1], [2, 3],
                                   n_workers=2)
 actors.start()
 actors.broadcast_updated_policy(policy.state_dict())
 actors.collect_outputs("cpu")
-print(" ".join(str(p.pid) for p in actors._processes), actors._server.process.pid, flush=True)
+print(" ".join(str(p.pid) for p in actors.local_workers.processes), actors.local_workers.server.process.pid, flush=True)
 time.sleep(120)
 """
 

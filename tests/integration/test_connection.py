@@ -12,6 +12,7 @@ import redis
 from rqrl import RedisDistributedActors, RedisUnavailableError, RolloutEvents
 from rqrl.server import find_redis_server
 from tests import fixtures
+from tests.conftest import TEST_SECRET
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,7 +66,7 @@ def test_a_redis_restart_without_persistence_is_ridden_out(restartable, run_name
         pool.wait_registered(redis.Redis.from_url(restartable.url), 2)
         with RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
                                     redis_url=restartable.url, run_name=run_name, actors_per_job=1,
-                                    redis_outage_seconds=30) as actors:
+                                    redis_outage_seconds=30, secret=TEST_SECRET) as actors:
             actors.broadcast_updated_policy(actors.policy.state_dict())
             before = [actors.collect_outputs("cpu").record for _ in range(5)]
             restartable.stop()
@@ -94,7 +95,7 @@ def test_a_redis_restart_without_persistence_is_ridden_out(restartable, run_name
 def test_a_redis_that_stays_away_ends_the_run_with_a_clear_error(restartable, run_name):
     actors = RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
                                     redis_url=restartable.url, run_name=run_name, n_local_workers=0,
-                                    redis_outage_seconds=3)
+                                    redis_outage_seconds=3, secret=TEST_SECRET)
     actors.start()
     actors.broadcast_updated_policy(actors.policy.state_dict())
     restartable.stop()
@@ -104,3 +105,8 @@ def test_a_redis_that_stays_away_ends_the_run_with_a_clear_error(restartable, ru
     assert time.monotonic() - started < 20
     with pytest.raises(RedisUnavailableError):
         actors.broadcast_updated_policy(actors.policy.state_dict())
+    with pytest.raises(RedisUnavailableError) as raised:  # stop() too: no raw redis error
+        actors.stop(timeout=1)
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
+    with pytest.raises(RedisUnavailableError):
+        actors.queue_size()

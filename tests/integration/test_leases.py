@@ -13,6 +13,7 @@ import pytest
 
 from rqrl import RedisDistributedActors, RolloutEvents
 from tests import fixtures
+from tests.conftest import TEST_SECRET
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.timeout(180)
 def actors_on_workers(redis_url, run_name, env_factory=fixtures.make_cartpole, policy=None, **options):
     return RedisDistributedActors(env_factory, policy or fixtures.mlp_policy(), 16, options.pop("n_actors", 4),
                                   options.pop("batch_size", 2), 2.0, redis_url=redis_url, run_name=run_name,
-                                  actors_per_job=1, min_job_seconds=0.2, **options)
+                                  actors_per_job=1, min_job_seconds=0.2, secret=TEST_SECRET, **options)
 
 
 def assert_each_actor_delivered_a_contiguous_run_once(delivered: list[tuple[int, int]], n_actors: int) -> None:

@@ -26,10 +26,10 @@ import redis
 import torch
 from redis.exceptions import NoPermissionError
 
-from rqrl import ActorFailedError, RedisDistributedActors
+from rqrl import ActorFailedError, RedisDistributedActors, RedisRefusedError
 from rqrl.server import find_redis_server
 from tests import fixtures
-from tests.conftest import REPO_ROOT, WorkerProcesses, stop_process, worker_env
+from tests.conftest import REPO_ROOT, TEST_SECRET, WorkerProcesses, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -248,7 +248,7 @@ def collect(redis_url: str, run_name: str, batches: int = 1, **options) -> list:
     records = []
     with RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, options.pop("n_actors", 2),
                                 2, 2.0, redis_url=redis_url, run_name=run_name, collect_timeout=60,
-                                **options) as actors:
+                                secret=TEST_SECRET, **options) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         for _ in range(batches):
             records.append(actors.collect_outputs("cpu").record)
@@ -345,7 +345,7 @@ def learner_start_error(redis_url: str, timeout: float = 5) -> BaseException | N
     def start() -> None:
         try:
             RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
-                                   redis_url=redis_url).start()
+                                   redis_url=redis_url, secret=TEST_SECRET).start()
         except BaseException as error:  # handed to the test
             outcome["error"] = error
 
@@ -359,7 +359,8 @@ def learner_start_error(redis_url: str, timeout: float = 5) -> BaseException | N
 
 def test_learner_with_a_wrong_password_fails_fast(requirepass_server):
     error = learner_start_error(requirepass_url(requirepass_server, "not-the-password"))
-    assert isinstance(error, redis.AuthenticationError) and "invalid username-password pair" in str(error), error
+    assert isinstance(error, RedisRefusedError) and "invalid username-password pair" in str(error), error
+    assert isinstance(error.__cause__, redis.AuthenticationError), error.__cause__
 
 
 def test_the_train_run_folder_does_not_store_the_redis_password(tmp_path):
@@ -401,7 +402,7 @@ def test_acl_users_collect_fail_and_show_on_the_dashboard(acl_server, tmp_path):
         # more actor groups than workers and short slices: jobs yield and the worker enqueues continuations
         with RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 4, 2, 2.0,
                                     redis_url=acl_url(acl_server, "learner"), run_name="acl-run", actors_per_job=1,
-                                    min_job_seconds=0.05, collect_timeout=60) as actors:
+                                    min_job_seconds=0.05, collect_timeout=60, secret=TEST_SECRET) as actors:
             actors.broadcast_updated_policy(actors.policy.state_dict())
             for _ in range(4):
                 record = actors.collect_outputs("cpu").record
@@ -415,7 +416,7 @@ def test_acl_users_collect_fail_and_show_on_the_dashboard(acl_server, tmp_path):
         # the failure path under the worker's rules: the learner gets the env's error, not a NOPERM
         with RedisDistributedActors(fixtures.make_failing_env, fixtures.mlp_policy(1, 2), 16, 2, 2, 2.0,
                                     redis_url=acl_url(acl_server, "learner"), run_name="acl-failing",
-                                    collect_timeout=60) as actors:
+                                    collect_timeout=60, secret=TEST_SECRET) as actors:
             actors.broadcast_updated_policy(actors.policy.state_dict())
             with pytest.raises(ActorFailedError, match="CountingEnv exploded"):
                 for _ in range(5):
@@ -601,4 +602,5 @@ def test_tls_refuses_an_untrusted_certificate_and_plain_connections(tls_server, 
 def test_learner_with_an_untrusted_certificate_fails_fast(tls_server, tmp_path):
     other_ca = make_certificates(tmp_path, "other-ca")["ca"]
     error = learner_start_error(tls_url(tls_server, other_ca))
-    assert isinstance(error, redis.ConnectionError) and "certificate verify failed" in str(error), error
+    assert isinstance(error, RedisRefusedError) and "certificate verify failed" in str(error), error
+    assert isinstance(error.__cause__, redis.ConnectionError), error.__cause__

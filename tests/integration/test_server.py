@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from rqrl.errors import RedisServerNotFoundError
+from rqrl.errors import RedisServerNotFoundError, RqrlError, ServerError
 from rqrl.server import INSTALL_HINT, EmbeddedRedis, find_redis_server
 
 pytestmark = pytest.mark.timeout(60)
@@ -88,18 +88,32 @@ def test_a_binary_that_exits_at_start_is_reported_and_cleaned_up(tmp_path, monke
 
 
 @needs_redis_server
-def test_find_redis_server_honours_the_environment_variable(tmp_path, monkeypatch):
+def test_an_explicit_redis_server_path_is_used(tmp_path):
     copy = tmp_path / "my-redis-server"
     shutil.copy(REDIS_SERVER, copy)
     copy.chmod(0o755)
-    monkeypatch.setenv("RQRL_REDIS_SERVER", str(copy))
-    assert find_redis_server() == str(copy)
-    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+    assert find_redis_server(str(copy)) == str(copy)
+    with EmbeddedRedis(str(copy)) as server, redis.Redis.from_url(server.url) as client:
         assert server.executable == str(copy)
         assert client.ping()
 
 
-def test_find_redis_server_without_the_variable_uses_path(monkeypatch):
+@needs_redis_server
+def test_the_command_line_passes_rqrl_redis_server_and_the_library_never_reads_it(tmp_path, monkeypatch):
+    from rqrl.cli import redis_server_from_env
+
+    copy = tmp_path / "my-redis-server"
+    shutil.copy(REDIS_SERVER, copy)
+    copy.chmod(0o755)
+    monkeypatch.setenv("RQRL_REDIS_SERVER", str(copy))
+    assert redis_server_from_env() == str(copy)
+    assert find_redis_server() == REDIS_SERVER
+    assert EmbeddedRedis().executable == REDIS_SERVER
+    monkeypatch.delenv("RQRL_REDIS_SERVER")
+    assert redis_server_from_env() is None
+
+
+def test_find_redis_server_without_a_path_uses_path(monkeypatch):
     monkeypatch.delenv("RQRL_REDIS_SERVER", raising=False)
     if REDIS_SERVER is None:
         pytest.skip("no redis-server on PATH")
@@ -107,28 +121,52 @@ def test_find_redis_server_without_the_variable_uses_path(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["not-executable", "missing", "directory"])
-def test_find_redis_server_refuses_a_bad_environment_variable(tmp_path, monkeypatch, kind):
+def test_find_redis_server_refuses_a_bad_path(tmp_path, kind):
     target = tmp_path / "redis-server"
     if kind == "not-executable":
         target.write_text("#!/bin/sh\n")
         target.chmod(0o644)
     elif kind == "directory":
         target.mkdir()
-    monkeypatch.setenv("RQRL_REDIS_SERVER", str(target))
-    with pytest.raises(RedisServerNotFoundError, match="RQRL_REDIS_SERVER=.*is not an executable file"):
-        find_redis_server()
+    with pytest.raises(RedisServerNotFoundError, match="redis-server .*RQRL_REDIS_SERVER.*is not an executable file"):
+        find_redis_server(str(target))
     with pytest.raises(RedisServerNotFoundError):
-        EmbeddedRedis()
+        EmbeddedRedis(str(target))
 
 
-def test_bad_environment_variable_error_carries_the_install_hint(tmp_path, monkeypatch):
+def test_a_bad_path_error_carries_the_install_hint(tmp_path):
     target = tmp_path / "redis-server"
     target.write_text("#!/bin/sh\n")
     target.chmod(0o644)
-    monkeypatch.setenv("RQRL_REDIS_SERVER", str(target))
     with pytest.raises(RedisServerNotFoundError) as raised:
-        find_redis_server()
+        find_redis_server(str(target))
     assert "apt-get install redis-server" in str(raised.value)
+
+
+def test_a_non_existent_server_binary_is_an_rqrl_error(tmp_path):
+    with pytest.raises(ServerError, match="is not an executable file") as raised:
+        EmbeddedRedis(str(tmp_path / "no-such-redis-server")).start()
+    assert isinstance(raised.value, RqrlError)
+
+
+def test_a_binary_removed_after_it_was_found_is_an_rqrl_error(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    binary = tmp_path / "redis-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    server = EmbeddedRedis(str(binary))
+    binary.unlink()
+    with pytest.raises(RedisServerNotFoundError, match="cannot run") as raised:
+        server.start()
+    assert isinstance(raised.value.__cause__, OSError)
+    assert list((tmp_path / "tmp").iterdir()) == [], "the temp folder outlived the failed start"
+
+
+def test_socket_path_before_start_is_an_rqrl_error_naming_the_fix():
+    server = EmbeddedRedis(executable="/bin/true")
+    with pytest.raises(ServerError, match=r"not started: call start\(\) first"):
+        server.socket_path  # noqa: B018
 
 
 def test_no_server_anywhere_gives_the_install_hint(tmp_path, monkeypatch):

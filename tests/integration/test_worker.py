@@ -10,12 +10,13 @@ import pytest
 
 from rqrl import RedisDistributedActors
 from tests import fixtures
-from tests.conftest import REPO_ROOT, stop_process, worker_env
+from tests.conftest import REPO_ROOT, TEST_SECRET, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def external_actors(redis_url, run_name, **options):
+    options.setdefault("secret", TEST_SECRET)
     return RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, options.pop("n_actors", 4),
                                   options.pop("batch_size", 2), 2.0, redis_url=redis_url, run_name=run_name,
                                   **options)
@@ -151,7 +152,15 @@ def test_an_external_redis_without_a_secret_is_refused(redis_url, monkeypatch):
 
     monkeypatch.delenv("RQRL_SECRET")
     with pytest.raises(ConfigError, match="RQRL_SECRET"):
-        external_actors(redis_url, "no-secret")
+        external_actors(redis_url, "no-secret", secret=None)
+
+
+def test_the_learner_never_reads_the_secret_from_the_environment(redis_url):
+    from rqrl import ConfigError
+
+    assert TEST_SECRET  # set in this process's environment by conftest: only the command line may read it
+    with pytest.raises(ConfigError, match=r"pass secret=\.\.\. \(e\.g\. secret=os\.environ\[\"RQRL_SECRET\"\]\)"):
+        external_actors(redis_url, "no-secret", secret=None)
 
 
 def test_rqrl_worker_without_a_secret_says_what_to_set(redis_url):

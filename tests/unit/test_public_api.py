@@ -53,6 +53,25 @@ def test_error_tree_as_documented():
     assert issubclass(rqrl.ConfigError, ValueError)
     assert issubclass(rqrl.CollectTimeoutError, TimeoutError)
     assert issubclass(rqrl.NoWorkersError, rqrl.CollectTimeoutError)
+    assert issubclass(rqrl.ServerError, RuntimeError)
+    assert issubclass(rqrl.RedisServerNotFoundError, rqrl.ServerError)
+
+
+def test_errors_defined_elsewhere_before_are_the_same_classes_there():
+    from rqrl.checkpoint import CheckpointError
+    from rqrl.leases import LeaseLostError
+
+    assert CheckpointError is rqrl.CheckpointError and LeaseLostError is rqrl.LeaseLostError
+
+
+def test_every_error_class_is_drawn_in_the_documented_tree():
+    tree = rqrl.errors.__doc__
+    assert sorted(cls.__name__ for cls in error_classes() if cls.__name__ not in tree) == []
+
+
+def test_serial_actors_are_exported():
+    assert "SerialDistributedActors" in rqrl.__all__
+    assert issubclass(rqrl.SerialDistributedActors, rqrl.DistributedActors)
 
 
 def test_actor_failed_error_carries_the_remote_traceback():

