@@ -31,20 +31,21 @@ from typing import Any
 import redis
 import torch
 from rq import Queue
-from rq.serializers import JSONSerializer
 
 from rqrl.connection import connect, redis_errors
 from rqrl.errors import CollectTimeoutError, ConfigError, NoWorkersError, RqrlError
 from rqrl.inbox import Inbox
 from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
+from rqrl.observations import stack_obs, to_array, to_tensor
 from rqrl.options import DEFAULTS, RunOptions
 from rqrl.policy import as_state_dict, check_state_dict, make_act_function, state_dict_of
 from rqrl.records import CollectedOutputs, RolloutRecord, batch_records
-from rqrl.rollout import EnvFactory, stack_obs, to_array, to_tensor
+from rqrl.rollout import EnvFactory
+from rqrl.rq_safety import rollout_queue
 from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.run_store import RunStore
-from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
+from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents, record_batch
 from rqrl.supervisor import Supervisor
 from rqrl.trajectories import TrajectoryQueue
 from rqrl.weights import WeightStore
@@ -246,7 +247,7 @@ class RedisDistributedActors(DistributedActors):
             self._transport = (
                 WeightStore(connection, self.keys, self.config.weights_ttl_seconds),
                 TrajectoryQueue(connection, self.keys, self.config.queue_bound),
-                Queue(self.config.queue_name, connection=connection, serializer=JSONSerializer),
+                rollout_queue(self.config.queue_name, connection),
                 RunStore(connection, self.keys, self.secret),
             )
             self._supervisor = None
@@ -428,18 +429,9 @@ class RedisDistributedActors(DistributedActors):
 
     def _record_stats(self, records: list[RolloutRecord], size_before: int, dequeue_time: float) -> None:
         now = time.monotonic()
-        steps = sum(record.n_steps for record in records)
         elapsed, self._last_collect = now - self._last_collect, now
-        stats = self.epoch_stats
-        for record in records:
-            stats.add(RolloutEvents.episode_return, record.episode_returns)
-            stats.add(RolloutEvents.episode_length, record.episode_lengths)
-        stats.add(RolloutEvents.policy_lag, [self.policy_version - record.policy_version for record in records])
-        stats.add(RolloutEvents.env_steps, steps)
-        stats.add(RolloutEvents.env_steps_per_second, steps / max(elapsed, 1e-9))
-        stats.add(RolloutEvents.queue_size, size_before)
-        stats.add(RolloutEvents.dequeue_time, dequeue_time)
-        stats.add(RolloutEvents.workers_alive, self.workers_alive())
+        record_batch(self.epoch_stats, records, self.policy_version, elapsed, size_before, dequeue_time,
+                     self.workers_alive())
 
     def workers_alive(self, cached: bool = True) -> int:
         """Workers on this run's queue with a heartbeat in the last LIVENESS_SECONDS (a SIGKILLed

@@ -75,18 +75,9 @@ def dashboard(redis_url: str, dashboard_args: tuple[str, ...]) -> None:
         import rq_dashboard.web
     except ImportError as error:
         raise click.ClickException("rq-dashboard is not installed: pip install 'rqrl[dashboard]'") from error
-    from rq import Worker
-    from rq.serializers import JSONSerializer
+    from rqrl.rq_safety import secure_rq_dashboard
 
-    class JsonWorker(Worker):
-        """rq-dashboard lists workers without its serializer; busy workers' JSON jobs need it."""
-
-        @classmethod
-        def all(cls, *args, **kwargs):
-            kwargs.setdefault("serializer", JSONSerializer)
-            return Worker.all(*args, **kwargs)
-
-    rq_dashboard.web.Worker = JsonWorker
+    secure_rq_dashboard(rq_dashboard.web)  # JSON and rqrl's job class on every page and action: no pickle
     rq_dashboard.cli.run.main(args=["--json", "--redis-url", redis_url, *dashboard_args],
                               prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
 

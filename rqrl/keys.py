@@ -14,6 +14,8 @@ from rqrl.errors import ConfigError
 PREFIX = "rqrl"
 _RUN_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
 
+DEFAULT_QUEUE = "rqrl"  # the RQ queue rqrl jobs go to unless a run names another
+
 
 def check_run_name(run_name: str) -> str:
     """Return ``run_name`` if it is safe inside key names and job ids, else raise ConfigError."""

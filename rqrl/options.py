@@ -13,8 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from rqrl.errors import ConfigError
-from rqrl.keys import check_run_name
-from rqrl.worker import DEFAULT_QUEUE
+from rqrl.keys import DEFAULT_QUEUE, check_run_name
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,12 +15,12 @@ from typing import Any
 import redis
 from rq import Queue
 from rq.job import Job
-from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from rqrl.codec import dumps_object
 from rqrl.errors import ConfigError
 from rqrl.keys import RunKeys
 from rqrl.leases import group_is_leased, set_progress
+from rqrl.rq_safety import failed_registry, started_registry
 from rqrl.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class RunStore:
         connection = self.connection
         connection.set(self.keys.stopped, 1)
         deadline = time.monotonic() + timeout
-        started = StartedJobRegistry(queue=queue)
+        started = started_registry(queue.name, connection)
         while time.monotonic() < deadline:
             self._remove_queued_jobs(queue)
             # jobs whose lease expired died with their worker: nothing to wait for
@@ -106,7 +106,7 @@ class RunStore:
             log.warning("jobs of run %s still running after %.0f s; deleting its keys anyway", self.keys.run_name,
                         timeout)
         self._remove_queued_jobs(queue)
-        failed = FailedJobRegistry(queue=queue)
+        failed = failed_registry(queue.name, connection)
         for job_id in failed.get_job_ids():
             if job_id.startswith(self.keys.job_id_prefix):
                 failed.remove(job_id, delete_job=True)

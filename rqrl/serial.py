@@ -16,7 +16,7 @@ from typing import Any
 
 from rqrl.actors import DistributedActors
 from rqrl.errors import ConfigError, RqrlError
-from rqrl.policy import ActFunction, check_state_dict, make_act_function, state_dict_of
+from rqrl.policy import ActFunction, as_state_dict, check_state_dict, make_act_function, state_dict_of
 from rqrl.records import CollectedOutputs, batch_records
 from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import check_seeds
@@ -59,7 +59,8 @@ class SerialDistributedActors(DistributedActors):
             self.group = None
 
     def broadcast_updated_policy(self, state_dict: dict) -> None:
-        check_state_dict(self._policy_state, dict(state_dict))
+        state_dict = as_state_dict(state_dict)
+        check_state_dict(self._policy_state, state_dict)
         self.actor_policy.load_state_dict(state_dict)
         self.policy_version += 1
 

@@ -11,13 +11,13 @@ import time
 import redis
 from rq import Queue, Worker
 from rq.job import Job
-from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from rqrl.errors import ActorFailedError
 from rqrl.jobs import LIVENESS_SECONDS, enqueue_group
 from rqrl.keys import RunKeys
 from rqrl.leases import Reaper, read_progress
+from rqrl.rq_safety import started_registry
 from rqrl.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class Supervisor:
 
     def _forget_started_jobs(self, group_id: int) -> None:
         """Drop a dead group's job from RQ's started registry (entries are ``job_id:execution_id``)."""
-        registry_key = StartedJobRegistry(queue=self.queue).key
+        registry_key = started_registry(self.queue.name, self.connection).key
         for entry in self.connection.zrange(registry_key, 0, -1):
             job_id = entry.decode().split(":")[0]
             if self.keys.group_of_job(job_id) == group_id:

@@ -25,6 +25,7 @@ from rq.utils import now
 
 from rqrl.connection import connect
 from rqrl.jobs import HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook
+from rqrl.keys import DEFAULT_QUEUE
 from rqrl.process import exit_when_orphaned
 from rqrl.rq_safety import TESTED_RQ_VERSIONS, RolloutJob, RolloutQueue, as_rollout_job, clean_queue, rollout_queue
 
@@ -32,7 +33,6 @@ __all__ = ["DEFAULT_QUEUE", "RolloutJob", "RolloutWorker", "run_worker", "send_h
 
 log = logging.getLogger(__name__)
 
-DEFAULT_QUEUE = "rqrl"
 _running: RolloutWorker | None = None
 
 

@@ -31,7 +31,7 @@ import redis
 
 from rqrl import RedisDistributedActors
 from tests import fixtures
-from tests.conftest import REPO_ROOT, stop_process, worker_env
+from tests.conftest import REPO_ROOT, TEST_SECRET, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -167,7 +167,8 @@ def wait_until(condition, what: str, timeout: float = 60, process: subprocess.Po
 
 def external_actors(redis_url: str, run_name: str) -> RedisDistributedActors:
     return RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
-                                  redis_url=redis_url, run_name=run_name, collect_timeout=60)
+                                  redis_url=redis_url, run_name=run_name, collect_timeout=60,
+                                  secret=TEST_SECRET)
 
 
 def collect_one_batch(redis_url: str, run_name: str) -> None:
@@ -248,8 +249,6 @@ def test_learner_stop_cleans_up_through_rqrl_classes_only(connection, redis_url,
     assert_nothing_ran(markers, listener)
 
 
-@pytest.mark.xfail(strict=True, reason="rqrl/actors.py's _stop_run still builds RQ's StartedJobRegistry with the "
-                   "plain Job class; the integrator switches it to rqrl.rq_safety.started_registry")
 def test_learner_stop_runs_no_planted_callback_or_webhook(connection, redis_url, run_name, markers, listener,
                                                           workers):
     workers.start("legit")
@@ -274,8 +273,7 @@ SECURED_DASHBOARD = ("import sys, rq_dashboard.cli, rq_dashboard.web; from rqrl.
 
 
 @pytest.mark.parametrize("launch", [
-    pytest.param([sys.executable, "-m", "rqrl", "dashboard"], id="rqrl dashboard", marks=pytest.mark.xfail(
-        strict=True, reason="rqrl/cli.py's dashboard does not call rqrl.rq_safety.secure_rq_dashboard yet")),
+    pytest.param([sys.executable, "-m", "rqrl", "dashboard"], id="rqrl dashboard"),
     pytest.param([sys.executable, "-c", SECURED_DASHBOARD], id="secure_rq_dashboard"),
 ])
 def test_dashboard_job_pages_and_actions_unpickle_nothing(launch, connection, redis_url, markers, listener,
