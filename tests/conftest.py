@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 import redis
+import torch
 
 from rqrl.server import EmbeddedRedis
 from tests.processes import (  # noqa: F401 - re-exported: test files import these from here
@@ -49,6 +50,15 @@ def session_environment():
 def test_environment(monkeypatch):
     """The isolated environment again for each test, whatever an earlier test left in os.environ."""
     isolate_environment(monkeypatch)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """For tests of tiny models: one torch thread is as fast and leaves the machine's other cores alone."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
