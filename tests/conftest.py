@@ -39,7 +39,7 @@ def isolate_environment(patch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_environment():
+def isolated_session_environment():
     """The isolated environment for session and module fixtures too (they start servers and workers)."""
     with pytest.MonkeyPatch.context() as patch:
         isolate_environment(patch)
@@ -47,7 +47,7 @@ def session_environment():
 
 
 @pytest.fixture(autouse=True)
-def test_environment(monkeypatch):
+def isolated_environment(monkeypatch):
     """The isolated environment again for each test, whatever an earlier test left in os.environ."""
     isolate_environment(monkeypatch)
 

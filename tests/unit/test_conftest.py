@@ -1,9 +1,12 @@
-"""The test harness's own rules, run by pytest's pytester on small test files: the ``slow`` marker's
-gate (tests/slow_gate.py) and an environment the developer's shell cannot redirect (tests/conftest.py)."""
+"""The test harness's own rules: the ``slow`` marker's gate (tests/slow_gate.py) and an environment the
+developer's shell cannot redirect (tests/conftest.py), run by pytest's pytester on small test files; and
+wait_until (tests/polling.py)."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.polling import wait_until
 
 pytest_plugins = ["pytester"]
 
@@ -66,6 +69,13 @@ def test_the_shell_cannot_point_tests_at_another_redis_or_secret(pytester, monke
                         ("RQ_DASHBOARD_REDIS_URL", "redis://elsewhere:6379/0"), ("RQRL_SECRET", "the-shells")):
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    pytester.makeconftest("from tests.conftest import session_environment, test_environment  # noqa: F401")
+    pytester.makeconftest("from tests.conftest import isolated_environment, isolated_session_environment  # noqa: F401")
     pytester.makepyfile(test_isolation=ISOLATION_TESTS)
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_wait_until_returns_the_first_truthy_value_and_names_what_never_came():
+    calls = iter([0, [], "ready"])
+    assert wait_until(lambda: next(calls), 5, interval=0) == "ready"
+    with pytest.raises(AssertionError, match=r"after 0.05 s waiting for the answer \(last: 42\)"):
+        wait_until(lambda: None, 0.05, interval=0.01, message=lambda: "the answer (last: 42)")
