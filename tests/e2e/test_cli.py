@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO_ROOT, worker_env
+from tests.processes import run_rqrl, worker_env
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def rqrl(*arguments: str, env_overrides: dict[str, str] | None = None, timeout: float = 150):
-    env = worker_env()
-    env.update(env_overrides or {})
-    return subprocess.run([sys.executable, "-m", "rqrl", *arguments], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_demo_collects_rollouts_with_an_embedded_redis_and_shows_progress():
-    result = rqrl("demo", "--seconds", "3", "--actors", "4")
+    result = run_rqrl("demo", "--seconds", "3", "--actors", "4")
     assert result.returncode == 0, result.stderr
     progress = [line for line in result.stdout.splitlines() if "steps/s" in line]
     assert len(progress) >= 2, result.stdout
@@ -32,31 +22,30 @@ def test_demo_collects_rollouts_with_an_embedded_redis_and_shows_progress():
 def test_demo_against_an_external_redis_with_an_external_worker(redis_url, connection, workers):
     workers.start("e2e-worker")
     workers.wait_registered(connection, 1)
-    result = rqrl("demo", "--seconds", "2", "--actors", "2", "--workers", "0", "--redis-url", redis_url)
+    result = run_rqrl("demo", "--seconds", "2", "--actors", "2", "--workers", "0", "--redis-url", redis_url)
     assert result.returncode == 0, result.stderr
     assert "0 local worker(s)" in result.stdout and "done:" in result.stdout
 
 
 def test_missing_redis_server_says_how_to_get_one():
-    result = rqrl("demo", "--seconds", "1", env_overrides={"RQRL_REDIS_SERVER": "/nonexistent/redis-server"})
+    result = run_rqrl("demo", "--seconds", "1", env=worker_env(RQRL_REDIS_SERVER="/nonexistent/redis-server"))
     assert result.returncode != 0
     assert "RQRL_REDIS_SERVER" in result.stderr
 
 
 def test_worker_with_an_unreachable_redis_fails_clearly():
-    result = rqrl("worker", "--redis-url", "redis://127.0.0.1:1/0", timeout=60)
+    result = run_rqrl("worker", "--redis-url", "redis://127.0.0.1:1/0", timeout=60)
     assert result.returncode != 0
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in result.stderr
 
 
 def test_worker_requires_a_redis_url():
-    env = {key: value for key, value in worker_env().items() if key != "REDIS_URL"}
-    result = subprocess.run([sys.executable, "-m", "rqrl", "worker"], cwd=REPO_ROOT, env=env, capture_output=True,
-                            text=True, timeout=60)
+    assert "REDIS_URL" not in worker_env()
+    result = run_rqrl("worker", timeout=60)
     assert result.returncode == 2
     assert "--redis-url" in result.stderr
 
 
 def test_worker_burst_exits_when_the_queue_is_empty(redis_url, connection):
-    result = rqrl("worker", "--redis-url", redis_url, "--burst", timeout=60)
+    result = run_rqrl("worker", "--redis-url", redis_url, "--burst", timeout=60)
     assert result.returncode == 0, result.stderr

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, stop_process, worker_env
+from tests.polling import wait_until
+from tests.processes import REPO_ROOT, free_port, get_json, run_rqrl, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(180)
 COMPOSE_URL = "redis://redis:6379/0"
@@ -24,10 +21,11 @@ def compose() -> dict:
     return yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())
 
 
-def local_command(service: dict, redis_url: str) -> list[str]:
+def rqrl_arguments(service: dict, redis_url: str) -> list[str]:
+    """The arguments of the service's `rqrl` command, with the test Redis for the compose one."""
     command = [redis_url if part == COMPOSE_URL else part for part in service["command"]]
     assert command[0] == "rqrl", f"expected an rqrl command, got {command}"
-    return [sys.executable, "-m", "rqrl", *command[1:]]
+    return command[1:]
 
 
 def test_compose_file_is_well_formed(compose):
@@ -57,8 +55,7 @@ def test_redis_port_is_never_published(compose):
 
 
 def test_worker_service_command_runs(compose, redis_url, connection):
-    command = local_command(compose["services"]["worker"], redis_url) + ["--burst"]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
+    result = run_rqrl(*rqrl_arguments(compose["services"]["worker"], redis_url), "--burst", timeout=60)
     assert result.returncode == 0, result.stderr
 
 
@@ -66,53 +63,38 @@ def test_learner_service_command_runs_against_the_worker_service(compose, redis_
     worker_command = compose["services"]["worker"]["command"]
     workers.start("compose-worker", queue=worker_command[worker_command.index("--queue") + 1])
     workers.wait_registered(connection, 1)
-    command = local_command(compose["services"]["learner"], redis_url)
-    command[command.index("--seconds") + 1] = "2"
-    result = subprocess.run(command, cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=120)
+    arguments = rqrl_arguments(compose["services"]["learner"], redis_url)
+    arguments[arguments.index("--seconds") + 1] = "2"
+    result = run_rqrl(*arguments, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "done:" in result.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def get_json(url: str, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                return json.loads(response.read())
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def test_dashboard_service_shows_queues_and_busy_workers(compose, redis_url, connection, workers, tmp_path: Path):
     workers.start("busy-worker")
     workers.wait_registered(connection, 1)
     port = free_port()
-    command = local_command(compose["services"]["dashboard"], redis_url)
-    command[command.index("--port") + 1] = str(port)
-    command[command.index("--bind") + 1] = "127.0.0.1"
+    arguments = rqrl_arguments(compose["services"]["dashboard"], redis_url)
+    arguments[arguments.index("--port") + 1] = str(port)
+    arguments[arguments.index("--bind") + 1] = "127.0.0.1"
     demo = subprocess.Popen([sys.executable, "-m", "rqrl", "demo", "--redis-url", redis_url, "--workers", "0",
                              "--seconds", "20", "--actors", "2"], cwd=REPO_ROOT, env=worker_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    dashboard = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.DEVNULL,
-                                 stderr=open(tmp_path / "dashboard.log", "w"))
+    log_file = tmp_path / "dashboard.log"
+    with open(log_file, "wb") as log:
+        dashboard = subprocess.Popen([sys.executable, "-m", "rqrl", *arguments], cwd=REPO_ROOT, env=worker_env(),
+                                     stdout=subprocess.DEVNULL, stderr=log)
+    base = f"http://127.0.0.1:{port}/0/data"
     try:
-        deadline = time.monotonic() + 60
-        busy = []
-        while not busy and time.monotonic() < deadline:
-            listing = get_json(f"http://127.0.0.1:{port}/0/data/workers.json")
-            busy = [worker for worker in listing["workers"] if worker["current_job"] != "idle"]
-            time.sleep(0.2)
-        assert busy, f"no busy worker shown: {listing}"
+        listings = []
+
+        def busy_workers() -> list[dict]:
+            listings.append(get_json(f"{base}/workers.json", dashboard, log_file, timeout=60))
+            return [worker for worker in listings[-1]["workers"] if worker["current_job"] != "idle"]
+
+        busy = wait_until(busy_workers, 60, interval=0.2, message=lambda: f"a busy worker shown: {listings[-1:]}")
         assert busy[0]["current_job"]["job_id"].startswith("rqrl_")
-        queues = get_json(f"http://127.0.0.1:{port}/0/data/queues.json")
+        queues = get_json(f"{base}/queues.json", dashboard, log_file)
         assert "rqrl" in [queue["name"] for queue in queues["queues"]]
     finally:
         for process in (dashboard, demo):

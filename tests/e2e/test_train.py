@@ -8,20 +8,29 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
 
-from tests.conftest import REPO_ROOT, alive, descendants, processes_with_marker, stop_process, worker_env
+from tests.polling import wait_until
+from tests.processes import REPO_ROOT, alive, descendants, processes_with_marker, run_rqrl, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(240)
 TRIVIAL_ENV = "tests.fixtures:RqrlGuessSign-v0"
 
 
 def rqrl(*arguments: str, timeout: float = 200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rqrl", *arguments], cwd=REPO_ROOT, env=worker_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_rqrl(*arguments, timeout=timeout)
+
+
+def rows_written(run, learner: subprocess.Popen) -> int:
+    """Lines in the run's metrics.csv so far; a learner that exits meanwhile fails the test with its stderr."""
+    if learner.poll() is not None:
+        stderr = learner.stderr.read()
+        raise AssertionError(f"the learner exited with {learner.returncode}: "
+                             f"{(stderr.decode() if isinstance(stderr, bytes) else stderr)[-3000:]}")
+    metrics = run / "metrics.csv"
+    return len(metrics.read_text().splitlines()) if metrics.is_file() else 0
 
 
 def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
@@ -52,13 +61,10 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path):
                "--target-return", "1000", "--n-actors", "2", "--batch-size", "2", "--workers", "2",
                "--run-dir", str(tmp_path), "--run-name", "interrupted"]
     marker = uuid.uuid4().hex
-    learner = subprocess.Popen(command, cwd=REPO_ROOT, env={**worker_env(), "RQRL_TEST_MARKER": marker},
+    learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     run = tmp_path / "interrupted"
-    deadline = time.monotonic() + 120
-    while not (run / "metrics.csv").is_file() or len((run / "metrics.csv").read_text().splitlines()) < 20:
-        assert learner.poll() is None and time.monotonic() < deadline, learner.stderr.read()[-3000:]
-        time.sleep(0.2)
+    wait_until(lambda: rows_written(run, learner) >= 20, 120, interval=0.2, message="20 rows of metrics.csv")
     children = descendants(learner.pid)
     assert len(children) >= 3, "expected local workers and a redis-server under the learner"
     os.killpg(learner.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
@@ -66,9 +72,8 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path):
     assert learner.returncode == 130, stderr[-3000:]
     assert "interrupted" in stdout
     assert (run / "checkpoint.safetensors").is_file()
-    deadline = time.monotonic() + 5
-    while (processes_with_marker(marker) or any(map(alive, children))) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 5, interval=0.1,
+               message=lambda: f"the learner's processes to exit after Ctrl-C: {processes_with_marker(marker)}")
     assert processes_with_marker(marker) == [], "processes left behind after Ctrl-C"
     assert [pid for pid in children if alive(pid)] == [], "children of the learner left behind after Ctrl-C"
     steps_before = json.loads((run / "summary.json").read_text())["env_steps"]
@@ -91,10 +96,8 @@ def test_a_sigkilled_learner_resumes_its_run_on_the_same_redis_and_workers_never
                                cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     run = tmp_path / "killed"
     try:
-        deadline = time.monotonic() + 120
-        while not (run / "checkpoint.safetensors").is_file() or len((run / "metrics.csv").read_text().splitlines()) < 5:
-            assert learner.poll() is None and time.monotonic() < deadline, learner.stderr.read().decode()[-3000:]
-            time.sleep(0.2)
+        wait_until(lambda: (run / "checkpoint.safetensors").is_file() and rows_written(run, learner) >= 5, 120,
+                   interval=0.2, message="a checkpoint and 5 rows of metrics.csv")
         learner.send_signal(signal.SIGKILL)  # no clean-up at all: the run's keys, jobs and batch stay in Redis
         learner.wait(timeout=10)
     finally:

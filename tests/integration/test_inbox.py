@@ -9,19 +9,15 @@ from rqrl.keys import RunKeys
 from rqrl.records import RolloutRecord, decode_record, encode_record
 from rqrl.stats import EpochStatsAggregator, RolloutEvents
 from rqrl.trajectories import TrajectoryQueue
+from tests.factories import rollout_record
 
 RUN_ID = "run-id-1"
 STEPS = 4
 
 
 def encoded(actor_id: int, rollout_id: int, run_id: str = RUN_ID, steps: int = STEPS) -> bytes:
-    return encode_record(RolloutRecord(
-        obs=np.full((steps, 2), rollout_id, np.float32), actions=np.zeros(steps, np.int64),
-        rewards=np.ones(steps, np.float32), terminated=np.zeros(steps, bool), truncated=np.zeros(steps, bool),
-        log_probs=np.zeros(steps, np.float32), logits=None, next_obs=np.zeros(2, np.float32),
-        final_obs=np.zeros((0, 2), np.float32), final_obs_steps=np.zeros(0, np.int64),
-        episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64), policy_version=1,
-        actor_id=actor_id, rollout_id=rollout_id, continues_previous=rollout_id > 0), run_id)
+    return encode_record(rollout_record(steps, obs=np.full((steps, 2), rollout_id), actor_id=actor_id,
+                                        rollout_id=rollout_id, continues_previous=rollout_id > 0), run_id)
 
 
 def decode(blob: bytes) -> RolloutRecord:
@@ -72,12 +68,7 @@ def test_a_new_inbox_takes_over_what_the_last_one_did_not_hand_over(connection, 
 def test_an_episode_a_fault_cut_is_counted_once(connection, run_name):
     inbox, queue = inbox_and_queue(connection, run_name)
     # rollout 1 of actor 0 does not continue rollout 0, which ended inside an episode
-    cut = encode_record(RolloutRecord(
-        obs=np.zeros((STEPS, 2), np.float32), actions=np.zeros(STEPS, np.int64), rewards=np.ones(STEPS, np.float32),
-        terminated=np.zeros(STEPS, bool), truncated=np.zeros(STEPS, bool), log_probs=np.zeros(STEPS, np.float32),
-        logits=None, next_obs=np.zeros(2, np.float32), final_obs=np.zeros((0, 2), np.float32),
-        final_obs_steps=np.zeros(0, np.int64), episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64),
-        policy_version=1, actor_id=0, rollout_id=1, continues_previous=False), RUN_ID)
+    cut = encode_record(rollout_record(STEPS, actor_id=0, rollout_id=1, continues_previous=False), RUN_ID)
     connection.rpush(RunKeys(run_name).trajectories, encoded(0, 0), cut, encoded(0, 2))
     inbox.pop(queue, 3)
     assert inbox.stats.get_stats_value(RolloutEvents.episodes_cut, name="sum") == 1

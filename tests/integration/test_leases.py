@@ -14,6 +14,7 @@ import pytest
 from rqrl import RedisDistributedActors, RolloutEvents
 from tests import fixtures
 from tests.conftest import TEST_SECRET
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,11 +40,13 @@ def test_sigkilled_workers_jobs_are_rerun_elsewhere_with_nothing_lost_or_doubled
     workers.wait_registered(connection, 4)
     delivered: list[tuple[int, int]] = []
     last_seen: dict[int, float] = {}
+    delivered_by: set[str] = set()
 
     def collect(seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             record = actors.collect_outputs("cpu").record
+            delivered_by.update(record.worker)
             now = time.monotonic()
             for actor, rollout in zip(record.actor_id.tolist(), record.rollout_id.tolist(), strict=True):
                 delivered.append((actor, rollout))
@@ -61,10 +64,18 @@ def test_sigkilled_workers_jobs_are_rerun_elsewhere_with_nothing_lost_or_doubled
         reruns = actors.get_stats_value(RolloutEvents.groups_rerun, name="sum")
         assert reruns >= 1
         rate_without = len(delivered)
+        delivered_by.clear()
         for index in range(2):  # workers come back
             workers.start(f"back{index}")
         collect(6.0)
         assert len(delivered) > rate_without
+
+        def a_replacement_delivered() -> bool:  # jobs yield every min_job_seconds, so groups move to newcomers
+            collect(0.5)
+            return bool(delivered_by & {"back0", "back1"})
+
+        wait_until(a_replacement_delivered, 60, interval=0,
+                   message=lambda: f"a rollout run by a replacement worker; ran on {sorted(delivered_by)}")
     assert_each_actor_delivered_a_contiguous_run_once(delivered, 4)
 
 

@@ -7,15 +7,11 @@ on 6379), started once per module and always stopped at teardown.
 
 from __future__ import annotations
 
-import json
 import shutil
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,10 +22,13 @@ import redis
 import torch
 from redis.exceptions import NoPermissionError
 
-from rqrl import ActorFailedError, RedisDistributedActors, RedisRefusedError
+from rqrl import ActorFailedError, RedisRefusedError
 from rqrl.server import find_redis_server
 from tests import fixtures
-from tests.conftest import REPO_ROOT, TEST_SECRET, WorkerProcesses, stop_process, worker_env
+from tests.factories import redis_actors
+from tests.polling import wait_until
+from tests.processes import REPO_ROOT, WorkerProcesses, free_port, get_json, run_rqrl, stop_process, worker_env
+from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -71,58 +70,6 @@ DOCS = REPO_ROOT / "docs" / "redis-security.md"
 # ---- private redis-servers ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class RedisServer:
-    """A redis-server child process on a free port of 127.0.0.1, reached by ``admin``."""
-
-    def __init__(self, directory: Path, extra: list[str], admin_options: dict, tls: bool = False):
-        self.directory, self.extra, self.admin_options, self.tls = directory, extra, admin_options, tls
-        self.process: subprocess.Popen | None = None
-        self.port = 0
-        self.admin: redis.Redis | None = None
-        self.ca_file: Path | None = None  # TLS servers: the CA that signed the server's certificate
-
-    def start(self, timeout: float = 10.0) -> RedisServer:
-        errors = []
-        for _ in range(3):  # the free port may be taken between probing and binding it
-            self.port = free_port()
-            ports = ["--port", "0", "--tls-port", str(self.port)] if self.tls else ["--port", str(self.port)]
-            command = [find_redis_server(), *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                       "--dir", str(self.directory), "--daemonize", "no", "--loglevel", "warning",
-                       "--logfile", str(self.directory / "redis.log"), *self.extra]
-            with open(self.directory / "stderr.log", "wb") as stderr:
-                self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                stderr=stderr)
-            self.admin = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=2, **self.admin_options)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and self.process.poll() is None:
-                try:
-                    self.admin.ping()
-                    return self
-                except redis.ConnectionError:
-                    time.sleep(0.05)
-            errors.append(self._output())
-            self.stop()
-        raise RuntimeError(f"redis-server did not start: {errors}")
-
-    def _output(self) -> str:
-        return "".join(path.read_text(errors="replace") for path in (self.directory / "stderr.log",
-                                                                     self.directory / "redis.log") if path.exists())
-
-    def stop(self) -> None:
-        if self.admin is not None:
-            self.admin.close()
-            self.admin = None
-        if self.process is not None:
-            stop_process(self.process)
-        self.process = None
-
-
 @contextmanager
 def running(server: RedisServer) -> Iterator[RedisServer]:
     try:
@@ -134,7 +81,7 @@ def running(server: RedisServer) -> Iterator[RedisServer]:
 @pytest.fixture(scope="module")
 def requirepass_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("requirepass"), ["--requirepass", REQUIREPASS],
-                         {"password": REQUIREPASS})
+                         {"password": REQUIREPASS}, tcp=True)
     with running(server):
         yield server
 
@@ -159,7 +106,7 @@ def acl_server(tmp_path_factory):
     aclfile = directory / "users.acl"
     aclfile.write_text("\n".join(aclfile_lines()) + "\n")
     server = RedisServer(directory, ["--aclfile", str(aclfile), "--acllog-max-len", "1000"],
-                         {"username": "admin", "password": ACL_PASSWORDS["admin"]})
+                         {"username": "admin", "password": ACL_PASSWORDS["admin"]}, tcp=True)
     with running(server):
         yield server
 
@@ -246,9 +193,7 @@ def workers_on(redis_url: str) -> Iterator[WorkerProcesses]:
 def collect(redis_url: str, run_name: str, batches: int = 1, **options) -> list:
     """Run a learner on ``redis_url`` and collect ``batches`` batches; returns the records."""
     records = []
-    with RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, options.pop("n_actors", 2),
-                                2, 2.0, redis_url=redis_url, run_name=run_name, collect_timeout=60,
-                                secret=TEST_SECRET, **options) as actors:
+    with redis_actors(redis_url, run_name, collect_timeout=60, **options) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         for _ in range(batches):
             records.append(actors.collect_outputs("cpu").record)
@@ -269,39 +214,18 @@ def dashboard_on(redis_url: str, log_file: Path) -> Iterator[tuple[str, subproce
         stop_process(process)
 
 
-def get_json(base: str, path: str, process: subprocess.Popen, log_file: Path, timeout: float = 45) -> dict:
-    """GET base+path once the dashboard answers; returns the decoded JSON of a 200 reply."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(base + path, timeout=10) as reply:
-                assert reply.status == 200
-                assert reply.headers.get_content_type() == "application/json"
-                return json.loads(reply.read())
-        except urllib.error.HTTPError as error:
-            log = log_file.read_text()[-3000:]
-            raise AssertionError(f"{path}: HTTP {error.code}; dashboard log:\n{log}") from error
-        except (urllib.error.URLError, ConnectionError):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the dashboard did not answer {path}:\n{log_file.read_text()[-3000:]}") from None
-            time.sleep(0.2)
-
-
 def wait_for_failed_job(base: str, process: subprocess.Popen, log_file: Path, timeout: float = 30) -> str:
     """The id of the first job in the dashboard's failed list of queue rqrl (RQ files it after the learner
     has seen the failure report)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs = get_json(base, "/0/data/jobs/rqrl/failed/8/asc/1.json", process, log_file)["jobs"]
-        if jobs:
-            return jobs[0]["id"]
-        assert time.monotonic() < deadline, "no failed job reached RQ's failed registry"
-        time.sleep(0.2)
+
+    def failed_jobs() -> list[dict]:
+        return get_json(f"{base}/0/data/jobs/rqrl/failed/8/asc/1.json", process, log_file)["jobs"]
+
+    return wait_until(failed_jobs, timeout, interval=0.2, message="a failed job in RQ's failed registry")[0]["id"]
 
 
 def run_rqrl_worker(redis_url: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rqrl", "worker", "--redis-url", redis_url, "--burst"],
-                          cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+    return run_rqrl("worker", "--redis-url", redis_url, "--burst", timeout=timeout)
 
 
 # ---- AUTH with requirepass -----------------------------------------------------------------------------
@@ -344,8 +268,7 @@ def learner_start_error(redis_url: str, timeout: float = 5) -> BaseException | N
 
     def start() -> None:
         try:
-            RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
-                                   redis_url=redis_url, secret=TEST_SECRET).start()
+            redis_actors(redis_url).start()
         except BaseException as error:  # handed to the test
             outcome["error"] = error
 
@@ -400,29 +323,27 @@ def test_acl_users_collect_fail_and_show_on_the_dashboard(acl_server, tmp_path):
         workers.start("acl-worker")
         workers.wait_registered(admin, 1)
         # more actor groups than workers and short slices: jobs yield and the worker enqueues continuations
-        with RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 4, 2, 2.0,
-                                    redis_url=acl_url(acl_server, "learner"), run_name="acl-run", actors_per_job=1,
-                                    min_job_seconds=0.05, collect_timeout=60, secret=TEST_SECRET) as actors:
+        with redis_actors(acl_url(acl_server, "learner"), "acl-run", n_actors=4, actors_per_job=1,
+                          min_job_seconds=0.05, collect_timeout=60) as actors:
             actors.broadcast_updated_policy(actors.policy.state_dict())
             for _ in range(4):
                 record = actors.collect_outputs("cpu").record
                 assert record.rewards.shape == (16, 2)
                 actors.broadcast_updated_policy(actors.policy.state_dict())
-            queues = get_json(base, "/0/data/queues.json", dashboard, log_file)
-            listed = get_json(base, "/0/data/workers.json", dashboard, log_file)
+            queues = get_json(f"{base}/0/data/queues.json", dashboard, log_file)
+            listed = get_json(f"{base}/0/data/workers.json", dashboard, log_file)
             assert actors.workers_alive(cached=False) == 1
         assert "rqrl" in {queue["name"] for queue in queues["queues"]}
         assert [worker["name"] for worker in listed["workers"]] == ["acl-worker"]
         # the failure path under the worker's rules: the learner gets the env's error, not a NOPERM
-        with RedisDistributedActors(fixtures.make_failing_env, fixtures.mlp_policy(1, 2), 16, 2, 2, 2.0,
-                                    redis_url=acl_url(acl_server, "learner"), run_name="acl-failing",
-                                    collect_timeout=60, secret=TEST_SECRET) as actors:
+        with redis_actors(acl_url(acl_server, "learner"), "acl-failing", fixtures.make_failing_env,
+                          fixtures.mlp_policy(1, 2), collect_timeout=60) as actors:
             actors.broadcast_updated_policy(actors.policy.state_dict())
             with pytest.raises(ActorFailedError, match="CountingEnv exploded"):
                 for _ in range(5):
                     actors.collect_outputs("cpu")
             failed_job = wait_for_failed_job(base, dashboard, log_file)
-            job = get_json(base, f"/0/data/job/{failed_job}.json", dashboard, log_file)
+            job = get_json(f"{base}/0/data/job/{failed_job}.json", dashboard, log_file)
         assert job["status"] == "failed" and "CountingEnv exploded" in (job["exc_info"] or "")
     assert not admin.keys("rqrl:acl-run:*") and not admin.keys("rqrl:acl-failing:*"), "stop() left keys behind"
     # nothing was refused but the one denial the rules mean (which also shows the ACL LOG check is live)
@@ -567,7 +488,7 @@ def test_the_documented_rules_are_the_tested_rules():
 def test_tls_learner_worker_and_dashboard_work_over_rediss(tls_server, tmp_path):
     url = tls_url(tls_server, tls_server.ca_file)
     log_file = tmp_path / "dashboard.log"
-    env = {**worker_env(), "REDIS_URL": url}  # the worker reads REDIS_URL: no URL on its command line
+    env = worker_env(REDIS_URL=url)  # the worker reads REDIS_URL: no URL on its command line
     worker = subprocess.Popen([sys.executable, "-m", "rqrl", "worker", "--name", "tls-worker", "--log-level",
                                "WARNING"], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     pool = WorkerProcesses(url)
@@ -576,7 +497,7 @@ def test_tls_learner_worker_and_dashboard_work_over_rediss(tls_server, tmp_path)
         with dashboard_on(url, log_file) as (base, dashboard):
             pool.wait_registered(tls_server.admin, 1)
             record, = collect(url, "tls-run")
-            listed = get_json(base, "/0/data/workers.json", dashboard, log_file)
+            listed = get_json(f"{base}/0/data/workers.json", dashboard, log_file)
     finally:
         pool.stop_all()
     assert record.rewards.shape == (16, 2)

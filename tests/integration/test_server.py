@@ -13,19 +13,12 @@ import redis
 
 from rqrl.errors import RedisServerNotFoundError, RqrlError, ServerError
 from rqrl.server import INSTALL_HINT, EmbeddedRedis, find_redis_server
+from tests.processes import alive
 
 pytestmark = pytest.mark.timeout(60)
 
 REDIS_SERVER = shutil.which("redis-server")
 needs_redis_server = pytest.mark.skipif(REDIS_SERVER is None, reason="no redis-server on PATH")
-
-
-def process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @needs_redis_server
@@ -41,10 +34,10 @@ def test_embedded_redis_answers_ping_and_leaves_nothing_after_stop():
         with redis.Redis.from_url(server.url) as client:
             assert client.get("k") == b"v"
         assert stat.S_IMODE(os.stat(socket_path).st_mode) == 0o700
-        assert process_exists(pid)
+        assert alive(pid)
     finally:
         server.stop()
-    assert not process_exists(pid)
+    assert not alive(pid)
     assert not directory.exists()
     assert server.process is None and server.directory is None
     server.stop()  # a second stop is harmless
@@ -61,7 +54,7 @@ def test_context_manager_stops_the_server_even_on_error():
     with pytest.raises(RuntimeError, match="inside"), EmbeddedRedis() as server:
         pid, directory = server.process.pid, Path(server.directory)
         raise RuntimeError("inside")
-    assert not process_exists(pid)
+    assert not alive(pid)
     assert not directory.exists()
 
 

@@ -11,6 +11,7 @@ import redis
 from rqrl.errors import RunStoppedError
 from rqrl.keys import RunKeys
 from rqrl.trajectories import DUPLICATE, FULL, MINE, PUSHED, PendingRollout, TrajectoryQueue
+from tests.polling import wait_until
 
 
 def rollout(actor_id: int, rollout_id: int) -> PendingRollout:
@@ -90,7 +91,7 @@ def test_push_waits_while_full_and_completes_when_a_consumer_pops(connection, re
     popped: list[bytes] = []
 
     def consume() -> None:
-        time.sleep(0.3)
+        time.sleep(0.3)  # the point: the consumer comes late, so the push must wait for it
         with redis.Redis.from_url(redis_url) as consumer_connection:
             popped.extend(TrajectoryQueue(consumer_connection, keys, bound=2).pop_available(2))
 
@@ -145,7 +146,7 @@ def test_wait_until_not_empty(connection, redis_url, run_name):
     assert 0.15 <= time.monotonic() - started < 2
 
     def produce_later() -> None:
-        time.sleep(0.2)
+        time.sleep(0.2)  # the point: the rollout arrives while the learner waits
         with redis.Redis.from_url(redis_url) as producer_connection:
             TrajectoryQueue(producer_connection, keys, bound=5).try_push([rollout(2, 0)])
 
@@ -187,9 +188,8 @@ def test_stress_several_producers_one_consumer_never_exceed_the_bound(connection
     for thread in producers:
         thread.start()
     consumer = TrajectoryQueue(connection, keys, bound)
+    wait_until(lambda: consumer.size() >= bound, 45, interval=0.01, message=f"producers filling the queue to {bound}")
     deadline = time.monotonic() + 45
-    while consumer.size() < bound and time.monotonic() < deadline:  # let the producers fill the queue first
-        time.sleep(0.01)
     received: list[bytes] = []
     while len(received) < n_producers * per_producer and time.monotonic() < deadline:
         max_seen = max(max_seen, consumer.size())

@@ -93,7 +93,9 @@ def _enqueue_raw(connection, function: str, *args, **options):
 
 
 def test_a_hostile_job_is_refused_and_lands_in_the_failed_registry(connection, redis_url, tmp_path):
+    from rq.job import Job, JobStatus
     from rq.registry import FailedJobRegistry
+    from rq.serializers import JSONSerializer
 
     marker = tmp_path / "pwned"
     job = _enqueue_raw(connection, "os.system", f"touch {marker}")
@@ -103,9 +105,11 @@ def test_a_hostile_job_is_refused_and_lands_in_the_failed_registry(connection, r
                             cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert not marker.exists(), "the hostile job ran"
-    failed = FailedJobRegistry("rqrl", connection=connection)
+    failed = FailedJobRegistry("rqrl", connection=connection, serializer=JSONSerializer)  # rqrl's serializer
     assert job.id in failed.get_job_ids()
-    refused = job.fetch(job.id, connection=connection, serializer="json").latest_result()
+    held = Job.fetch(job.id, connection=connection, serializer=failed.serializer)
+    assert (held.func_name, held.args, held.get_status()) == ("os.system", [f"touch {marker}"], JobStatus.FAILED)
+    refused = held.latest_result()
     assert "ForbiddenJobError" in (refused.exc_string or "")
     assert "never run callbacks" in result.stderr
 

@@ -28,21 +28,13 @@ from rqrl.algorithms.impala import (
     vtrace,
 )
 from rqrl.checkpoint import load_checkpoint, load_weights
-from rqrl.records import BatchedRecord, RolloutRecord, batch_records
+from rqrl.records import BatchedRecord, batch_records
 from rqrl.serial import SerialDistributedActors
+from tests.factories import rollout_record
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 CARTPOLE = functools.partial(make_flat_env, "CartPole-v1")
 RANDOM_CARTPOLE_RETURN = 22.0
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny MLPs: one thread is as fast and leaves the machine's other core alone."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------------------------- V-trace
@@ -230,19 +222,9 @@ def test_a_terminated_step_ignores_its_next_value_and_a_truncated_one_uses_it():
 
 
 def rollout(obs, next_obs, final_obs_steps, final_obs, terminated=(), policy_version=1, actor_id=0):
-    steps = len(obs)
-    terminated_array = np.zeros(steps, bool)
-    terminated_array[list(terminated)] = True
-    truncated_array = np.zeros(steps, bool)
-    truncated_array[list(final_obs_steps)] = True
-    return RolloutRecord(
-        obs=np.asarray(obs, np.float32), actions=np.zeros(steps, np.int64), rewards=np.ones(steps, np.float32),
-        terminated=terminated_array, truncated=truncated_array, log_probs=np.full(steps, -0.7, np.float32),
-        logits=np.zeros((steps, 2), np.float32), next_obs=np.asarray(next_obs, np.float32),
-        final_obs=np.asarray(final_obs, np.float32).reshape(-1, np.shape(obs)[1]),
-        final_obs_steps=np.asarray(final_obs_steps, np.int64), episode_returns=np.zeros(0),
-        episode_lengths=np.zeros(0, np.int64), policy_version=policy_version, actor_id=actor_id, rollout_id=0,
-        worker=f"w{actor_id}")
+    return rollout_record(len(obs), np.shape(obs)[1], obs=obs, next_obs=next_obs, terminated=terminated,
+                          final_obs_steps=final_obs_steps, final_obs=final_obs, log_prob=-0.7, logits=True,
+                          actor_id=actor_id, policy_version=policy_version, worker=f"w{actor_id}")
 
 
 def test_next_state_values_reads_the_next_obs_the_rollout_end_and_the_final_obs():
