@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from rqrl.errors import RecordError
-from rqrl.records import RolloutRecord, decode_record, differing_arrays, record_signature
+from rqrl.records import RecordSignature, RolloutRecord, decode_record, differing_arrays, record_signature
 from rqrl.stats import EpochStatsAggregator, RolloutEvents
 from rqrl.trajectories import Popped, TrajectoryQueue
 
@@ -35,7 +35,7 @@ class Inbox:
         self.done_below = 0  # entries below this index are handed over or rejected: acknowledged at the next pop
         self._last_rollout: dict[int, int] = {}
         self._ended_mid_episode: dict[int, bool] = {}  # actor id -> its last rollout ended inside an episode
-        self._signature: dict | None = None
+        self._signature: RecordSignature | None = None
 
     def __len__(self) -> int:
         return len(self._pending)

@@ -68,6 +68,11 @@ class RunKeys:
         return self._key("weights", version)
 
     @property
+    def weights_prefix(self) -> str:
+        """``weights(v)`` less the version: the weights fetch script appends the version it reads."""
+        return self._key("weights", "")
+
+    @property
     def trajectories(self) -> str:
         """The bounded out-of-sync queue of encoded rollout records."""
         return self._key("trajectories")

@@ -28,7 +28,8 @@ class MetricsWriter:
         self._tensorboard = SummaryWriter(logdir=str(self.run_dir / "tensorboard"),
                                           filename_suffix=f".{uuid.uuid4().hex[:8]}")
 
-    def write(self, env_steps: int, values: Mapping[str, float]) -> None:
+    def write(self, env_steps: int, values: Mapping[str, float | None]) -> None:
+        """One CSV row (None: an empty cell) and the finite values as TensorBoard scalars."""
         self._csv.writerow({"env_steps": env_steps, **values})
         for name, value in values.items():
             if value is not None and math.isfinite(value):

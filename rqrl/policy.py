@@ -2,20 +2,22 @@
 
 A policy is either an object with ``act(obs, generator) -> PolicyStep`` (any action space), or a
 ``torch.nn.Module`` whose ``forward(obs)`` returns logits ``[B, n]`` for a Discrete action space;
-rqrl samples from those logits with the actor's seeded generator.
+rqrl samples from those logits with the actor's seeded generator. The actors broadcast its
+weights, so what they take (``Policy``) also has ``state_dict()`` and ``load_state_dict()``, as
+every ``torch.nn.Module`` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import gymnasium
 import torch
 
 from rqrl.errors import ConfigError, PolicyError
-from rqrl.records import TensorObs
+from rqrl.observations import TensorObs
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,25 @@ class ActorPolicy(Protocol):
         ...
 
 
+class StatefulActorPolicy(ActorPolicy, Protocol):
+    """An ActorPolicy whose weights can be broadcast: ``state_dict()`` and ``load_state_dict()`` as
+    ``torch.nn.Module`` has them (a module with an ``act`` method is the usual one)."""
+
+    def state_dict(self) -> Mapping[str, Any]:
+        """The weights, by name."""
+        ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], /) -> object:
+        """Replace the weights with ``state_dict``'s."""
+        ...
+
+
+ActingPolicy: TypeAlias = torch.nn.Module | ActorPolicy
+"""What ``make_act_function`` turns into an ActFunction: logits from ``forward(obs)``, or ``act``."""
+
+Policy: TypeAlias = torch.nn.Module | StatefulActorPolicy
+"""What the actors take: an ActingPolicy whose weights can be broadcast."""
+
 ActFunction = Callable[[TensorObs, torch.Generator], PolicyStep]
 
 
@@ -47,7 +68,7 @@ def categorical_step(logits: torch.Tensor, generator: torch.Generator) -> Policy
     return PolicyStep(actions=actions, log_probs=log_probs, logits=logits)
 
 
-def make_act_function(policy: Any, action_space: gymnasium.Space) -> ActFunction:
+def make_act_function(policy: ActingPolicy, action_space: gymnasium.Space[Any]) -> ActFunction:
     """Return the function rollouts call to act; raise PolicyError if ``policy`` fits no protocol."""
     if isinstance(policy, ActorPolicy):
         return policy.act
@@ -74,8 +95,8 @@ def make_act_function(policy: Any, action_space: gymnasium.Space) -> ActFunction
     )
 
 
-def state_dict_of(policy: Any) -> dict[str, torch.Tensor]:
-    """The policy's state dict; raises PolicyError if it has none."""
+def state_dict_of(policy: Policy) -> dict[str, torch.Tensor]:
+    """The policy's state dict; raises PolicyError if it has none (an untyped caller's bare ActorPolicy)."""
     if not hasattr(policy, "state_dict") or not hasattr(policy, "load_state_dict"):
         raise PolicyError(
             f"policy {type(policy).__name__} needs state_dict() and load_state_dict() so weights can be "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 import numpy as np
 import torch
@@ -76,7 +76,11 @@ class RolloutRecord:
         return len(self.rewards)
 
 
-def record_signature(record: RolloutRecord) -> dict[str, tuple[tuple[int, ...], str]]:
+RecordSignature: TypeAlias = dict[str, tuple[tuple[int, ...], str]]
+"""Array name -> (per-step shape, dtype name), as record_signature gives it."""
+
+
+def record_signature(record: RolloutRecord) -> RecordSignature:
     """Per-step shape and dtype of every array of a record: rollouts of one run must all agree."""
     arrays = {name: getattr(record, name) for name in _STEP_FIELDS}
     if record.logits is not None:
@@ -85,7 +89,7 @@ def record_signature(record: RolloutRecord) -> dict[str, tuple[tuple[int, ...], 
     return {name: (tuple(np.shape(array)[1:]), str(np.asarray(array).dtype)) for name, array in arrays.items()}
 
 
-def differing_arrays(signature: dict, reference: dict) -> list[str]:
+def differing_arrays(signature: RecordSignature, reference: RecordSignature) -> list[str]:
     """Names of the arrays whose shape or dtype differ between two record signatures."""
     return sorted(name for name in set(signature) | set(reference) if signature.get(name) != reference.get(name))
 

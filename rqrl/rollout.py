@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import SupportsFloat
 
 import gymnasium
 import numpy as np
@@ -18,10 +19,13 @@ import torch
 
 from rqrl.errors import ConfigError, EnvError
 
-# stack_obs, to_array and to_tensor stay importable from here (rqrl.actors imports them from rollout)
-from rqrl.observations import Obs, empty_like_batch, flatten_obs, select, stack_obs, to_array, to_tensor
+# stack_obs, to_array and to_tensor are re-exported (rqrl.actors imports them from rollout)
+from rqrl.observations import Obs, empty_like_batch, flatten_obs, select
+from rqrl.observations import stack_obs as stack_obs
+from rqrl.observations import to_array as to_array
+from rqrl.observations import to_tensor as to_tensor
 from rqrl.policy import ActFunction
-from rqrl.records import RolloutRecord, differing_arrays, record_signature
+from rqrl.records import RecordSignature, RolloutRecord, differing_arrays, record_signature
 
 EnvFactory = Callable[[], gymnasium.Env]
 SPACES_HINT = "envs must keep their observation and action spaces: fix the env factory"
@@ -102,7 +106,7 @@ class ActorGroup:
                 raise ConfigError(f"env_factory must return a gymnasium.Env, got {type(env).__name__}")
         self.action_space = self.envs[0].action_space
         self.next_rollout_id: int | None = None
-        self._signature: dict | None = None
+        self._signature: RecordSignature | None = None
         self._obs: list[Obs] = []
         self._returns = np.zeros(len(self.envs))
         self._lengths = np.zeros(len(self.envs), dtype=np.int64)
@@ -193,9 +197,10 @@ class ActorGroup:
                     f"{after}); {SPACES_HINT}"
                 )
 
-    def _step_bookkeeping(self, index, step, obs, reward, term, trunc, rewards, terminated, truncated,
-                          final_obs, episodes) -> None:
-        obs = to_array(obs)
+    def _step_bookkeeping(self, index: int, step: int, env_obs: object, reward: SupportsFloat, term: bool,
+                          trunc: bool, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                          final_obs: list[list[tuple[int, Obs]]], episodes: list[list[tuple[float, int]]]) -> None:
+        obs = to_array(env_obs)
         if not math.isfinite(reward):
             raise EnvError(
                 f"actor {self.actor_ids[index]}'s env returned reward {reward} at step {step} of the rollout; "

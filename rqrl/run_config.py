@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import SupportsIndex
 
 from rqrl.errors import ConfigError
 from rqrl.keys import check_run_name
@@ -19,30 +20,27 @@ def _check(condition: bool, message: str) -> None:
 
 def _as_int(value: object) -> object:
     """Python ints from numpy integers (seed lists often come from np.arange); others unchanged."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         return value
-    try:
-        return operator.index(value)
-    except TypeError:
-        return value
+    return operator.index(value)
 
 
-def check_seeds(name: str, seeds: Sequence[int] | None, n_actors: int, default_offset: int) -> list[int]:
-    """Seeds per actor: the given list (one int per actor) or ``default_offset + actor_id``."""
+def check_seeds(name: str, seeds: Iterable[SupportsIndex] | None, n_actors: int, default_offset: int) -> list[int]:
+    """Seeds per actor: the given ints (one per actor; numpy ints too) or ``default_offset + actor_id``."""
     if seeds is None:
         return [default_offset + actor_id for actor_id in range(n_actors)]
-    seeds = [_as_int(seed) for seed in seeds]
+    given = [_as_int(seed) for seed in seeds]
     _check(
-        len(seeds) == n_actors,
-        f"expected {name} to hold one seed per actor ({n_actors}), got {len(seeds)}; "
+        len(given) == n_actors,
+        f"expected {name} to hold one seed per actor ({n_actors}), got {len(given)}; "
         f"pass e.g. {name}=list(range({n_actors}))",
     )
-    for seed in seeds:
-        _check(
-            isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0,
-            f"expected {name} to hold non-negative ints, got {seed!r}",
-        )
-    return seeds
+    checked: list[int] = []
+    for seed in given:
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ConfigError(f"expected {name} to hold non-negative ints, got {seed!r}")
+        checked.append(seed)
+    return checked
 
 
 def split_actors(n_actors: int, actors_per_job: int) -> list[list[int]]:

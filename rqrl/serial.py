@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import SupportsIndex
+
+import torch
 
 from rqrl.actors import DistributedActors
 from rqrl.errors import ConfigError, RqrlError
-from rqrl.policy import ActFunction, as_state_dict, check_state_dict, make_act_function, state_dict_of
+from rqrl.policy import ActFunction, Policy, as_state_dict, check_state_dict, make_act_function, state_dict_of
 from rqrl.records import CollectedOutputs, batch_records
 from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import check_seeds
@@ -28,8 +30,9 @@ WORKER_LABEL = "serial"
 class SerialDistributedActors(DistributedActors):
     """All actors stepped together in this process; each collect_outputs returns ``n_actors`` rollouts."""
 
-    def __init__(self, env_factory: EnvFactory, policy: Any, n_rollout_steps: int, n_actors: int, batch_size: int,
-                 actor_env_seeds: Sequence[int] | None = None, actor_agent_seeds: Sequence[int] | None = None):
+    def __init__(self, env_factory: EnvFactory, policy: Policy, n_rollout_steps: int, n_actors: int, batch_size: int,
+                 actor_env_seeds: Iterable[SupportsIndex] | None = None,
+                 actor_agent_seeds: Iterable[SupportsIndex] | None = None):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
         if batch_size != n_actors:
             raise ConfigError(
@@ -58,7 +61,7 @@ class SerialDistributedActors(DistributedActors):
             self.group.close()
             self.group = None
 
-    def broadcast_updated_policy(self, state_dict: dict) -> None:
+    def broadcast_updated_policy(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         state_dict = as_state_dict(state_dict)
         check_state_dict(self._policy_state, state_dict)
         self.actor_policy.load_state_dict(state_dict)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeAlias
 
 import numpy as np
 
 from rqrl.errors import ConfigError, MissingStatsError
+
+Event: TypeAlias = Callable[[], None] | str
+"""A statistic's event: a static method of ``RolloutEvents`` or its name."""
 
 
 class LogStatsLevel(enum.Enum):
@@ -88,7 +91,7 @@ _REDUCERS: dict[str, Callable[[np.ndarray], float]] = {
 }
 
 
-def event_name(event: Callable | str) -> str:
+def event_name(event: Event) -> str:
     return event if isinstance(event, str) else event.__name__
 
 
@@ -99,9 +102,9 @@ class EpochStatsAggregator:
         self._values: dict[str, list[float]] = defaultdict(list)
         self.last_stats: dict[str, dict[str, float]] = {}
 
-    def add(self, event: Callable | str, values: float | Iterable[float]) -> None:
-        values = [values] if np.ndim(values) == 0 else np.asarray(values).ravel().tolist()
-        self._values[event_name(event)].extend(float(value) for value in values)
+    def add(self, event: Event, values: float | Sequence[float] | np.ndarray) -> None:
+        """Add one value, or the values of a sequence or array (of any shape), to ``event``'s epoch list."""
+        self._values[event_name(event)].extend(float(value) for value in np.asarray(values).ravel().tolist())
 
     def current(self) -> dict[str, dict[str, float]]:
         """Reduced statistics of the running epoch: ``{event: {reducer: value}}``."""
@@ -118,7 +121,7 @@ class EpochStatsAggregator:
         return self.last_stats
 
     def get_stats_value(
-        self, event: Callable | str, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None
+        self, event: Event, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None
     ) -> float | dict[str, float]:
         """One statistic (all of one event if ``name`` is None) of the running epoch, or of the last
         reduced epoch if the running one has no values for ``event`` yet (as Maze reads them)."""

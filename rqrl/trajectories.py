@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import redis
+from redis.typing import EncodableT
 
 from rqrl.errors import RunStoppedError
 from rqrl.keys import RunKeys
@@ -136,7 +137,7 @@ class TrajectoryQueue:
         rollout (MINE: pushed already under the same non-empty ``token``)."""
         if not rollouts:
             return []
-        arguments: list[object] = [self.bound, token]
+        arguments: list[EncodableT] = [self.bound, token]
         for rollout in rollouts:
             arguments += [rollout.actor_id, rollout.rollout_id, rollout.payload]
         results = self._push(keys=[self.keys.trajectories, self.keys.pushed_rollouts, self.keys.pushed_by],
@@ -195,7 +196,9 @@ class TrajectoryQueue:
     def wait_until_not_empty(self, timeout_seconds: float) -> bool:
         """Block up to ``timeout_seconds`` until a rollout waits; pops nothing (a LEFT-to-LEFT move of
         the list onto itself leaves it as it was, so a retried call is harmless)."""
-        return self.connection.blmove(self.keys.trajectories, self.keys.trajectories, timeout_seconds,
+        # redis-py hints the timeout as int, but BLMOVE takes a double number of seconds (0.05 works)
+        return self.connection.blmove(self.keys.trajectories, self.keys.trajectories,
+                                      timeout_seconds,  # type: ignore[arg-type]
                                       "LEFT", "LEFT") is not None
 
     def unacknowledged(self, start: int = 0, stop: int = -1) -> tuple[list[bytes], int]:

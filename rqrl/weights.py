@@ -61,9 +61,8 @@ class WeightStore:
 
     def fetch_if_newer(self, held_version: int | None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """``(version, state_dict)`` if a version other than ``held_version`` is latest, else None."""
-        prefix = self.keys.weights("")
         held = -1 if held_version is None else held_version
-        reply = self._fetch(keys=[self.keys.latest_version], args=[prefix, held])
+        reply = self._fetch(keys=[self.keys.latest_version], args=[self.keys.weights_prefix, held])
         if len(reply) < 2:
             return None
         version, blob = int(reply[0]), reply[1]

@@ -8,5 +8,11 @@ bash scripts/setup.sh
 . "${RQRL_VENV:-.venv}/bin/activate"
 echo "==> ruff"
 ruff check rqrl tests benchmarks
+# types are checked against the newest allowed dependencies only: the lowest ones' stubs (numpy 1.24,
+# gymnasium 1.1) disagree with the newest about generics and annotations, not about the code
+if [ -z "${RQRL_CONSTRAINTS:-}" ]; then
+  echo "==> mypy"
+  mypy  # settings and files in pyproject.toml [tool.mypy]
+fi
 echo "==> pytest"
 exec python -m pytest -q "$@"

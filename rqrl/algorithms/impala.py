@@ -37,6 +37,7 @@ from rqrl.checkpoint import TrainingState, load_checkpoint, load_weights, save_c
 from rqrl.connection import redact_url
 from rqrl.errors import ConfigError
 from rqrl.metrics import MetricsWriter, plot_learning_curve
+from rqrl.observations import TensorObs, map_tree
 from rqrl.records import BatchedRecord
 
 log = logging.getLogger(__name__)
@@ -109,13 +110,13 @@ class ActorCritic(nn.Module):
         super().__init__()
 
         def mlp(out: int, gain: float) -> nn.Sequential:
-            layers = [nn.Linear(obs_size, hidden_size), nn.Tanh(), nn.Linear(hidden_size, hidden_size), nn.Tanh(),
-                      nn.Linear(hidden_size, out)]
+            head = nn.Linear(hidden_size, out)
+            layers = [nn.Linear(obs_size, hidden_size), nn.Tanh(), nn.Linear(hidden_size, hidden_size), nn.Tanh(), head]
             for layer in layers:
                 if isinstance(layer, nn.Linear):
                     nn.init.orthogonal_(layer.weight, math.sqrt(2))
                     nn.init.zeros_(layer.bias)
-            nn.init.orthogonal_(layers[-1].weight, gain)
+            nn.init.orthogonal_(head.weight, gain)
             return nn.Sequential(*layers)
 
         self.policy = mlp(n_actions, 0.01)
@@ -166,13 +167,21 @@ def vtrace(
     return vs, advantages
 
 
+def vector_obs(obs: TensorObs) -> torch.Tensor:
+    """A batch's observations as the one tensor the MLPs take; refuses dict observations."""
+    if not isinstance(obs, torch.Tensor):
+        raise ConfigError(f"IMPALA here takes vector observations, got a dict observation with keys {sorted(obs)}; "
+                          f"flatten it, e.g. with gymnasium.wrappers.FlattenObservation in the env factory")
+    return obs
+
+
 def next_state_values(model: ActorCritic, record: BatchedRecord) -> torch.Tensor:
     """``[T, B]`` values of the state after each step: obs[t+1], next_obs at the end, final_obs at truncations."""
     with torch.no_grad():
-        values = model.values(torch.cat([record.obs[1:], record.next_obs.unsqueeze(0)]))
+        values = model.values(torch.cat([vector_obs(record.obs)[1:], vector_obs(record.next_obs).unsqueeze(0)]))
         if len(record.final_obs_index):
             steps, columns = record.final_obs_index[:, 0], record.final_obs_index[:, 1]
-            values[steps, columns] = model.values(record.final_obs)
+            values[steps, columns] = model.values(vector_obs(record.final_obs))
     return values
 
 
@@ -187,10 +196,11 @@ class LossTerms:
 
 def impala_loss(model: ActorCritic, record: BatchedRecord, config: ImpalaConfig) -> LossTerms:
     """The IMPALA loss on one batch: V-trace policy gradient + value regression - entropy bonus."""
-    logits = model(record.obs)
+    obs = vector_obs(record.obs)
+    logits = model(obs)
     log_probs_all = torch.log_softmax(logits, dim=-1)
     target_log_probs = log_probs_all.gather(-1, record.actions.long().unsqueeze(-1)).squeeze(-1)
-    values = model.values(record.obs)
+    values = model.values(obs)
     terminated = record.terminated.float()
     episode_ended = (record.terminated | record.truncated).float()
     vs, advantages = vtrace(
@@ -226,11 +236,13 @@ def drop_stale(record: BatchedRecord, learner_version: int, max_policy_lag: int 
     if len(final_index):
         final_index[:, 1] = remap[final_index[:, 1]]
     return BatchedRecord(
-        obs=record.obs[:, columns], actions=record.actions[:, columns], rewards=record.rewards[:, columns],
+        obs=map_tree(lambda tensor: tensor[:, columns], record.obs),
+        actions=record.actions[:, columns], rewards=record.rewards[:, columns],
         terminated=record.terminated[:, columns], truncated=record.truncated[:, columns],
         log_probs=record.log_probs[:, columns],
         logits=record.logits[:, columns] if record.logits is not None else None,
-        next_obs=record.next_obs[columns], final_obs=record.final_obs[final_keep], final_obs_index=final_index,
+        next_obs=map_tree(lambda tensor: tensor[columns], record.next_obs),
+        final_obs=map_tree(lambda tensor: tensor[final_keep], record.final_obs), final_obs_index=final_index,
         policy_version=record.policy_version[columns], actor_id=record.actor_id[columns],
         rollout_id=record.rollout_id[columns], worker=tuple(record.worker[int(c)] for c in columns),
         episode_returns=record.episode_returns, episode_lengths=record.episode_lengths,
@@ -271,7 +283,8 @@ def env_spaces(env_id: str) -> tuple[int, int, float | None]:
 def make_flat_env(env_id: str) -> gymnasium.Env:
     """The env with observations flattened to a float32 vector (what the MLP expects)."""
     env = gymnasium.make(env_id)
-    if len(env.observation_space.shape) != 1:
+    shape = env.observation_space.shape
+    if shape is None or len(shape) != 1:  # None: a Dict or Tuple space
         env = gymnasium.wrappers.FlattenObservation(env)
     return env
 
@@ -346,8 +359,9 @@ class Learner:
 
     @property
     def solved(self) -> bool:
+        mean_return = self.mean_return
         return (self.target_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
-                and self.mean_return >= self.target_return)
+                and mean_return is not None and mean_return >= self.target_return)
 
     def update(self, record: BatchedRecord) -> LossTerms:
         terms = impala_loss(self.model, record, self.config)

@@ -9,6 +9,7 @@ import functools
 import json
 import math
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -30,6 +31,7 @@ from rqrl.algorithms.impala import (
 from rqrl.checkpoint import load_checkpoint, load_weights
 from rqrl.records import BatchedRecord, batch_records
 from rqrl.serial import SerialDistributedActors
+from tests import fixtures
 from tests.factories import rollout_record
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
@@ -362,6 +364,51 @@ def test_drop_stale_with_no_final_obs_and_lag_zero():
     fresh = drop_stale(record, learner_version=3, max_policy_lag=0)
     assert fresh.batch_size == 2 and fresh.policy_version.tolist() == [3, 3]
     assert fresh.final_obs_index.shape == (0, 2) and fresh.final_obs.shape == (0, 2)
+
+
+def as_dict_obs(tensor):
+    """A tensor observation as a nested dict observation with the same batch axes."""
+    return {"a": tensor, "nested": {"b": -tensor}}
+
+
+def test_drop_stale_keeps_the_fresh_columns_of_dict_observations():
+    record = hand_batch([5, 3, 4], final_columns=[(1, 2), (0, 1)])
+    record = dataclasses.replace(record, obs=as_dict_obs(record.obs), next_obs=as_dict_obs(record.next_obs),
+                                 final_obs=as_dict_obs(record.final_obs))
+    fresh = drop_stale(record, learner_version=5, max_policy_lag=1)
+    assert fresh is not None and fresh.batch_size == 2
+    kept = torch.tensor([0, 2])
+    assert torch.equal(fresh.obs["a"], record.obs["a"][:, kept])
+    assert torch.equal(fresh.obs["nested"]["b"], record.obs["nested"]["b"][:, kept])
+    assert torch.equal(fresh.next_obs["nested"]["b"], record.next_obs["nested"]["b"][kept])
+    assert torch.equal(fresh.final_obs["a"], record.final_obs["a"][[0]])
+    assert fresh.final_obs_index.tolist() == [[1, 1]]
+
+
+def test_impala_loss_refuses_dict_observations_and_names_the_fix():
+    record = hand_batch([1, 1], final_columns=[])
+    record = dataclasses.replace(record, obs=as_dict_obs(record.obs))
+    with pytest.raises(ConfigError, match=r"vector observations, got a dict observation with keys \['a', 'nested'\]"
+                                          r".*FlattenObservation"):
+        impala_loss(ActorCritic(2, 2, 8), record, ImpalaConfig())
+
+
+@pytest.fixture
+def dict_env_id():
+    env_id = "rqrl-test/DictObs-v0"
+    gymnasium.register(env_id, entry_point=fixtures.DictObsEnv)
+    yield env_id
+    del gymnasium.registry[env_id]
+
+
+def test_make_flat_env_flattens_dict_observations(dict_env_id):
+    env = make_flat_env(dict_env_id)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert env.observation_space.shape == (5,)  # a Box(2) and a one-hot Discrete(3)
+        assert obs.shape == (5,)
+    finally:
+        env.close()
 
 
 # ------------------------------------------------------------------------------------------------ config

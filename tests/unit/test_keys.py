@@ -48,6 +48,7 @@ def test_keys_are_distinct():
     names = list(every_key(keys).values()) + [keys.weights(4), keys.lease(4), keys.progress(5)]
     assert len(names) == len(set(names))
     assert keys.weights(1) == "rqrl:r:weights:1" and keys.latest_version == "rqrl:r:weights:latest"
+    assert keys.weights_prefix + "12" == keys.weights(12)
 
 
 def test_one_runs_pattern_does_not_match_another_runs_keys():
