@@ -25,6 +25,7 @@ import multiprocessing.connection
 import multiprocessing.context
 import os
 import pickle
+import select
 import signal
 import time
 import traceback
@@ -41,7 +42,8 @@ import numpy as np
 from gymnasium import spaces
 
 from rqrl.errors import ConfigError, EnvError
-from rqrl.observations import Obs, map_tree, select, stack_obs, to_array
+from rqrl.observations import Obs, map_tree, stack_obs, to_array
+from rqrl.observations import select as select_obs
 from rqrl.process import exit_when_orphaned, stop_processes
 from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
 
@@ -369,13 +371,14 @@ class SubprocVectorEnv:
         self.start_method = context.get_start_method()
         self.epoch_stats = VectorEnvStats(self.n_envs, logging_prefix)
         self.reset_infos: list[dict] = []
-        self._processes: list[multiprocessing.process.BaseProcess] = []
+        self.processes: list[multiprocessing.process.BaseProcess] = []
         self._connections: list[multiprocessing.connection.Connection] = []
+        self._pollers: list[Any] = []  # one select.poll per pipe (POSIX): cheaper than Connection.poll per step
         self._shared: list[_SharedArrays] = []  # the finalizer's handle on the block
         self._closed = False
         self._dead: EnvProcessDiedError | None = None
         self._actor_rewards: list[Any] | None = None
-        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._connections, self._shared)
+        self._finalizer = weakref.finalize(self, _shutdown, self.processes, self._connections, self._shared)
         try:
             self._start(context, factories)
         except BaseException:
@@ -398,8 +401,12 @@ class SubprocVectorEnv:
             )
             process.start()
             child_connection.close()  # only the child holds its end now: its death is an EOF here
-            self._processes.append(process)
+            self.processes.append(process)
             self._connections.append(parent_connection)
+            if hasattr(select, "poll"):
+                poller = select.poll()
+                poller.register(parent_connection.fileno(), select.POLLIN)
+                self._pollers.append(poller)
         handshakes = self._gather()
         self.observation_space, self.action_space, _ = handshakes[0]
         for index, (observation_space, action_space, _) in enumerate(handshakes):
@@ -570,7 +577,7 @@ class SubprocVectorEnv:
             return list(actions)
         if isinstance(actions, Mapping):
             map_tree(lambda leaf: self._check_count(len(leaf)), actions)
-            return [select(actions, index) for index in range(self.n_envs)]
+            return [select_obs(actions, index) for index in range(self.n_envs)]
         actions = np.asarray(actions)
         self._check_count(actions.shape[0] if actions.ndim else 0)
         return list(actions)
@@ -581,7 +588,7 @@ class SubprocVectorEnv:
         return stack_obs([obs for _, obs, _ in replies])
 
     def _died(self, index: int) -> EnvProcessDiedError:
-        process = self._processes[index]
+        process = self.processes[index]
         process.join(1.0)  # reap it, for its exit code
         self._dead = EnvProcessDiedError(index, process.exitcode)
         return self._dead
@@ -597,9 +604,10 @@ class SubprocVectorEnv:
 
     def _receive(self, index: int) -> Any:
         """The reply of env ``index``; never waits on a dead process (EOF, or a liveness check per poll)."""
-        connection, process = self._connections[index], self._processes[index]
+        connection, process = self._connections[index], self.processes[index]
+        poller = self._pollers[index] if self._pollers else None
         try:
-            while not connection.poll(POLL_SECONDS):
+            while not (poller.poll(POLL_SECONDS * 1000) if poller is not None else connection.poll(POLL_SECONDS)):
                 if not process.is_alive():
                     raise self._died(index)
             return connection.recv()
