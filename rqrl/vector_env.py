@@ -8,7 +8,7 @@ SB3's key, and gymnasium's ``"final_observation"``/``"final_info"``). Fixed-shap
 actions, rewards and flags travel through one shared-memory block; the pipes carry only commands,
 infos and errors.
 
->>> import gymnasium
+>>> import gymnasium, numpy as np
 >>> with SubprocVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 2) as envs:  # doctest: +SKIP
 ...     envs.seed([0, 1])
 ...     obs = envs.reset()
@@ -98,7 +98,7 @@ class _RemoteError:
                               remote_traceback=self.traceback)
 
 
-def default_context(start_method: str | None) -> multiprocessing.context.BaseContext:
+def _multiprocessing_context(start_method: str | None) -> multiprocessing.context.BaseContext:
     """Maze's default, 'forkserver' where available, else 'spawn'; an unknown method is refused."""
     methods = multiprocessing.get_all_start_methods()
     if start_method is None:
@@ -122,7 +122,7 @@ def _leaf_specs(space: gymnasium.Space) -> Any:
         specs = {key: _leaf_specs(sub) for key, sub in space.spaces.items()}
         return specs if specs and all(spec is not None for spec in specs.values()) else None
     if isinstance(space, _FIXED_SHAPE_SPACES) and space.dtype is not None:
-        return (tuple(space.shape), np.dtype(space.dtype).str)
+        return (tuple(space.shape or ()), np.dtype(space.dtype).str)
     return None
 
 
@@ -207,7 +207,9 @@ class _EnvServer:
         self.action_arrays: Any = None
 
     def serve(self) -> None:
-        handlers = {"step": self.step, "reset": self.reset, "seed": self.seed, "attach": self.attach}
+        handlers: dict[str, Callable[[Any], Any]] = {
+            "step": self.step, "reset": self.reset, "seed": self.seed, "attach": self.attach,
+        }
         while True:
             command, data = self.connection.recv()
             if command == "close":
@@ -254,6 +256,7 @@ class _EnvServer:
             final_obs = to_array(obs)
             info = {**info, "terminal_observation": final_obs, "final_observation": final_obs, "final_info": info}
             obs, info["reset_info"] = self._reset()
+        assert self.shared is not None, "attach comes first"
         arrays = self.shared.arrays
         arrays["reward"][self.index] = reward
         arrays["terminated"][self.index] = terminated
@@ -295,7 +298,7 @@ def _worker(index: int, connection: multiprocessing.connection.Connection,
 # ---- the caller's side ---------------------------------------------------------------------------
 
 
-class VectorEnvStats(EpochStatsAggregator):
+class _VectorEnvStats(EpochStatsAggregator):
     """Epoch statistics of a SubprocVectorEnv: episodes as they end; env steps and their rate are folded in
     whenever the statistics are read, so stepping adds no per-step values to the epoch."""
 
@@ -365,18 +368,18 @@ class SubprocVectorEnv:
             if not callable(factory):
                 raise ConfigError(f"env_factories[{index}] must be a callable returning a gymnasium.Env, "
                                   f"got {factory!r}")
-        context = default_context(start_method)
+        context = _multiprocessing_context(start_method)
         self.n_envs = len(factories)
         self.logging_prefix = logging_prefix
         self.start_method = context.get_start_method()
-        self.epoch_stats = VectorEnvStats(self.n_envs, logging_prefix)
+        self.epoch_stats = _VectorEnvStats(self.n_envs, logging_prefix)
         self.reset_infos: list[dict] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
         self._connections: list[multiprocessing.connection.Connection] = []
         self._pollers: list[Any] = []  # one select.poll per pipe (POSIX): cheaper than Connection.poll per step
         self._shared: list[_SharedArrays] = []  # the finalizer's handle on the block
         self._closed = False
-        self._dead: EnvProcessDiedError | None = None
+        self._dead: tuple[int, int | None] | None = None  # (env index, exit code) of a dead env process
         self._actor_rewards: list[Any] | None = None
         self._finalizer = weakref.finalize(self, _shutdown, self.processes, self._connections, self._shared)
         try:
@@ -395,7 +398,7 @@ class SubprocVectorEnv:
                 raise ConfigError(f"env_factories[{index}] cannot be pickled: {error}; pass a module-level "
                                   "function or a picklable callable") from error
             parent_connection, child_connection = context.Pipe(duplex=True)
-            process = context.Process(
+            process = context.Process(  # type: ignore[attr-defined]
                 target=_worker, args=(index, child_connection, parent_connection, payload, os.getpid()),
                 name=f"rqrl-vector-env-{index}", daemon=True,
             )
@@ -540,7 +543,7 @@ class SubprocVectorEnv:
         if self._closed:
             raise VectorEnvError("this SubprocVectorEnv is closed; build a new one", env_index=None)
         if self._dead is not None:
-            raise EnvProcessDiedError(self._dead.env_index, self._dead.exitcode)
+            raise EnvProcessDiedError(*self._dead)
 
     def _check_count(self, count: int) -> None:
         if count != self.n_envs:
@@ -577,7 +580,7 @@ class SubprocVectorEnv:
             return list(actions)
         if isinstance(actions, Mapping):
             map_tree(lambda leaf: self._check_count(len(leaf)), actions)
-            return [select_obs(actions, index) for index in range(self.n_envs)]
+            return [select_obs(dict(actions), index) for index in range(self.n_envs)]
         actions = np.asarray(actions)
         self._check_count(actions.shape[0] if actions.ndim else 0)
         return list(actions)
@@ -590,8 +593,8 @@ class SubprocVectorEnv:
     def _died(self, index: int) -> EnvProcessDiedError:
         process = self.processes[index]
         process.join(1.0)  # reap it, for its exit code
-        self._dead = EnvProcessDiedError(index, process.exitcode)
-        return self._dead
+        self._dead = (index, process.exitcode)
+        return EnvProcessDiedError(index, process.exitcode)
 
     def _send(self, index: int, message: Any) -> None:
         self._send_bytes(index, pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
