@@ -53,9 +53,10 @@ class Supervisor:
         """Drop a dead group's job from RQ's started registry (entries are ``job_id:execution_id``)."""
         registry_key = started_registry(self.queue.name, self.connection).key
         for entry in self.connection.zrange(registry_key, 0, -1):
-            job_id = entry.decode().split(":")[0]
+            member = entry.decode() if isinstance(entry, bytes) else str(entry)
+            job_id = member.split(":")[0]
             if self.keys.group_of_job(job_id) == group_id:
-                self.connection.zrem(registry_key, entry)
+                self.connection.zrem(registry_key, member)
                 self.connection.delete(Job.key_for(job_id))
 
     def raise_actor_failures(self, throttled: bool = False) -> None:
@@ -65,7 +66,7 @@ class Supervisor:
             return
         self._last_failure_check = now
         raw = self.connection.lpop(self.keys.errors)
-        if raw is None:
+        if not isinstance(raw, bytes | str):  # None: no failure reported
             return
         report = json.loads(raw)
         raise ActorFailedError(
