@@ -468,7 +468,8 @@ class SubprocDistributedActors(RedisDistributedActors):
 
     Starts ``n_workers`` worker processes (default: one per core, at most one per actor) with
     the ``start_method`` multiprocessing context; actors are split evenly over the workers so
-    each worker steps its actors as one batch and their episodes run on uninterrupted.
+    each worker steps its actors as one batch and their episodes run on uninterrupted. The other
+    RunOptions come one by one or as ``options=``; ``n_workers`` and ``start_method`` win over theirs.
     """
 
     def __init__(
@@ -484,18 +485,28 @@ class SubprocDistributedActors(RedisDistributedActors):
         actor_agent_seeds: Iterable[SupportsIndex],
         *,
         n_workers: int | None = None,
-        **options: Any,
+        options: RunOptions | None = None,
+        **keyword_options: Any,
     ):
         if n_workers is None:
             n_workers = min(n_actors, os.cpu_count() or 1) if isinstance(n_actors, int) and n_actors > 0 else 1
         if n_workers < 1:
             raise ConfigError(f"expected n_workers >= 1, got {n_workers}")
-        options.setdefault("actors_per_job", max(1, math.ceil(n_actors / n_workers)) if isinstance(n_actors, int)
-                           and n_actors > 0 else None)
+        per_job = max(1, math.ceil(n_actors / n_workers)) if isinstance(n_actors, int) and n_actors > 0 else None
+        if options is None:
+            keyword_options.setdefault("actors_per_job", per_job)
+            keyword_options.update(n_local_workers=n_workers, start_method=start_method)
+        else:
+            if options.redis_url is not None or options.worker_redis_url is not None:
+                raise ConfigError("SubprocDistributedActors always runs a private Redis, got options with redis_url "
+                                  "or worker_redis_url; leave them out, or use RedisDistributedActors")
+            options = dataclasses.replace(
+                options, n_local_workers=n_workers, start_method=start_method,
+                actors_per_job=per_job if options.actors_per_job is None else options.actors_per_job,
+            )
         super().__init__(
             env_factory, policy, n_rollout_steps, n_actors, batch_size, queue_out_of_sync_factor,
-            actor_env_seeds, actor_agent_seeds, redis_url=None, connection=None,
-            n_local_workers=n_workers, start_method=start_method, **options,
+            actor_env_seeds, actor_agent_seeds, redis_url=None, connection=None, options=options, **keyword_options,
         )
         self.redis_url = None
         self.embedded = True
