@@ -88,12 +88,12 @@ class Supervisor:
 
 def count_live_workers(connection: redis.Redis, queue: Queue) -> int:
     """Workers listening on ``queue`` whose last heartbeat is at most LIVENESS_SECONDS old."""
-    cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=LIVENESS_SECONDS)
+    cutoff = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=LIVENESS_SECONDS)
     live = 0
     for worker in Worker.all(connection=connection, queue=queue, serializer=JSONSerializer):
         heartbeat = worker.last_heartbeat
         if heartbeat is not None and heartbeat.tzinfo is None:
-            heartbeat = heartbeat.replace(tzinfo=datetime.timezone.utc)
+            heartbeat = heartbeat.replace(tzinfo=datetime.UTC)
         if heartbeat is not None and heartbeat >= cutoff:
             live += 1
     return live
