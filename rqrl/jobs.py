@@ -249,6 +249,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         config = read_config(connection, run_name)
         # the lease first: unpickling and building envs can take a while, and the reaper must not
         # mistake a job that is still starting for a dead one
+        # ``held`` for the closures below; ``lease`` is cleared once the lease is given up
         held = lease = GroupLease(connection, keys, group_id, job.id, config.lease_seconds, config.hang_seconds)
         held.acquire()
         context = load_context(connection, run_name)
