@@ -7,6 +7,7 @@ from rqrl.errors import (
     CollectTimeoutError,
     ConfigError,
     EnvError,
+    EnvProcessDiedError,
     ForbiddenJobError,
     LeaseLostError,
     MissingStatsError,
@@ -20,11 +21,13 @@ from rqrl.errors import (
     RunStoppedError,
     ServerError,
     SignatureError,
+    VectorEnvError,
 )
-from rqrl.policy import ActorPolicy, PolicyStep
+from rqrl.policy import ActorPolicy, Policy, PolicyStep, StatefulActorPolicy
 from rqrl.records import BatchedRecord, CollectedOutputs, RolloutRecord
 from rqrl.serial import SerialDistributedActors
 from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
+from rqrl.vector_env import SubprocVectorEnv
 
 __version__ = "0.1.0"
 
@@ -38,12 +41,14 @@ __all__ = [
     "ConfigError",
     "DistributedActors",
     "EnvError",
+    "EnvProcessDiedError",
     "EpochStatsAggregator",
     "ForbiddenJobError",
     "LeaseLostError",
     "LogStatsLevel",
     "MissingStatsError",
     "NoWorkersError",
+    "Policy",
     "PolicyError",
     "PolicyStep",
     "RecordError",
@@ -58,6 +63,9 @@ __all__ = [
     "SerialDistributedActors",
     "ServerError",
     "SignatureError",
+    "StatefulActorPolicy",
     "SubprocDistributedActors",
+    "SubprocVectorEnv",
+    "VectorEnvError",
     "__version__",
 ]

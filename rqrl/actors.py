@@ -19,14 +19,15 @@ torch.Size([16, 2])
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import math
 import os
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Self, SupportsIndex
 
 import redis
 import torch
@@ -39,23 +40,24 @@ from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
 from rqrl.observations import stack_obs, to_array, to_tensor
 from rqrl.options import DEFAULTS, RunOptions
-from rqrl.policy import as_state_dict, check_state_dict, make_act_function, state_dict_of
+from rqrl.policy import Policy, as_state_dict, check_state_dict, make_act_function, state_dict_of
+from rqrl.process import ProcessContext
 from rqrl.records import CollectedOutputs, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory
 from rqrl.rq_safety import rollout_queue
 from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.run_store import RunStore
-from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents, record_batch
+from rqrl.stats import EpochStatsAggregator, RolloutEvents, StatsReader, record_batch
 from rqrl.supervisor import Supervisor
 from rqrl.trajectories import TrajectoryQueue
 from rqrl.weights import WeightStore
 
 
-class DistributedActors(abc.ABC):
+class DistributedActors(StatsReader, abc.ABC):
     """Actors run rollouts independently; the learner collects them in batches and broadcasts
     new policy versions. Mirrors ``maze...distributed_actors.DistributedActors``."""
 
-    def __init__(self, env_factory: EnvFactory, policy: Any, n_rollout_steps: int, n_actors: int, batch_size: int):
+    def __init__(self, env_factory: EnvFactory, policy: Policy, n_rollout_steps: int, n_actors: int, batch_size: int):
         for name, value in (("n_rollout_steps", n_rollout_steps), ("n_actors", n_actors), ("batch_size", batch_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"expected {name} >= 1, got {value!r}")
@@ -78,24 +80,14 @@ class DistributedActors(abc.ABC):
         """Stop the actors and release everything the run owns."""
 
     @abc.abstractmethod
-    def broadcast_updated_policy(self, state_dict: dict) -> None:
+    def broadcast_updated_policy(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Make ``state_dict`` the policy version every actor uses from its next rollout on."""
 
     @abc.abstractmethod
     def collect_outputs(self, learner_device: str) -> CollectedOutputs:
         """Collect ``batch_size`` rollouts, batched time-major ``[T, B]`` on ``learner_device``."""
 
-    def get_epoch_stats_aggregator(self) -> EpochStatsAggregator:
-        """The aggregator of this epoch's statistics (``reduce()`` it to end the epoch)."""
-        return self.epoch_stats
-
-    def get_stats_value(
-        self, event: Callable | str, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None
-    ) -> float | dict[str, float]:
-        """One statistic of the running epoch, e.g. ``(RolloutEvents.episode_return, EPOCH, "mean")``."""
-        return self.epoch_stats.get_stats_value(event, level, name)
-
-    def __enter__(self) -> DistributedActors:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -125,13 +117,13 @@ class RedisDistributedActors(DistributedActors):
     def __init__(
         self,
         env_factory: EnvFactory,
-        policy: Any,
+        policy: Policy,
         n_rollout_steps: int,
         n_actors: int,
         batch_size: int,
         queue_out_of_sync_factor: float = 2.0,
-        actor_env_seeds: Sequence[int] | None = None,
-        actor_agent_seeds: Sequence[int] | None = None,
+        actor_env_seeds: Iterable[SupportsIndex] | None = None,
+        actor_agent_seeds: Iterable[SupportsIndex] | None = None,
         redis_url: str | None = None,
         *,
         connection: redis.Redis | None = None,
@@ -153,16 +145,17 @@ class RedisDistributedActors(DistributedActors):
         options: RunOptions | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
-        given = dict(redis_url=redis_url, run_name=run_name, queue_name=queue_name, n_local_workers=n_local_workers,
-                     actors_per_job=actors_per_job, start_method=start_method, collect_timeout=collect_timeout,
-                     no_worker_timeout=no_worker_timeout, min_job_seconds=min_job_seconds,
-                     max_job_seconds=max_job_seconds, secret=secret, hang_seconds=hang_seconds, resume=resume,
-                     redis_outage_seconds=redis_outage_seconds, worker_redis_url=worker_redis_url,
-                     redis_server=redis_server)
+        given = RunOptions(redis_url=redis_url, run_name=run_name, queue_name=queue_name,
+                           n_local_workers=n_local_workers, actors_per_job=actors_per_job, start_method=start_method,
+                           collect_timeout=collect_timeout, no_worker_timeout=no_worker_timeout,
+                           min_job_seconds=min_job_seconds, max_job_seconds=max_job_seconds, secret=secret,
+                           hang_seconds=hang_seconds, resume=resume, redis_outage_seconds=redis_outage_seconds,
+                           worker_redis_url=worker_redis_url, redis_server=redis_server)
         if options is None:
-            options = RunOptions(**given)
+            options = given
         else:
-            both = sorted(name for name, value in given.items() if value != getattr(DEFAULTS, name))
+            both = sorted(spec.name for spec in dataclasses.fields(RunOptions)
+                          if getattr(given, spec.name) != getattr(DEFAULTS, spec.name))
             if both:
                 raise ConfigError(f"got options= and the keyword options {both}; pass them inside options= "
                                   f"(dataclasses.replace(options, ...)) or leave options= out")
@@ -173,13 +166,14 @@ class RedisDistributedActors(DistributedActors):
         url = options.redis_url
         self.redis_url = url if url is not None or connection is not None else os.environ.get("REDIS_URL")
         self.embedded = connection is None and not self.redis_url
-        self.secret = options.secret or (secrets.token_hex(32) if self.embedded else None)
-        if not self.secret:
+        secret = options.secret or (secrets.token_hex(32) if self.embedded else None)
+        if not secret:
             raise ConfigError(
                 "an external Redis needs a shared secret to sign the env factory and policy that workers unpickle: "
                 "pass secret=... (e.g. secret=os.environ[\"RQRL_SECRET\"]) and start the workers with the same "
                 "RQRL_SECRET"
             )
+        self.secret: str | bytes = secret
         n_local_workers = options.n_local_workers
         if n_local_workers is None:
             n_local_workers = min(n_actors, os.cpu_count() or 1) if self.embedded else 0
@@ -191,6 +185,9 @@ class RedisDistributedActors(DistributedActors):
         if options.worker_redis_url and self.embedded:
             raise ConfigError("worker_redis_url is for an external Redis; pass redis_url too, or leave both out "
                               "to use an embedded Redis")
+        if n_local_workers and not (self.embedded or self.redis_url or options.worker_redis_url):
+            raise ConfigError(f"n_local_workers={n_local_workers} needs a URL for the workers to connect to, and an "
+                              f"injected connection has none; pass redis_url (or worker_redis_url) too")
         self.options = dataclasses.replace(options, n_local_workers=n_local_workers, actors_per_job=actors_per_job)
         self.config = RunConfig(
             run_name=options.run_name or f"run-{uuid.uuid4().hex[:8]}",
@@ -238,6 +235,7 @@ class RedisDistributedActors(DistributedActors):
         if self.connection is None:
             if self.embedded:
                 self.redis_url = self.local_workers.start_redis()
+            assert self.redis_url, "without an injected connection a run has a redis_url or an embedded Redis"
             self.connection = connect(self.redis_url, self.options.redis_outage_seconds)
         return self.connection
 
@@ -304,7 +302,7 @@ class RedisDistributedActors(DistributedActors):
             if close is not None:
                 close()
 
-    def get_multiprocessing_context(self, start_method: str | None):  # noqa: ANN201 - Maze's name
+    def get_multiprocessing_context(self, start_method: str | None) -> ProcessContext:
         """Maze's choice: the given method if this platform has it, else forkserver, else spawn."""
         return multiprocessing_context(start_method)
 
@@ -325,8 +323,10 @@ class RedisDistributedActors(DistributedActors):
         self._started = True
         try:
             if self.n_local_workers:
-                self.local_workers.start_workers(self.n_local_workers, self.options.worker_redis_url or self.redis_url,
-                                                 self.config.queue_name, self.run_name, self.secret)
+                worker_url = self.options.worker_redis_url or self.redis_url
+                assert worker_url, "checked in __init__; an embedded Redis has its URL from _connect()"
+                self.local_workers.start_workers(self.n_local_workers, worker_url, self.config.queue_name,
+                                                 self.run_name, self.secret)
             if is_new:  # an adopted run's groups keep running; the reaper re-enqueues any that died
                 self.supervisor.start_groups()
             else:
@@ -354,7 +354,7 @@ class RedisDistributedActors(DistributedActors):
         with self._redis_errors():
             return self._collect(learner_device)
 
-    def _redis_errors(self):  # noqa: ANN202
+    def _redis_errors(self) -> contextlib.AbstractContextManager[None]:
         return redis_errors(self.redis_url, self.options.redis_outage_seconds)
 
     def _collect(self, learner_device: str) -> CollectedOutputs:
@@ -468,34 +468,45 @@ class SubprocDistributedActors(RedisDistributedActors):
 
     Starts ``n_workers`` worker processes (default: one per core, at most one per actor) with
     the ``start_method`` multiprocessing context; actors are split evenly over the workers so
-    each worker steps its actors as one batch and their episodes run on uninterrupted.
+    each worker steps its actors as one batch and their episodes run on uninterrupted. The other
+    RunOptions come one by one or as ``options=``; ``n_workers`` and ``start_method`` win over theirs.
     """
 
     def __init__(
         self,
         env_factory: EnvFactory,
-        policy: Any,
+        policy: Policy,
         n_rollout_steps: int,
         n_actors: int,
         batch_size: int,
         queue_out_of_sync_factor: float,
         start_method: str,
-        actor_env_seeds: Sequence[int],
-        actor_agent_seeds: Sequence[int],
+        actor_env_seeds: Iterable[SupportsIndex],
+        actor_agent_seeds: Iterable[SupportsIndex],
         *,
         n_workers: int | None = None,
-        **options: Any,
+        options: RunOptions | None = None,
+        **keyword_options: Any,
     ):
         if n_workers is None:
             n_workers = min(n_actors, os.cpu_count() or 1) if isinstance(n_actors, int) and n_actors > 0 else 1
         if n_workers < 1:
             raise ConfigError(f"expected n_workers >= 1, got {n_workers}")
-        options.setdefault("actors_per_job", max(1, math.ceil(n_actors / n_workers)) if isinstance(n_actors, int)
-                           and n_actors > 0 else None)
+        per_job = max(1, math.ceil(n_actors / n_workers)) if isinstance(n_actors, int) and n_actors > 0 else None
+        if options is None:
+            keyword_options.setdefault("actors_per_job", per_job)
+            keyword_options.update(n_local_workers=n_workers, start_method=start_method)
+        else:
+            if options.redis_url is not None or options.worker_redis_url is not None:
+                raise ConfigError("SubprocDistributedActors always runs a private Redis, got options with redis_url "
+                                  "or worker_redis_url; leave them out, or use RedisDistributedActors")
+            options = dataclasses.replace(
+                options, n_local_workers=n_workers, start_method=start_method,
+                actors_per_job=per_job if options.actors_per_job is None else options.actors_per_job,
+            )
         super().__init__(
             env_factory, policy, n_rollout_steps, n_actors, batch_size, queue_out_of_sync_factor,
-            actor_env_seeds, actor_agent_seeds, redis_url=None, connection=None,
-            n_local_workers=n_workers, start_method=start_method, **options,
+            actor_env_seeds, actor_agent_seeds, redis_url=None, connection=None, options=options, **keyword_options,
         )
         self.redis_url = None
         self.embedded = True

@@ -8,11 +8,21 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from rqrl.connection import redact_url
 from rqrl.worker import DEFAULT_QUEUE
+
+if TYPE_CHECKING:
+    import torch
+    from _typeshed import DataclassInstance
+
+    from rqrl.actors import RedisDistributedActors
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
 
 REDIS_URL_HELP = "Redis to connect to, e.g. redis://host:6379/0 (env: REDIS_URL)."
 
@@ -82,14 +92,14 @@ def dashboard(redis_url: str, dashboard_args: tuple[str, ...]) -> None:
                               prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
 
 
-def _config_options(config_class):
+def _config_options(config_class: type[DataclassInstance]) -> Callable[[_Command], _Command]:
     """Decorator adding one click option per dataclass field, with the field's help text."""
     import dataclasses
     import typing
 
     hints = typing.get_type_hints(config_class)
 
-    def decorate(command):
+    def decorate(command: _Command) -> _Command:
         for spec in reversed(dataclasses.fields(config_class)):
             hint = hints[spec.name]
             optional = type(None) in typing.get_args(hint)
@@ -108,7 +118,7 @@ def _config_options(config_class):
     return decorate
 
 
-def _train_command():
+def _train_command() -> click.Command:
     from rqrl.algorithms.impala import ImpalaConfig
 
     @main.command(name="train")
@@ -116,7 +126,7 @@ def _train_command():
     @click.option("--env", "env_alias", default=None, help="Alias of --env-id.")
     @click.option("--log-level", default="WARNING", show_default=True,
                   type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level.")
-    def train(env_alias: str | None, log_level: str, **options) -> None:
+    def train(env_alias: str | None, log_level: str, **options: Any) -> None:
         """Train IMPALA (V-trace) on distributed actors until the env is solved or the budget ends.
 
         Writes into RUN_DIR/RUN_NAME: final and best weights, a checkpoint for --resume, metrics.csv,
@@ -163,12 +173,13 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     from rqrl.algorithms.impala import load_policy
     from rqrl.errors import RqrlError
 
-    if (run_dir is None) == (checkpoint is None):
+    sources = [source for source in (run_dir, checkpoint) if source is not None]
+    if len(sources) != 1:
         raise click.UsageError("give either RUN_DIR or --checkpoint")
     try:
-        model, metadata = load_policy(checkpoint or run_dir)
+        model, metadata = load_policy(sources[0])
     except (RqrlError, KeyError) as error:
-        raise click.ClickException(f"cannot load a policy from {checkpoint or run_dir}: {error}") from error
+        raise click.ClickException(f"cannot load a policy from {sources[0]}: {error}") from error
     returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample)
     click.echo(f"{metadata['env_id']}: {episodes} episodes, return {np.mean(returns):.1f} +- {np.std(returns):.1f} "
                f"(min {np.min(returns):.1f}, max {np.max(returns):.1f})")
@@ -177,7 +188,7 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
 _train_command()
 
 
-def _demo_policy(obs_size: int, n_actions: int):
+def _demo_policy(obs_size: int, n_actions: int) -> torch.nn.Sequential:
     import torch
 
     return torch.nn.Sequential(torch.nn.Linear(obs_size, 64), torch.nn.Tanh(), torch.nn.Linear(64, n_actions))
@@ -200,13 +211,19 @@ def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batc
 
     from rqrl.actors import RedisDistributedActors
     from rqrl.errors import RqrlError
-    from rqrl.stats import RolloutEvents
 
     logging.basicConfig(level=logging.WARNING)
     env_factory = functools.partial(gymnasium.make, env_id)
     probe = env_factory()
-    policy = _demo_policy(int(probe.observation_space.shape[0]), int(probe.action_space.n))
+    observation_space, action_space = probe.observation_space, probe.action_space
     probe.close()
+    if not (isinstance(observation_space, gymnasium.spaces.Box) and len(observation_space.shape) == 1
+            and isinstance(action_space, gymnasium.spaces.Discrete)):
+        raise click.ClickException(
+            f"the demo's policy needs a flat Box observation space and a Discrete action space, and {env_id} has "
+            f"{observation_space} and {action_space}; pick an env such as CartPole-v1 or Acrobot-v1"
+        )
+    policy = _demo_policy(int(observation_space.shape[0]), int(action_space.n))
     click.echo(f"rqrl demo: {env_id}, {actors} actors, {rollout_steps}-step rollouts, batches of {batch_size}")
     try:
         with RedisDistributedActors(env_factory, policy, rollout_steps, actors, batch_size, 2.0,
@@ -214,12 +231,12 @@ def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batc
                                     secret=secret_from_env(), redis_server=redis_server_from_env()) as run:
             run.broadcast_updated_policy(policy.state_dict())
             click.echo(f"run {run.run_name}: {run.n_local_workers} local worker(s), Redis {redact_url(run.redis_url)}")
-            _collect_with_progress(run, seconds, RolloutEvents)
+            _collect_with_progress(run, seconds)
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
 
 
-def _collect_with_progress(run, seconds: float, events) -> None:
+def _collect_with_progress(run: RedisDistributedActors, seconds: float) -> None:
     started = last_print = time.monotonic()
     total_steps = 0
     returns: list[float] = []

@@ -11,13 +11,16 @@ import contextlib
 import math
 import ssl
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from rqrl.errors import RedisRefusedError, RedisUnavailableError
+
+_T = TypeVar("_T")
 
 DEFAULT_OUTAGE_SECONDS = 60.0
 _BACKOFF_CAP_SECONDS = 1.0
@@ -33,7 +36,13 @@ class _OutageRetry(Retry):
     """Retry through outages, but not through a refused login or an untrusted certificate, which
     redis-py also reports as connection errors and which no amount of waiting will fix."""
 
-    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # noqa: ANN001, ANN201
+    def call_with_retry(
+        self,
+        do: Callable[[], _T],
+        fail: Callable[[Exception], Any] | Callable[[Exception, int], Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> _T:
         def retryable(error: Exception) -> bool:
             if refused_login(error):
                 return False

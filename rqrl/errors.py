@@ -6,6 +6,8 @@
     │   └── RedisServerNotFoundError       ... because there is no usable redis-server binary
     ├── PolicyError                        a policy that does not follow the protocol
     ├── EnvError                           an env that breaks its contract (NaN reward, ...)
+    │   └── VectorEnvError                 an env of a SubprocVectorEnv raised (its traceback kept)
+    │       └── EnvProcessDiedError        ... or its process died
     ├── SignatureError                     an unsigned or tampered pickled payload
     ├── ForbiddenJobError                  a job that names a function rqrl does not run
     ├── RecordError                        a queue entry that cannot be decoded
@@ -45,6 +47,29 @@ class PolicyError(RqrlError):
 
 class EnvError(RqrlError):
     """An env broke its contract on a worker, e.g. returned a reward that is not a finite number."""
+
+
+class VectorEnvError(EnvError):
+    """An env raised in its subprocess (or its process is gone); names the env and keeps its traceback."""
+
+    def __init__(self, message: str, *, env_index: int | None, remote_traceback: str | None = None):
+        if remote_traceback:
+            message = f"{message}\n--- traceback in the process of env {env_index} ---\n{remote_traceback}"
+        super().__init__(message)
+        self.env_index = env_index
+        self.remote_traceback = remote_traceback
+
+
+class EnvProcessDiedError(VectorEnvError):
+    """An env's subprocess exited (killed, crashed) while the caller talked to it."""
+
+    def __init__(self, env_index: int, exitcode: int | None):
+        super().__init__(
+            f"the process of env {env_index} died (exit code {exitcode}); close() this SubprocVectorEnv "
+            "and build a new one",
+            env_index=env_index,
+        )
+        self.exitcode = exitcode
 
 
 class SignatureError(RqrlError):

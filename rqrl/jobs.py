@@ -30,9 +30,9 @@ from rqrl.codec import loads_object, secret_bytes
 from rqrl.errors import LeaseLostError, RecordError, RunStoppedError, SignatureError
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, read_progress
-from rqrl.policy import ActFunction, make_act_function
+from rqrl.policy import ActFunction, Policy, make_act_function
 from rqrl.records import encode_record
-from rqrl.rollout import ActorGroup
+from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import RunConfig
 from rqrl.trajectories import PendingRollout, TrajectoryQueue
 from rqrl.weights import WeightStore
@@ -77,8 +77,8 @@ class RunContext:
     """What a worker keeps warm for one run: config, env factory, policy, weights, actor groups."""
 
     config: RunConfig
-    env_factory: Any
-    policy: Any
+    env_factory: EnvFactory
+    policy: Policy
     keys: RunKeys
     weights_version: int | None = None
     act: ActFunction | None = None
@@ -95,9 +95,14 @@ class RunContext:
                 self.config.n_rollout_steps,
             )
         group = self.groups[group_id]
+        self.act_for(group)
+        return group
+
+    def act_for(self, group: ActorGroup) -> ActFunction:
+        """The policy's act function, made once (for the action space of the run's envs)."""
         if self.act is None:
             self.act = make_act_function(self.policy, group.action_space)
-        return group
+        return self.act
 
     def close(self) -> None:
         for group in self.groups.values():
@@ -152,7 +157,8 @@ def load_context(connection: redis.Redis, run_name: str) -> RunContext:
     if context is not None:
         context.close()
     env_factory_blob, policy_blob = connection.mget([keys.env_factory, keys.policy])
-    if env_factory_blob is None or policy_blob is None:
+    # None: the run is gone; workers connect without decode_responses, so a value is bytes
+    if not isinstance(env_factory_blob, bytes) or not isinstance(policy_blob, bytes):
         raise RunStoppedError(f"run {run_name!r} has no env factory or policy in Redis")
     secret = _require_secret()
     policy = loads_object(policy_blob, secret)
@@ -210,8 +216,10 @@ class _Slice:
             _heartbeat_hook()
 
 
-def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped, beat) -> None:
-    """Block until the learner has broadcast a first version (actors may start before it)."""
+def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Callable[[], bool],
+                      beat: Callable[[], None]) -> int:
+    """Load the latest weights; block until the learner has broadcast a first version (actors may start
+    before it). Returns the version loaded."""
     poll = 0.01
     while True:
         fetched = store.fetch_if_newer(context.weights_version)
@@ -220,7 +228,7 @@ def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped, beat)
             context.policy.load_state_dict(state_dict)
             context.weights_version = version
         if context.weights_version is not None:
-            return
+            return context.weights_version
         if is_stopped():
             raise RunStoppedError(f"run {context.keys.run_name!r} stopped before any weights were broadcast")
         beat()
@@ -231,9 +239,9 @@ def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped, beat)
 def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, Any]:
     """RQ job: run rollouts of one actor group and push them to the run's out-of-sync queue."""
     job = get_current_job()
-    connection = job.connection if job is not None else None
-    if connection is None:
+    if job is None:
         raise RuntimeError("run_actor_group must run inside an RQ job")
+    connection = job.connection
     keys = RunKeys(run_name)
     first_rollout = rollout_id
     lease: GroupLease | None = None
@@ -241,34 +249,42 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         config = read_config(connection, run_name)
         # the lease first: unpickling and building envs can take a while, and the reaper must not
         # mistake a job that is still starting for a dead one
-        lease = GroupLease(connection, keys, group_id, job.id, config.lease_seconds, config.hang_seconds)
-        lease.acquire()
+        # ``held`` for the closures below; ``lease`` is cleared once the lease is given up
+        held = lease = GroupLease(connection, keys, group_id, job.id, config.lease_seconds, config.hang_seconds)
+        held.acquire()
         context = load_context(connection, run_name)
         config = context.config
         rollout_id = first_rollout = max(rollout_id, read_progress(connection, keys, group_id))
         group = context.group(group_id)
+        act = context.act_for(group)
         store = WeightStore(connection, keys, config.weights_ttl_seconds)
         queue = TrajectoryQueue(connection, keys, config.queue_bound)
         work = _Slice(connection, config)
 
-        stop_check = {"at": 0.0, "stopped": False}
+        stop_checked_at, stopped = 0.0, False
 
         def is_stopped() -> bool:
             """Whether the learner stopped the run; asks Redis at most every STOP_CHECK_SECONDS."""
+            nonlocal stop_checked_at, stopped
             now = time.monotonic()
-            if now - stop_check["at"] >= STOP_CHECK_SECONDS:
-                stop_check["at"], stop_check["stopped"] = now, bool(connection.exists(keys.stopped))
-            return stop_check["stopped"]
+            if now - stop_checked_at >= STOP_CHECK_SECONDS:
+                stop_checked_at, stopped = now, bool(connection.exists(keys.stopped))
+            return stopped
+
+        def beat() -> None:
+            """Keep RQ's heartbeats and the group's lease alive while the job waits."""
+            work.heartbeat()
+            held.touch()
 
         label = worker_label()
         token = uuid.uuid4().hex  # this job run's pushes: tells a retried push from another job's rollout
         refused: set[int] = set()  # actors whose last rollout here was already delivered by an earlier job
         while True:
-            _wait_for_weights(context, store, is_stopped, lambda: (work.heartbeat(), lease.touch()))
+            weights_version = _wait_for_weights(context, store, is_stopped, beat)
             if is_stopped():
                 return {"rollouts": rollout_id - first_rollout, "stopped": True}
             yield_now = work.should_yield()
-            records = group.run(context.act, rollout_id, context.weights_version, cut_at_end=yield_now, worker=label)
+            records = group.run(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
             # a re-run recomputes rollouts an earlier job delivered; the first new one does not
             # continue the delivered one before it, and says so
             pending = [
@@ -276,10 +292,10 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                     dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r, config.run_id))
                 for r in records
             ]
-            report = queue.push(pending, is_stopped, on_wait=lambda: (work.heartbeat(), lease.touch()), token=token)
+            report = queue.push(pending, is_stopped, on_wait=beat, token=token)
             refused = {rollout.actor_id for rollout in report.duplicates}
             rollout_id += 1
-            lease.record_progress(rollout_id)
+            held.record_progress(rollout_id)
             work.heartbeat()
             if yield_now:
                 enqueue_group(connection, config, group_id, rollout_id)

@@ -4,25 +4,25 @@ processes, stopped by stop(), and by a last-resort finalizer if the learner forg
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.context
+import multiprocessing.process
 import os
 import uuid
 import weakref
 
 from rqrl.errors import NoWorkersError
-from rqrl.process import stop_processes
+from rqrl.process import ProcessContext, process_context, stop_processes
 from rqrl.server import EmbeddedRedis
 from rqrl.worker import run_worker
 
 
-def multiprocessing_context(start_method: str | None) -> multiprocessing.context.BaseContext:
+def multiprocessing_context(start_method: str | None) -> ProcessContext:
     """Maze's choice: the given method if this platform has it, else forkserver, else spawn."""
     methods = multiprocessing.get_all_start_methods()
-    if start_method in methods:
+    if start_method is not None and start_method in methods:
         method = start_method
     else:
         method = "forkserver" if "forkserver" in methods else "spawn"
-    context = multiprocessing.get_context(method)
+    context = process_context(method)
     if method == "forkserver":
         context.set_forkserver_preload(["rqrl.worker"])
     return context
@@ -82,7 +82,7 @@ class LocalWorkers:
             self.server = None
 
 
-def _emergency_cleanup(processes: list, servers: list[EmbeddedRedis]) -> None:
+def _emergency_cleanup(processes: list[multiprocessing.process.BaseProcess], servers: list[EmbeddedRedis]) -> None:
     """Last resort when a run is garbage-collected or the interpreter exits without stop()."""
     stop_processes(processes, 5.0)
     for server in servers:

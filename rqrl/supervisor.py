@@ -53,9 +53,10 @@ class Supervisor:
         """Drop a dead group's job from RQ's started registry (entries are ``job_id:execution_id``)."""
         registry_key = started_registry(self.queue.name, self.connection).key
         for entry in self.connection.zrange(registry_key, 0, -1):
-            job_id = entry.decode().split(":")[0]
+            member = entry.decode() if isinstance(entry, bytes) else str(entry)
+            job_id = member.split(":")[0]
             if self.keys.group_of_job(job_id) == group_id:
-                self.connection.zrem(registry_key, entry)
+                self.connection.zrem(registry_key, member)
                 self.connection.delete(Job.key_for(job_id))
 
     def raise_actor_failures(self, throttled: bool = False) -> None:
@@ -65,7 +66,7 @@ class Supervisor:
             return
         self._last_failure_check = now
         raw = self.connection.lpop(self.keys.errors)
-        if raw is None:
+        if not isinstance(raw, bytes | str):  # None: no failure reported
             return
         report = json.loads(raw)
         raise ActorFailedError(
@@ -87,12 +88,12 @@ class Supervisor:
 
 def count_live_workers(connection: redis.Redis, queue: Queue) -> int:
     """Workers listening on ``queue`` whose last heartbeat is at most LIVENESS_SECONDS old."""
-    cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=LIVENESS_SECONDS)
+    cutoff = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=LIVENESS_SECONDS)
     live = 0
     for worker in Worker.all(connection=connection, queue=queue, serializer=JSONSerializer):
         heartbeat = worker.last_heartbeat
         if heartbeat is not None and heartbeat.tzinfo is None:
-            heartbeat = heartbeat.replace(tzinfo=datetime.timezone.utc)
+            heartbeat = heartbeat.replace(tzinfo=datetime.UTC)
         if heartbeat is not None and heartbeat >= cutoff:
             live += 1
     return live

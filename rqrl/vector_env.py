@@ -34,18 +34,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any
+from typing import Any, Self
 
 import cloudpickle
 import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from rqrl.errors import ConfigError, EnvError
+from rqrl.errors import ConfigError, EnvProcessDiedError, VectorEnvError
 from rqrl.observations import Obs, map_tree, stack_obs, to_array
 from rqrl.observations import select as select_obs
-from rqrl.process import exit_when_orphaned, stop_processes
-from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
+from rqrl.process import ProcessContext, exit_when_orphaned, process_context, stop_processes
+from rqrl.stats import EpochStatsAggregator, RolloutEvents, StatsReader
 
 __all__ = ["EnvProcessDiedError", "SubprocVectorEnv", "VectorEnvError"]
 
@@ -56,29 +56,6 @@ CLOSE_TIMEOUT_SECONDS = 5.0  # close() waits this long for the envs to close bef
 _ALIGN = 64
 _FIXED_SHAPE_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 _STEP_FROM_SHARED_MEMORY = pickle.dumps(("step", None), pickle.HIGHEST_PROTOCOL)
-
-
-class VectorEnvError(EnvError):
-    """An env raised in its subprocess (or its process is gone); names the env and keeps its traceback."""
-
-    def __init__(self, message: str, *, env_index: int | None, remote_traceback: str | None = None):
-        if remote_traceback:
-            message = f"{message}\n--- traceback in the process of env {env_index} ---\n{remote_traceback}"
-        super().__init__(message)
-        self.env_index = env_index
-        self.remote_traceback = remote_traceback
-
-
-class EnvProcessDiedError(VectorEnvError):
-    """An env's subprocess exited (killed, crashed) while the caller talked to it."""
-
-    def __init__(self, env_index: int, exitcode: int | None):
-        super().__init__(
-            f"the process of env {env_index} died (exit code {exitcode}); close() this SubprocVectorEnv "
-            "and build a new one",
-            env_index=env_index,
-        )
-        self.exitcode = exitcode
 
 
 @dataclass(frozen=True)
@@ -98,16 +75,11 @@ class _RemoteError:
                               remote_traceback=self.traceback)
 
 
-def _multiprocessing_context(start_method: str | None) -> multiprocessing.context.BaseContext:
+def _multiprocessing_context(start_method: str | None) -> ProcessContext:
     """Maze's default, 'forkserver' where available, else 'spawn'; an unknown method is refused."""
-    methods = multiprocessing.get_all_start_methods()
     if start_method is None:
-        start_method = "forkserver" if "forkserver" in methods else "spawn"
-    elif start_method not in methods:
-        raise ConfigError(
-            f"unknown start_method {start_method!r}; choose one of multiprocessing.get_all_start_methods() = {methods}"
-        )
-    context = multiprocessing.get_context(start_method)
+        start_method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    context = process_context(start_method)
     if start_method == "forkserver":
         context.set_forkserver_preload(["rqrl.vector_env"])  # import rqrl (and torch) once, not per env
     return context
@@ -116,7 +88,7 @@ def _multiprocessing_context(start_method: str | None) -> multiprocessing.contex
 # ---- shared memory -------------------------------------------------------------------------------
 
 
-def _leaf_specs(space: gymnasium.Space) -> Any:
+def _leaf_specs(space: gymnasium.Space[Any]) -> Any:
     """``(shape, dtype)`` per leaf of a fixed-shape space (dicts nest), or None if a leaf has no fixed shape."""
     if isinstance(space, spaces.Dict):
         specs = {key: _leaf_specs(sub) for key, sub in space.spaces.items()}
@@ -232,7 +204,7 @@ class _EnvServer:
     def seed(self, seed: int | None) -> None:
         self.next_seed = seed
 
-    def _reset(self) -> tuple[Any, dict]:
+    def _reset(self) -> tuple[Any, dict[str, Any]]:
         seed, self.next_seed = self.next_seed, None
         return self.env.reset(seed=seed)
 
@@ -243,11 +215,11 @@ class _EnvServer:
         map_tree(lambda array, value: array.__setitem__(self.index, value), self.obs_arrays, obs)
         return None
 
-    def reset(self, _: None) -> tuple[dict, Obs | None, None]:
+    def reset(self, _: None) -> tuple[dict[str, Any], Obs | None, None]:
         obs, info = self._reset()
         return info, self._put_obs(obs), None
 
-    def step(self, action: Any) -> tuple[dict | None, Obs | None, Any]:
+    def step(self, action: Any) -> tuple[dict[str, Any] | None, Obs | None, Any]:
         if action is None:
             action = map_tree(lambda array: _row(array, self.index), self.action_arrays)
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -346,7 +318,7 @@ class _VectorEnvStats(EpochStatsAggregator):
         return stats
 
 
-class SubprocVectorEnv:
+class SubprocVectorEnv(StatsReader):
     """Maze's ``SubprocVectorEnv``: each env in its own process, stepped in parallel, results stacked.
 
     ``env_factories`` build the gymnasium envs (in their processes; cloudpickled, so lambdas work).
@@ -354,6 +326,8 @@ class SubprocVectorEnv:
     available, else 'spawn' (with either, guard your script with ``if __name__ == "__main__":``).
     ``logging_prefix``, if given, logs each reduced epoch of statistics under that prefix.
     """
+
+    epoch_stats: _VectorEnvStats
 
     def __init__(
         self,
@@ -373,7 +347,7 @@ class SubprocVectorEnv:
         self.logging_prefix = logging_prefix
         self.start_method = context.get_start_method()
         self.epoch_stats = _VectorEnvStats(self.n_envs, logging_prefix)
-        self.reset_infos: list[dict] = []
+        self.reset_infos: list[dict[str, Any]] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
         self._connections: list[multiprocessing.connection.Connection] = []
         self._pollers: list[Any] = []  # one select.poll per pipe (POSIX): cheaper than Connection.poll per step
@@ -388,7 +362,7 @@ class SubprocVectorEnv:
             self.close()
             raise
 
-    def _start(self, context: multiprocessing.context.BaseContext, factories: list[Callable]) -> None:
+    def _start(self, context: ProcessContext, factories: list[Callable[[], gymnasium.Env]]) -> None:
         if os.name == "posix":
             resource_tracker.ensure_running()  # the env processes share ours, which unlinks the block once
         for index, factory in enumerate(factories):
@@ -398,7 +372,7 @@ class SubprocVectorEnv:
                 raise ConfigError(f"env_factories[{index}] cannot be pickled: {error}; pass a module-level "
                                   "function or a picklable callable") from error
             parent_connection, child_connection = context.Pipe(duplex=True)
-            process = context.Process(  # type: ignore[attr-defined]
+            process = context.Process(
                 target=_worker, args=(index, child_connection, parent_connection, payload, os.getpid()),
                 name=f"rqrl-vector-env-{index}", daemon=True,
             )
@@ -433,12 +407,12 @@ class SubprocVectorEnv:
     # -- Maze's spaces -----------------------------------------------------------------------------
 
     @property
-    def observation_spaces_dict(self) -> dict[int, gymnasium.Space]:
+    def observation_spaces_dict(self) -> dict[int, gymnasium.Space[Any]]:
         """Maze's per-sub-step spaces: a gymnasium env has one sub-step, 0."""
         return {0: self.observation_space}
 
     @property
-    def action_spaces_dict(self) -> dict[int, gymnasium.Space]:
+    def action_spaces_dict(self) -> dict[int, gymnasium.Space[Any]]:
         """Maze's per-sub-step action spaces: a gymnasium env has one sub-step, 0."""
         return {0: self.action_space}
 
@@ -519,19 +493,7 @@ class SubprocVectorEnv:
         self._arrays = {}
         self._finalizer()
 
-    # -- statistics --------------------------------------------------------------------------------
-
-    def get_epoch_stats_aggregator(self) -> EpochStatsAggregator:
-        """The aggregator of this epoch's statistics (``reduce()`` it to end the epoch)."""
-        return self.epoch_stats
-
-    def get_stats_value(
-        self, event: Callable | str, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None
-    ) -> float | dict[str, float]:
-        """One statistic of the running epoch, e.g. ``(RolloutEvents.episode_return, EPOCH, "mean")``."""
-        return self.epoch_stats.get_stats_value(event, level, name)
-
-    def __enter__(self) -> SubprocVectorEnv:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -585,7 +547,7 @@ class SubprocVectorEnv:
         self._check_count(actions.shape[0] if actions.ndim else 0)
         return list(actions)
 
-    def _observations(self, replies: list[tuple]) -> Obs:
+    def _observations(self, replies: list[tuple[Any, Any, Any]]) -> Obs:
         if "obs" in self._arrays:
             return map_tree(np.copy, self._arrays["obs"])
         return stack_obs([obs for _, obs, _ in replies])
@@ -636,7 +598,8 @@ class SubprocVectorEnv:
         return replies
 
 
-def _shutdown(processes: list, connections: list, shared: list[_SharedArrays]) -> None:
+def _shutdown(processes: list[multiprocessing.process.BaseProcess],
+              connections: list[multiprocessing.connection.Connection], shared: list[_SharedArrays]) -> None:
     """Close the envs, end their processes and free the shared block (runs once: close() or garbage collection)."""
     for connection in connections:
         try:

@@ -17,11 +17,13 @@ from typing import Any
 
 import redis
 import torch
-from rq import VERSION as RQ_VERSION
+from redis.client import Pipeline
 from rq import Queue, SimpleWorker, get_current_job, worker_registration
 from rq.job import Job
+from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.utils import now
+from rq.version import VERSION as RQ_VERSION
 
 from rqrl.connection import connect
 from rqrl.jobs import HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook
@@ -82,7 +84,7 @@ class RolloutWorker(SimpleWorker):
         torch.set_num_threads(1)
         configure_secret(secret or os.environ.get("RQRL_SECRET"))
 
-    def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:  # noqa: ANN001 - RQ's signature
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's heartbeat, plus registering again if Redis lost our registration (a restart without
         persistence), so the learner keeps counting this worker."""
         super().heartbeat(timeout, pipeline)
@@ -118,9 +120,11 @@ class RolloutWorker(SimpleWorker):
         """RQ's maintenance of each queue, through rqrl's job class and JSON only (see rq_safety)."""
         for queue in self.queues:
             clean_queue(self, queue.name)
-        self.last_cleaned_at = now()
+        # rq assigns None in __init__ without a hint, so mypy infers the type None; rq itself assigns now() here
+        self.last_cleaned_at = now()  # type: ignore[assignment]
 
-    def handle_job_failure(self, job, queue, started_job_registry=None, exc_string=""):  # noqa: ANN001
+    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: StartedJobRegistry | None = None,
+                           exc_string: str = "") -> None:
         """RQ's failure handling, on a RolloutJob and a RolloutQueue (no callback, no webhook)."""
         rollout_job = as_rollout_job(job)
         if rollout_job is None:
@@ -133,11 +137,11 @@ class RolloutWorker(SimpleWorker):
         """rqrl schedules no jobs: ``rq worker --with-scheduler`` starts no scheduler here."""
         log.warning("rqrl workers run no RQ scheduler (rqrl schedules no jobs); ignoring --with-scheduler")
 
-    def execute_job(self, job, queue):  # noqa: ANN001 - RQ's signature
+    def execute_job(self, job: Job, queue: Queue) -> None:
         global _running
         _running = self
         try:
-            return super().execute_job(job, queue)
+            super().execute_job(job, queue)
         finally:
             _running = None
 

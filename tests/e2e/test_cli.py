@@ -33,6 +33,13 @@ def test_missing_redis_server_says_how_to_get_one():
     assert "RQRL_REDIS_SERVER" in result.stderr
 
 
+def test_demo_refuses_an_env_its_policy_cannot_act_in():
+    result = run_rqrl("demo", "--seconds", "1", "--env", "Pendulum-v1", timeout=60)  # a Box action space
+    assert result.returncode == 1, result.stderr
+    assert "needs a flat Box observation space and a Discrete action space" in result.stderr
+    assert "Pendulum-v1" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_worker_with_an_unreachable_redis_fails_clearly():
     result = run_rqrl("worker", "--redis-url", "redis://127.0.0.1:1/0", timeout=60)
     assert result.returncode != 0

@@ -18,6 +18,7 @@ from rqrl import (
     RolloutEvents,
     SubprocDistributedActors,
 )
+from rqrl.options import RunOptions
 from tests import fixtures
 from tests.conftest import TEST_SECRET
 
@@ -231,6 +232,20 @@ def test_subproc_actors_embedded_redis_is_gone_after_stop():
         worker_pids = [process.pid for process in actors.local_workers.processes]
     assert server_process.poll() is not None
     assert not [child for child in children_alive() if child.pid in worker_pids]
+
+
+def test_subproc_actors_take_run_options_and_merge_workers_into_them():
+    policy = fixtures.mlp_policy()
+    options = RunOptions(run_name="subproc-options", collect_timeout=30.0, n_local_workers=3)
+    with SubprocDistributedActors(fixtures.make_cartpole, policy, 16, 2, 2, 2.0, "fork", [0, 1], [2, 3],
+                                  n_workers=1, options=options) as actors:
+        assert actors.run_name == "subproc-options" and actors.options.collect_timeout == 30.0
+        assert actors.options.n_local_workers == 1, "n_workers wins over the options' n_local_workers"
+        assert actors.options.start_method == "fork" and actors.options.actors_per_job == 2
+        actors.broadcast_updated_policy(policy.state_dict())
+        assert actors.collect_outputs("cpu").record.rewards.shape == (16, 2)
+        assert len(actors.local_workers.processes) == 1
+        assert actors.local_workers.server is not None, "a private Redis"
 
 
 def test_two_runs_share_one_redis_without_mixing(connection, redis_url):

@@ -6,8 +6,9 @@ import dataclasses
 import inspect
 
 import pytest
+import redis
 
-from rqrl import ConfigError, RedisDistributedActors
+from rqrl import ConfigError, RedisDistributedActors, SubprocDistributedActors
 from rqrl.options import DEFAULTS, RunOptions
 from tests import fixtures
 
@@ -67,6 +68,26 @@ def test_options_and_keyword_options_together_are_refused():
     with pytest.raises(ConfigError, match=r"got options= and the keyword options \['collect_timeout'\]"):
         RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
                                options=RunOptions(), collect_timeout=3.0)
+
+
+def test_subproc_actors_refuse_options_that_name_an_external_redis():
+    for external in ({"redis_url": "redis://localhost:6379/0"}, {"worker_redis_url": "redis://localhost:6379/0"}):
+        with pytest.raises(ConfigError, match="always runs a private Redis"):
+            SubprocDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0, "fork", [0, 1],
+                                     [2, 3], options=RunOptions(**external))
+
+
+def test_subproc_actors_refuse_options_and_keyword_options_together():
+    with pytest.raises(ConfigError, match=r"got options= and the keyword options \['collect_timeout'\]"):
+        SubprocDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0, "fork", [0, 1], [2, 3],
+                                 options=RunOptions(), collect_timeout=3.0)
+
+
+def test_local_workers_need_a_url_beside_an_injected_connection():
+    connection = redis.Redis(host="127.0.0.1", port=1)  # never used: the actors refuse on construction
+    with pytest.raises(ConfigError, match="n_local_workers=1 needs a URL for the workers"):
+        RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0, connection=connection,
+                               n_local_workers=1, secret="s")
 
 
 def test_actors_validate_their_options_on_construction():

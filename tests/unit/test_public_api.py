@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import types
 
 import rqrl
 import rqrl.errors
@@ -24,10 +25,16 @@ def test_every_public_class_and_function_is_in_all():
     assert sorted(exported - set(rqrl.__all__)) == []
 
 
-def test_all_names_are_classes_functions_or_the_version():
+TYPE_ALIASES = {"Policy"}  # unions of classes, for annotations (isinstance works on them too)
+
+
+def test_all_names_are_classes_functions_type_aliases_or_the_version():
     for name in rqrl.__all__:
         value = getattr(rqrl, name)
-        assert inspect.isclass(value) or inspect.isfunction(value) or name == "__version__", name
+        if name in TYPE_ALIASES:
+            assert isinstance(value, types.UnionType) and all(inspect.isclass(arg) for arg in value.__args__), name
+        else:
+            assert inspect.isclass(value) or inspect.isfunction(value) or name == "__version__", name
     assert isinstance(rqrl.__version__, str) and rqrl.__version__
 
 
@@ -67,6 +74,19 @@ def test_errors_defined_elsewhere_before_are_the_same_classes_there():
 def test_every_error_class_is_drawn_in_the_documented_tree():
     tree = rqrl.errors.__doc__
     assert sorted(cls.__name__ for cls in error_classes() if cls.__name__ not in tree) == []
+
+
+def test_vector_env_and_policy_types_are_exported():
+    from rqrl.policy import Policy, StatefulActorPolicy
+    from rqrl.vector_env import EnvProcessDiedError, SubprocVectorEnv, VectorEnvError
+
+    assert rqrl.SubprocVectorEnv is SubprocVectorEnv
+    assert rqrl.Policy is Policy and rqrl.StatefulActorPolicy is StatefulActorPolicy
+    assert rqrl.VectorEnvError is VectorEnvError and rqrl.EnvProcessDiedError is EnvProcessDiedError
+    assert issubclass(rqrl.EnvProcessDiedError, rqrl.VectorEnvError)
+    assert issubclass(rqrl.VectorEnvError, rqrl.EnvError)
+    assert {"SubprocVectorEnv", "VectorEnvError", "EnvProcessDiedError", "Policy", "StatefulActorPolicy"} <= set(
+        rqrl.__all__)
 
 
 def test_serial_actors_are_exported():
