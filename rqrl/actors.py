@@ -114,6 +114,8 @@ class RedisDistributedActors(DistributedActors):
     workers, a Supervisor re-runs dead groups and counts live workers, an Inbox holds the rollouts.
     """
 
+    _honours_redis_url_variable = True  # SubprocDistributedActors always runs a private Redis
+
     def __init__(
         self,
         env_factory: EnvFactory,
@@ -164,7 +166,9 @@ class RedisDistributedActors(DistributedActors):
         self.actor_env_seeds = check_seeds("actor_env_seeds", actor_env_seeds, n_actors, 0)
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
         url = options.redis_url
-        self.redis_url = url if url is not None or connection is not None else os.environ.get("REDIS_URL")
+        if url is None and connection is None and self._honours_redis_url_variable:
+            url = os.environ.get("REDIS_URL")
+        self.redis_url = url
         self.embedded = connection is None and not self.redis_url
         secret = options.secret or (secrets.token_hex(32) if self.embedded else None)
         if not secret:
@@ -471,6 +475,8 @@ class SubprocDistributedActors(RedisDistributedActors):
     each worker steps its actors as one batch and their episodes run on uninterrupted. The other
     RunOptions come one by one or as ``options=``; ``n_workers`` and ``start_method`` win over theirs.
     """
+
+    _honours_redis_url_variable = False
 
     def __init__(
         self,
