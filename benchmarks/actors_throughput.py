@@ -1,20 +1,26 @@
-"""Env steps per second that ``SubprocDistributedActors.collect_outputs`` delivers, next to a ceiling.
+"""Env steps per second that ``SubprocDistributedActors.collect_outputs`` delivers, next to a reference.
 
 The *rqrl* side runs CartPole-v1 actors through the full engine: a private redis-server, ``W``
 local RQ workers (each stepping ``--actors-per-worker`` actors as one ``ActorGroup`` in one job),
 the bounded out-of-sync queue, and the learner's ``collect_outputs("cpu")``. Throughput is the
 number of env steps in the batches collect_outputs returned during a fixed wall-clock window.
 
-The *ceiling* runs the very same rollout loop (``ActorGroup.run`` with the same policy, rollout
-length and actors per process, one torch thread) in ``W`` plain multiprocessing processes with no
-Redis, no RQ, no encoding and no learner, and counts the steps they finish in the same window.
+The *reference* is not rqrl's code: ``W`` plain processes, each a gymnasium ``SyncVectorEnv`` of
+``--actors-per-worker`` envs stepped with one batched forward of the same MLP per step and numpy
+sampling from the softmax, with no transport, no records and no bookkeeping: what the env and the
+policy alone cost on this machine (issue 10's yardstick).
 
-Rounds interleave rqrl and ceiling (alternating which goes first) so that machine noise hits
-both. The target is rqrl >= 0.85 x ceiling; this script only reports what it measures.
+The *loop* column runs rqrl's own rollout loop (``ActorGroup.run`` with the same policy, rollout
+length and actors per process, one torch thread) in ``W`` plain processes with no Redis, no RQ, no
+encoding and no learner: rqrl / loop is what the transport costs, loop / reference what the
+rollout loop's own bookkeeping costs.
+
+Rounds interleave the three sides (rotating which goes first) so that machine noise hits all of
+them. The goal is rqrl >= 0.9 x reference; this script only reports what it measures.
 
 Run from the repository root::
 
-    python benchmarks/actors_throughput.py --seconds 10 --rounds 3 --workers 1 2
+    python benchmarks/actors_throughput.py --seconds 10 --rounds 3 --workers 2 --actors-per-worker 8 32
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 from dataclasses import dataclass
 
 import gymnasium
+import numpy as np
 import torch
 from rq import Worker
 
@@ -50,9 +57,10 @@ def make_env() -> gymnasium.Env:
 
 
 def make_policy() -> torch.nn.Module:
-    """The benchmark policy: Linear(4, 64) - Tanh - Linear(64, 2), same initial weights everywhere."""
+    """The benchmark policy: a 4-64-64-2 tanh MLP giving logits, same initial weights everywhere."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2)).eval()
+    return torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                               torch.nn.Linear(64, 2)).eval()
 
 
 def env_seeds(n_actors: int) -> list[int]:
@@ -210,10 +218,10 @@ def measure_rqrl(workers: int, actors_per_worker: int, n_rollout_steps: int, sec
     return Measurement(steps, elapsed, cpu, collects, jobs, statistics.fmean(queue_sizes))
 
 
-# ---- ceiling -----------------------------------------------------------------------------
+# ---- plain processes: rqrl's loop, and the reference ----------------------------------------
 
 
-def _ceiling_process(actor_ids: list[int], n_rollout_steps: int, counter, stop) -> None:  # noqa: ANN001
+def _loop_process(actor_ids: list[int], n_rollout_steps: int, counter, stop) -> None:  # noqa: ANN001
     """Step one actor group forever (like one rqrl worker's job), adding finished steps to ``counter``."""
     torch.set_num_threads(1)
     policy = make_policy()
@@ -233,26 +241,52 @@ def _ceiling_process(actor_ids: list[int], n_rollout_steps: int, counter, stop) 
         group.close()
 
 
+def _reference_process(actor_ids: list[int], n_rollout_steps: int, counter, stop) -> None:  # noqa: ANN001
+    """The yardstick: a SyncVectorEnv stepped with one batched forward per step and numpy sampling."""
+    torch.set_num_threads(1)
+    policy = make_policy()
+    envs = gymnasium.vector.SyncVectorEnv([make_env for _ in actor_ids])
+    rng = np.random.default_rng(actor_ids[0])
+    obs, _ = envs.reset(seed=[env_seeds(max(actor_ids) + 1)[a] for a in actor_ids])
+    steps_per_rollout = n_rollout_steps * len(actor_ids)
+    try:
+        while not stop.is_set():
+            for _ in range(n_rollout_steps):
+                with torch.inference_mode():
+                    logits = policy(torch.from_numpy(obs)).numpy()
+                probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+                probs /= probs.sum(axis=1, keepdims=True)
+                actions = (probs.cumsum(axis=1) < rng.random((len(probs), 1))).sum(axis=1)
+                obs, _, _, _, _ = envs.step(np.minimum(actions, probs.shape[1] - 1))
+            with counter.get_lock():
+                counter.value += steps_per_rollout
+    finally:
+        envs.close()
+
+
+PROCESS_TARGETS = {"loop": _loop_process, "reference": _reference_process}
+
+
 def _wait_for_count(counter, timeout: float) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while counter.value == 0:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"ceiling processes produced no rollout within {timeout:.0f} s")
+            raise RuntimeError(f"benchmark processes produced no rollout within {timeout:.0f} s")
         time.sleep(0.005)
 
 
-def measure_ceiling(workers: int, actors_per_worker: int, n_rollout_steps: int, seconds: float,
-                    warmup: float) -> Measurement:
-    """Steps/s of ``workers`` plain processes running the same rollout loop without Redis."""
+def measure_processes(kind: str, workers: int, actors_per_worker: int, n_rollout_steps: int, seconds: float,
+                      warmup: float) -> Measurement:
+    """Steps/s of ``workers`` plain processes running PROCESS_TARGETS[kind] without Redis."""
     context = multiprocessing.get_context("fork")
     counter = context.Value("q", 0)
     stop = context.Event()
     processes = [
         context.Process(
-            target=_ceiling_process,
+            target=PROCESS_TARGETS[kind],
             args=(list(range(index * actors_per_worker, (index + 1) * actors_per_worker)), n_rollout_steps,
                   counter, stop),
-            name=f"ceiling-{index}",
+            name=f"{kind}-{index}",
             daemon=True,
         )
         for index in range(workers)
@@ -279,73 +313,65 @@ def measure_ceiling(workers: int, actors_per_worker: int, n_rollout_steps: int, 
                 process.terminate()
                 process.join(5)
     if any(process.exitcode != 0 for process in processes):
-        raise RuntimeError(f"ceiling process exit codes {[process.exitcode for process in processes]}")
+        raise RuntimeError(f"{kind} process exit codes {[process.exitcode for process in processes]}")
     return Measurement(count_after - count_before, elapsed, cpu)
 
 
 # ---- report ------------------------------------------------------------------------------
+
+KINDS = ("rqrl", "reference", "loop")
+Rounds = dict[tuple[int, int], list[dict[str, Measurement]]]  # (workers, actors per worker) -> per-round results
 
 
 def _fmt(value: float | int | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def print_tables(args: argparse.Namespace, results: dict[int, list[tuple[Measurement, Measurement]]]) -> None:
+def _median(rounds: list[dict[str, Measurement]], value) -> float:  # noqa: ANN001 - a function of one round
+    return statistics.median(value(measured) for measured in rounds)
+
+
+def print_tables(args: argparse.Namespace, results: Rounds) -> None:
     print()
-    print(f"## rqrl collect_outputs vs. no-Redis ceiling: {ENV_ID}, {args.rollout_steps}-step rollouts, "
-          f"{args.actors_per_worker} actors per worker, {args.seconds:g} s window, {args.rounds} round(s)")
+    print(f"## rqrl collect_outputs vs. the reference: {ENV_ID}, {args.rollout_steps}-step rollouts, 4-64-64-2 tanh "
+          f"MLP, {args.seconds:g} s window, {args.rounds} round(s)")
     print()
     print(f"machine: {os.cpu_count()} logical CPUs, {platform.python_implementation()} {platform.python_version()}, "
           f"torch {torch.__version__}, gymnasium {gymnasium.__version__}, rqrl {rqrl.__version__}")
     print()
-    print("| workers | rqrl steps/s | ceiling steps/s | ratio |")
-    print("|--:|--:|--:|--:|")
-    for workers, pairs in results.items():
-        rqrl_rate = statistics.median(r.steps_per_second for r, _ in pairs)
-        ceiling_rate = statistics.median(c.steps_per_second for _, c in pairs)
-        ratio = statistics.median(r.steps_per_second / c.steps_per_second for r, c in pairs)
-        print(f"| {workers} | {rqrl_rate:,.0f} | {ceiling_rate:,.0f} | {ratio:.2f} |")
-    if args.rounds > 1:
-        print()
-        print("Medians over rounds; ratio is the median of the per-round (paired) ratios.")
-    efficiency = {
-        workers: [(r.steps_per_cpu_second("workers"), r.steps_per_cpu_second("workers", "learner", "redis"),
-                   c.steps_per_cpu_second("workers")) for r, c in pairs]
-        for workers, pairs in results.items()
-    }
-    if all(None not in row for rows in efficiency.values() for row in rows):
-        print()
-        print("Steps per CPU-second (contention from other load divided out; medians over rounds): rqrl's worker "
-              "processes only, rqrl's workers + learner + redis-server, and the ceiling's processes.")
-        print()
-        print("| workers | rqrl steps/CPU-s (workers) | rqrl steps/CPU-s (all) | ceiling steps/CPU-s "
-              "| ratio (workers) | ratio (all) |")
-        print("|--:|--:|--:|--:|--:|--:|")
-        for workers, rows in efficiency.items():
-            worker_only = statistics.median(row[0] for row in rows)
-            everything = statistics.median(row[1] for row in rows)
-            ceiling = statistics.median(row[2] for row in rows)
-            print(f"| {workers} | {worker_only:,.0f} | {everything:,.0f} | {ceiling:,.0f} | "
-                  f"{statistics.median(row[0] / row[2] for row in rows):.2f} | "
-                  f"{statistics.median(row[1] / row[2] for row in rows):.2f} |")
+    print("| workers | envs per worker | rqrl steps/s | reference steps/s | rqrl / reference | loop steps/s "
+          "| rqrl / loop | loop / reference |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for (workers, envs), rounds in results.items():
+        rate = {kind: _median(rounds, lambda m, kind=kind: m[kind].steps_per_second) for kind in KINDS}
+
+        def ratio(top: str, bottom: str, rounds: list[dict[str, Measurement]] = rounds) -> float:
+            return _median(rounds, lambda m: m[top].steps_per_second / m[bottom].steps_per_second)
+
+        print(f"| {workers} | {envs} | {rate['rqrl']:,.0f} | {rate['reference']:,.0f} | "
+              f"{ratio('rqrl', 'reference'):.2f} | {rate['loop']:,.0f} | {ratio('rqrl', 'loop'):.2f} | "
+              f"{ratio('loop', 'reference'):.2f} |")
     print()
-    print("Per round. CPU columns are cores used during the window (CPU s per wall s): rqrl worker processes, "
-          "learner (this process), redis-server; ceiling processes; 'other' is load on the machine that this "
-          "benchmark did not cause, during the rqrl / ceiling window (non-zero means the numbers are disturbed). "
-          "collects / RQ jobs finished / mean out-of-sync queue length before a collect "
+    print("Medians over rounds; each ratio is the median of the per-round (paired) ratios.")
+    print()
+    print("Per round. CPU columns are cores used during the window (CPU s per wall s); 'other' is load on the "
+          "machine that this benchmark did not cause (non-zero means the numbers are disturbed). collects / RQ "
+          "jobs finished / mean out-of-sync queue length before a collect "
           f"(bound = {args.queue_factor:g} x batch_size) are rqrl's.")
     print()
-    print("| workers | round | rqrl steps/s | ceiling steps/s | ratio | rqrl workers CPU | learner CPU | redis CPU "
-          "| ceiling CPU | other CPU (rqrl / ceiling) | collects | RQ jobs finished | mean queue |")
-    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-    for workers, pairs in results.items():
-        for index, (r, c) in enumerate(pairs, start=1):
-            print(f"| {workers} | {index} | {r.steps_per_second:,.0f} | {c.steps_per_second:,.0f} | "
-                  f"{r.steps_per_second / c.steps_per_second:.2f} | {_fmt(r.cores('workers'), '.2f')} | "
-                  f"{_fmt(r.cores('learner'), '.2f')} | {_fmt(r.cores('redis'), '.2f')} | "
-                  f"{_fmt(c.cores('workers'), '.2f')} | {_fmt(r.cores('other'), '.2f')} / "
-                  f"{_fmt(c.cores('other'), '.2f')} | {r.collects} | {_fmt(r.jobs_finished, 'd')} | "
-                  f"{_fmt(r.mean_queue_before, '.1f')} |")
+    print("| workers | envs | round | rqrl steps/s | reference steps/s | loop steps/s | rqrl workers CPU | learner CPU "
+          "| redis CPU | reference CPU | other CPU (rqrl / reference / loop) | collects | RQ jobs finished "
+          "| mean queue |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for (workers, envs), rounds in results.items():
+        for index, m in enumerate(rounds, start=1):
+            r = m["rqrl"]
+            others = " / ".join(_fmt(m[kind].cores("other"), ".2f") for kind in KINDS)
+            print(f"| {workers} | {envs} | {index} | {r.steps_per_second:,.0f} | "
+                  f"{m['reference'].steps_per_second:,.0f} | {m['loop'].steps_per_second:,.0f} | "
+                  f"{_fmt(r.cores('workers'), '.2f')} | {_fmt(r.cores('learner'), '.2f')} | "
+                  f"{_fmt(r.cores('redis'), '.2f')} | {_fmt(m['reference'].cores('workers'), '.2f')} | {others} | "
+                  f"{r.collects} | {_fmt(r.jobs_finished, 'd')} | {_fmt(r.mean_queue_before, '.1f')} |")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -353,49 +379,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per configuration")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds, each measuring rqrl and ceiling for every worker count")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker (process) counts to measure")
-    parser.add_argument("--actors-per-worker", type=int, default=4, help="actors stepped together by each worker")
+                        help="rounds, each measuring rqrl, the reference and the loop for every configuration")
+    parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker (process) counts to measure")
+    parser.add_argument("--actors-per-worker", type=int, nargs="+", default=[8, 32],
+                        help="envs (actors) stepped together by each worker")
     parser.add_argument("--rollout-steps", type=int, default=128, help="n_rollout_steps")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds after the first output")
     parser.add_argument("--queue-factor", type=float, default=2.0, help="queue_out_of_sync_factor")
     parser.add_argument("--quiet-wait", type=float, default=10.0,
                         help="before each measurement, wait up to this many seconds for other load to stop (0: off)")
     args = parser.parse_args(argv)
-    if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1 or args.actors_per_worker < 1 or args.rollout_steps < 1:
-        parser.error("expected --seconds > 0, --warmup >= 0, and --rounds, --actors-per-worker, --rollout-steps >= 1")
-    if any(workers < 1 for workers in args.workers):
-        parser.error("expected --workers >= 1")
+    if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1 or args.rollout_steps < 1:
+        parser.error("expected --seconds > 0, --warmup >= 0, and --rounds, --rollout-steps >= 1")
+    if any(workers < 1 for workers in args.workers) or any(envs < 1 for envs in args.actors_per_worker):
+        parser.error("expected --workers >= 1 and --actors-per-worker >= 1")
     return args
+
+
+def measure(kind: str, workers: int, envs: int, args: argparse.Namespace) -> Measurement:
+    if kind == "rqrl":
+        return measure_rqrl(workers, envs, args.rollout_steps, args.seconds, args.warmup, args.queue_factor)
+    return measure_processes(kind, workers, envs, args.rollout_steps, args.seconds, args.warmup)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
-    results: dict[int, list[tuple[Measurement, Measurement]]] = {workers: [] for workers in args.workers}
+    configurations = [(workers, envs) for workers in args.workers for envs in args.actors_per_worker]
+    results: Rounds = {configuration: [] for configuration in configurations}
     for round_index in range(args.rounds):
-        for workers in args.workers:
+        for workers, envs in configurations:
             measured: dict[str, Measurement] = {}
-            order = ("rqrl", "ceiling") if round_index % 2 == 0 else ("ceiling", "rqrl")
-            for kind in order:
+            shift = round_index % len(KINDS)
+            for kind in KINDS[shift:] + KINDS[:shift]:
                 if args.quiet_wait > 0:
                     load = wait_for_quiet_machine(args.quiet_wait)
                     if load >= 0.15:
                         log.warning("    other processes still use %.2f cores; measuring anyway", load)
-                log.info("round %d/%d, %d worker(s) x %d actors: measuring %s for %g s (+ %g s warm-up)",
-                         round_index + 1, args.rounds, workers, args.actors_per_worker, kind, args.seconds,
-                         args.warmup)
-                if kind == "rqrl":
-                    result = measure_rqrl(workers, args.actors_per_worker, args.rollout_steps, args.seconds,
-                                          args.warmup, args.queue_factor)
-                else:
-                    result = measure_ceiling(workers, args.actors_per_worker, args.rollout_steps, args.seconds,
-                                             args.warmup)
-                measured[kind] = result
+                log.info("round %d/%d, %d worker(s) x %d envs: measuring %s for %g s (+ %g s warm-up)",
+                         round_index + 1, args.rounds, workers, envs, kind, args.seconds, args.warmup)
+                measured[kind] = result = measure(kind, workers, envs, args)
                 log.info("    %s: %.0f steps/s (%d steps in %.2f s)", kind, result.steps_per_second, result.steps,
                          result.seconds)
-            results[workers].append((measured["rqrl"], measured["ceiling"]))
+            results[(workers, envs)].append(measured)
     print_tables(args, results)
 
 

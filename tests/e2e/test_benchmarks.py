@@ -1,0 +1,31 @@
+"""Smoke runs of the benchmark scripts at a tiny size: they run to the end and print their tables.
+No timed assertion: the numbers are the scripts' business, not the tests'."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.processes import REPO_ROOT, worker_env
+
+
+def run_benchmark(script: str, *arguments: str, timeout: float = 240) -> str:
+    completed = subprocess.run([sys.executable, f"benchmarks/{script}", *arguments], cwd=REPO_ROOT,
+                               env=worker_env(), capture_output=True, text=True, timeout=timeout)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout
+
+
+@pytest.mark.timeout(300)
+def test_actors_throughput_prints_rqrl_reference_and_loop_for_each_configuration() -> None:
+    out = run_benchmark("actors_throughput.py", "--seconds", "0.3", "--warmup", "0", "--rounds", "1",
+                        "--workers", "1", "--actors-per-worker", "2", "3", "--rollout-steps", "8",
+                        "--quiet-wait", "0")
+    assert "| workers | envs per worker | rqrl steps/s | reference steps/s | rqrl / reference |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 1 | 2 |") or line.startswith("| 1 | 3 |")]
+    assert len(rows) == 4, out  # the summary and the per-round row of each configuration
+    for row in rows:
+        rates = [cell.strip().replace(",", "") for cell in row.strip("|").split("|")][2:4]
+        assert all(float(rate) > 0 for rate in rates), row
