@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ import pytest
 
 from tests.polling import wait_until
 from tests.processes import REPO_ROOT, alive, descendants, processes_with_marker, run_rqrl, stop_process, worker_env
+from tests.run_files import PNG_SIGNATURE, read_rows
 
 pytestmark = pytest.mark.timeout(240)
 TRIVIAL_ENV = "tests.fixtures:RqrlGuessSign-v0"
@@ -43,8 +43,8 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
                  "summary.json", "learning_curve.png"):
         assert (run / name).is_file(), name
     assert any((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert (run / "learning_curve.png").read_bytes()[:8] == PNG_SIGNATURE
+    rows = read_rows(run / "metrics.csv")
     assert rows and {"env_steps", "mean_return", "policy_lag_mean", "queue_size"} <= set(rows[0])
     summary = json.loads((run / "summary.json").read_text())
     random_policy_return = 10.0  # 20 coin flips
@@ -105,7 +105,7 @@ def test_a_sigkilled_learner_resumes_its_run_on_the_same_redis_and_workers_never
     assert connection.exists("rqrl:killed:config")
     held = connection.llen("rqrl:killed:unacknowledged")  # the (part of a) batch the learner had popped
     assert held <= 2
-    steps_before = int(list(csv.DictReader((run / "metrics.csv").open()))[-1]["env_steps"])
+    steps_before = int(read_rows(run / "metrics.csv")[-1]["env_steps"])
 
     resumed = rqrl("train", "--resume", str(run), *common, "--total-env-steps", str(steps_before + 4000))
     assert resumed.returncode == 0, resumed.stderr[-3000:]

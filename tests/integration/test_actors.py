@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -19,22 +24,16 @@ from rqrl import (
     SubprocDistributedActors,
 )
 from rqrl.options import RunOptions
+from rqrl.records import encode_record
 from tests import fixtures
-from tests.conftest import TEST_SECRET
+from tests.factories import redis_actors, rollout_record
+from tests.polling import wait_until
+from tests.processes import REPO_ROOT, alive, worker_env
 
 pytestmark = pytest.mark.timeout(120)
 
-
-def local_actors(redis_url, run_name, env_factory=fixtures.make_cartpole, policy=None, **options):
-    """Actors on the test Redis with local worker processes started by fork."""
-    options.setdefault("n_local_workers", 1)
-    options.setdefault("start_method", "fork")
-    return RedisDistributedActors(
-        env_factory, policy if policy is not None else fixtures.mlp_policy(),
-        options.pop("n_rollout_steps", 16), options.pop("n_actors", 2), options.pop("batch_size", 2),
-        options.pop("queue_out_of_sync_factor", 2.0), redis_url=redis_url, run_name=run_name, secret=TEST_SECRET,
-        **options,
-    )
+# actors on the test Redis with local worker processes (one unless a test asks for more) started by fork
+local_actors = functools.partial(redis_actors, n_local_workers=1, start_method="fork")
 
 
 def children_alive() -> list[multiprocessing.Process]:
@@ -64,18 +63,19 @@ def test_broadcast_versions_reach_workers_and_reads_are_never_torn(connection, r
     policy = fixtures.WeightRevealingPolicy()
     with local_actors(redis_url, run_name, policy=policy, n_actors=2, batch_size=2, n_local_workers=2) as actors:
         seen_versions = set()
+
+        def a_batch_holds(version: int) -> bool:
+            record = actors.collect_outputs("cpu").record
+            for column, record_version in enumerate(record.policy_version.tolist()):
+                # every step of a rollout carries the weight of the version it claims
+                assert torch.all(record.log_probs[:, column] == float(record_version))
+                seen_versions.add(record_version)
+            return version in record.policy_version.tolist()
+
         for version in range(1, 6):
             actors.broadcast_updated_policy(fixtures.revealing_state(version))
-            deadline = time.monotonic() + 30
-            while True:
-                record = actors.collect_outputs("cpu").record
-                for column, record_version in enumerate(record.policy_version.tolist()):
-                    # every step of a rollout carries the weight of the version it claims
-                    assert torch.all(record.log_probs[:, column] == float(record_version))
-                    seen_versions.add(record_version)
-                if version in record.policy_version.tolist():
-                    break
-                assert time.monotonic() < deadline, f"version {version} never reached the workers"
+            wait_until(functools.partial(a_batch_holds, version), 30, interval=0,
+                       message=f"version {version} reaching the workers")
         lag = actors.get_stats_value(RolloutEvents.policy_lag, name="min")
     assert seen_versions >= {1, 2, 3, 4, 5}
     assert lag == 0
@@ -84,8 +84,9 @@ def test_broadcast_versions_reach_workers_and_reads_are_never_torn(connection, r
 def test_actors_started_before_the_first_broadcast_wait_for_it(connection, redis_url, run_name):
     policy = fixtures.WeightRevealingPolicy()
     with local_actors(redis_url, run_name, policy=policy) as actors:
-        time.sleep(1.0)  # workers are up, no weights yet: they must wait, not fail
-        assert actors.queue_size() == 0
+        wait_until(lambda: connection.zcard("rq:wip:rqrl") == 1, message="the worker starting the run's job")
+        time.sleep(1.0)  # the point: the job runs with no weights yet, and must wait for them, not fail
+        assert actors.queue_size() == 0 and connection.zcard("rq:wip:rqrl") == 1
         actors.broadcast_updated_policy(fixtures.revealing_state(7))
         record = actors.collect_outputs("cpu").record
     assert torch.all(record.log_probs == 7.0)
@@ -98,10 +99,14 @@ def test_queue_never_exceeds_its_bound_under_fast_producers(connection, redis_ur
         actors.broadcast_updated_policy(actors.policy.state_dict())
         key = actors.keys.trajectories
         sizes = []
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
+
+        def filled() -> bool:
             sizes.append(connection.llen(key))
-        assert max(sizes) == bound, "producers should fill the queue up to its bound"
+            return sizes[-1] >= bound
+
+        wait_until(filled, 30, interval=0, message=f"producers filling the queue up to its bound {bound}")
+        sizes.extend(connection.llen(key) for _ in range(1000))  # producers keep pushing against the full queue
+        assert max(sizes) == bound
         for _ in range(5):  # make room repeatedly; producers refill but never overshoot
             actors.collect_outputs("cpu")
             sizes.extend(connection.llen(key) for _ in range(200))
@@ -295,9 +300,7 @@ def test_rollouts_a_lost_pop_reply_left_unseen_are_still_delivered_once(connecti
     with local_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         records = [actors.collect_outputs("cpu").record]
-        deadline = time.monotonic() + 30
-        while actors.queue_size() == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: actors.queue_size() > 0, 30, interval=0.01, message="a rollout in the queue")
         # a pop whose reply never reached the learner (redis-py retried it): its entry sits unseen on
         # the unacknowledged list, and the learner's next pop must notice the gap in the indices
         lost = actors._queue.pop(1, actors._inbox.done_below)
@@ -311,8 +314,7 @@ def test_rollouts_a_lost_pop_reply_left_unseen_are_still_delivered_once(connecti
         assert sorted(r for a, r in delivered if a == actor) == list(range(5))
 
 
-def test_worker_redis_url_without_an_external_redis_is_refused(monkeypatch):
-    monkeypatch.delenv("REDIS_URL", raising=False)
+def test_worker_redis_url_without_an_external_redis_is_refused():
     with pytest.raises(ConfigError, match="worker_redis_url is for an external Redis"):
         RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
                                worker_redis_url="redis://worker:pw@127.0.0.1:6379/0")
@@ -335,9 +337,8 @@ def test_unpicklable_env_factory_is_refused(connection, redis_url, run_name):
 def test_stats_cover_returns_lengths_throughput_lag_queue_and_workers(connection, redis_url, run_name):
     with local_actors(redis_url, run_name, n_actors=4, batch_size=4, n_local_workers=2) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
-        deadline = time.monotonic() + 60  # on a loaded machine the second worker may register late
-        while actors.workers_alive(cached=False) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # on a loaded machine the second worker may register late
+        wait_until(lambda: actors.workers_alive(cached=False) == 2, 60, interval=0.1, message="two live workers")
         for _ in range(20):
             actors.collect_outputs("cpu")
         stats = actors.get_epoch_stats_aggregator().reduce()
@@ -357,7 +358,8 @@ def test_actors_started_from_a_short_lived_thread_keep_their_workers(connection,
     starter.start()
     starter.join(30)
     try:
-        time.sleep(1.5)  # the orphan watchdog polls every second
+        assert not starter.is_alive(), "start() did not return"
+        time.sleep(1.5)  # the point: the orphan watchdog polls every second, and must not see an orphan
         assert all(process.is_alive() for process in actors.local_workers.processes)
         actors.broadcast_updated_policy(actors.policy.state_dict())
         assert actors.collect_outputs("cpu").record.rewards.shape == (16, 2)
@@ -366,10 +368,9 @@ def test_actors_started_from_a_short_lived_thread_keep_their_workers(connection,
 
 
 LEARNER_SCRIPT = """
-import os, sys, time
+import sys, time
 from rqrl import SubprocDistributedActors
 from tests import fixtures
-from tests.conftest import TEST_SECRET
 policy = fixtures.mlp_policy()
 actors = SubprocDistributedActors(fixtures.make_cartpole, policy, 16, 2, 2, 2.0, sys.argv[1], [0, 1], [2, 3],
                                   n_workers=2)
@@ -383,13 +384,6 @@ time.sleep(120)
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
 def test_a_killed_learner_leaves_no_worker_or_redis_behind(start_method):
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO_ROOT, worker_env
-
     learner = subprocess.Popen([sys.executable, "-c", LEARNER_SCRIPT, start_method], cwd=REPO_ROOT,
                                env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -399,39 +393,20 @@ def test_a_killed_learner_leaves_no_worker_or_redis_behind(start_method):
         learner.send_signal(signal.SIGKILL)
         learner.wait(10)
 
-    def alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        try:
-            with open(f"/proc/{pid}/stat") as stat:  # a zombie waiting for init to reap it is gone too
-                return stat.read().split(")")[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
+    def survivors() -> list[int]:  # a zombie waiting for init to reap it is gone too
+        return [pid for pid in pids if alive(pid)]
 
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    survivors = [pid for pid in pids if alive(pid)]
-    for pid in survivors:
-        os.kill(pid, signal.SIGKILL)
-    assert not survivors, f"processes outlived the killed learner: {survivors}"
+    try:
+        wait_until(lambda: not survivors(), 10, interval=0.1,
+                   message=lambda: f"the learner's processes to end; these outlived it: {survivors()}")
+    finally:
+        for pid in survivors():
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_foreign_and_corrupted_queue_entries_are_rejected_and_counted(connection, redis_url, run_name):
-    import numpy as np
-
-    from rqrl.records import RolloutRecord, encode_record
-
     def fake(run_id: str, steps: int = 16, obs_size: int = 4, actor: int = 0) -> bytes:
-        return encode_record(RolloutRecord(
-            obs=np.zeros((steps, obs_size), np.float32), actions=np.zeros(steps, np.int64),
-            rewards=np.zeros(steps, np.float32), terminated=np.zeros(steps, bool), truncated=np.zeros(steps, bool),
-            log_probs=np.zeros(steps, np.float32), logits=np.zeros((steps, 2), np.float32),
-            next_obs=np.zeros(obs_size, np.float32), final_obs=np.zeros((0, obs_size), np.float32),
-            final_obs_steps=np.zeros(0, np.int64), episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64),
-            policy_version=1, actor_id=actor, rollout_id=10_000), run_id)
+        return encode_record(rollout_record(steps, obs_size, logits=True, actor_id=actor, rollout_id=10_000), run_id)
 
     with local_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())

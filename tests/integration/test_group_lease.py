@@ -21,15 +21,9 @@ from rqrl.run_config import RunConfig
 from rqrl.weights import WeightStore
 from tests import fixtures
 from tests.conftest import TEST_SECRET
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def wait_until(condition, timeout: float = 10.0, message: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{message} not reached within {timeout} s"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -68,7 +62,7 @@ def test_the_refresher_keeps_the_lease_alive_and_stores_progress(connection, key
     lease = leases(connection, keys, lease_seconds=0.4)
     lease.acquire()
     lease.record_progress(7)
-    time.sleep(1.2)  # three TTLs: without refreshes the lease would be gone
+    time.sleep(1.2)  # the point: three TTLs, after which the lease would be gone without refreshes
     assert connection.get(keys.lease(0)) == b"job-a"
     assert connection.pttl(keys.lease(0)) > 0
     wait_until(lambda: read_progress(connection, keys, 0) == 7, message="progress 7 stored by the refresher")
@@ -105,9 +99,9 @@ def test_a_lease_taken_by_another_job_makes_record_progress_raise(connection, ke
 
 
 def test_no_progress_for_hang_seconds_lets_the_lease_expire(connection, keys, leases):
-    lease = leases(connection, keys, lease_seconds=0.4, hang_seconds=0.6)
+    lease = leases(connection, keys, lease_seconds=0.4, hang_seconds=1.2)
     lease.acquire()
-    time.sleep(0.3)
+    time.sleep(0.8)  # the point: two TTLs, before the hang deadline: the refresher must still keep the lease
     assert group_is_leased(connection, keys, 0), "the lease lapsed before the hang deadline"
     wait_until(lambda: not group_is_leased(connection, keys, 0), timeout=5.0, message="the hung job's lease expiring")
 
@@ -115,7 +109,7 @@ def test_no_progress_for_hang_seconds_lets_the_lease_expire(connection, keys, le
 def test_touch_keeps_a_waiting_job_from_being_judged_hung(connection, keys, leases):
     lease = leases(connection, keys, lease_seconds=0.4, hang_seconds=0.6)
     lease.acquire()
-    deadline = time.monotonic() + 1.5
+    deadline = time.monotonic() + 1.5  # the point: past the hang deadline, which touches keep moving
     while time.monotonic() < deadline:
         lease.touch()  # waiting for queue space or weights: alive, not hung
         time.sleep(0.05)
@@ -126,7 +120,7 @@ def test_mark_failed_keeps_the_group_from_the_reaper(connection, keys, leases):
     lease = leases(connection, keys, lease_seconds=0.4)
     lease.acquire()
     lease.mark_failed()
-    time.sleep(1.0)  # past the TTL: a failed group keeps its marker, with no TTL
+    time.sleep(1.0)  # the point: past the TTL, a failed group keeps its marker, with no TTL
     assert connection.get(keys.lease(0)) == b"failed:job-a"
     assert connection.pttl(keys.lease(0)) == -1
     reaper = Reaper(connection, keys, 1, min_interval=0.0)
@@ -238,7 +232,7 @@ def test_a_job_that_loses_its_lease_drops_its_cached_envs(connection, worker_cac
     monkeypatch.setattr(jobs, "get_current_job", lambda: job)  # as if a worker ran it
 
     def steal() -> None:  # another job takes the group once this one has pushed a few rollouts
-        wait_until(lambda: read_progress(connection, keys, 0) >= 3, message="three rollouts pushed")
+        wait_until(lambda: read_progress(connection, keys, 0) >= 3, interval=0.02, message="three rollouts pushed")
         connection.set(keys.lease(0), "rqrl_ctx-lost_g0_r99", px=10_000)
 
     thief = threading.Thread(target=steal, daemon=True)

@@ -11,18 +11,16 @@ import time
 
 import pytest
 
-from rqrl import RedisDistributedActors, RolloutEvents
+from rqrl import RolloutEvents
+from rqrl.leases import group_is_leased
 from tests import fixtures
-from tests.conftest import TEST_SECRET
+from tests.factories import redis_actors
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
-
-def actors_on_workers(redis_url, run_name, env_factory=fixtures.make_cartpole, policy=None, **options):
-    return RedisDistributedActors(env_factory, policy or fixtures.mlp_policy(), 16, options.pop("n_actors", 4),
-                                  options.pop("batch_size", 2), 2.0, redis_url=redis_url, run_name=run_name,
-                                  actors_per_job=1, min_job_seconds=0.2, secret=TEST_SECRET, **options)
+# actors for `rqrl worker` processes: one actor per job, jobs that yield every 0.2 s so groups move between workers
+actors_on_workers = functools.partial(redis_actors, n_actors=4, actors_per_job=1, min_job_seconds=0.2)
 
 
 def assert_each_actor_delivered_a_contiguous_run_once(delivered: list[tuple[int, int]], n_actors: int) -> None:
@@ -90,10 +88,9 @@ def test_the_rerun_starts_within_15_seconds_of_the_kill(connection, redis_url, r
         workers.wait_registered(connection, 2)
         victim.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
-        while True:  # drain what the victim pushed before dying, then wait for the rescuer's first rollout
-            record = actors.collect_outputs("cpu").record
-            if record.worker == ("rescuer",):
-                break
+        # drain what the victim pushed before dying, then wait for the rescuer's first rollout
+        wait_until(lambda: actors.collect_outputs("cpu").record.worker == ("rescuer",), 15, interval=0,
+                   message="the rescuer's first rollout")
         assert time.monotonic() - killed_at < 15
 
 
@@ -115,8 +112,13 @@ def test_a_rerun_says_where_its_rollouts_do_not_continue_the_delivered_ones(conn
         # and recomputes rollouts the victim delivered; its pushes of those are refused as duplicates
         connection.set(actors.keys.progress(0), 1)
         victim.send_signal(signal.SIGKILL)
-        while records[-1].worker != ("rescuer",):
+
+        def rescued() -> bool:
             records.append(actors.collect_outputs("cpu").record)
+            return records[-1].worker == ("rescuer",)
+
+        if records[-1].worker != ("rescuer",):
+            wait_until(rescued, 60, interval=0, message="the rescuer's first rollout")
         records += [actors.collect_outputs("cpu").record for _ in range(3)]
         cuts = actors.get_stats_value(RolloutEvents.episodes_cut, name="sum")
     assert [int(record.rollout_id[0]) for record in records] == list(range(len(records)))
@@ -162,9 +164,12 @@ def test_a_restarted_learner_takes_over_its_run_and_workers_never_notice(connect
     before = [first.collect_outputs("cpu").record for _ in range(3)]
     first.broadcast_updated_policy(first.policy.state_dict())
     version_before = first.policy_version
+    keys, bound = first.keys, first.config.queue_bound
     first.connection.close()  # the learner dies holding its last batch: no stop(), its keys stay in Redis
     del first
-    time.sleep(1.0)
+    # the learner stays away until the worker has filled the queue: it waits for room, not for the learner
+    wait_until(lambda: connection.llen(keys.trajectories) >= bound, 60,
+               message=f"the worker filling the queue to its bound {bound}")
 
     with actors_on_workers(redis_url, run_name, n_actors=2, batch_size=resumed_batch_size, resume=True) as second:
         second.broadcast_updated_policy(second.policy.state_dict())
@@ -239,7 +244,9 @@ def test_a_job_dequeued_but_not_started_keeps_its_group_until_the_handed_over_le
         connection.delete(queue_key)  # as if workers dequeued both jobs and had not started them yet
         reaper = Reaper(connection, actors.keys, 2, min_interval=0.0)
         assert reaper.orphaned_groups(queue_key) == [] and reaper.orphaned_groups(queue_key) == []
-        time.sleep(actors.config.lease_seconds + 0.5)  # the workers died before starting: the leases lapse
+        # the workers died before starting: the leases lapse
+        wait_until(lambda: not any(group_is_leased(connection, actors.keys, group) for group in range(2)),
+                   actors.config.lease_seconds + 10, message="the handed-over leases lapsing")
         reaper.orphaned_groups(queue_key)
         assert reaper.orphaned_groups(queue_key) == [0, 1]
     finally:

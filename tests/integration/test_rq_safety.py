@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import threading
@@ -29,9 +28,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from rqrl import RedisDistributedActors
-from tests import fixtures
-from tests.conftest import REPO_ROOT, TEST_SECRET, stop_process, worker_env
+from tests.factories import redis_actors
+from tests.polling import wait_until
+from tests.processes import REPO_ROOT, free_port, get_json, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -153,27 +152,25 @@ def assert_nothing_ran(markers: Path, listener: Listener, log: Path | None = Non
         f"planted payloads ran: {ran}; planted webhooks were called: {listener.requests}{tail}"
 
 
-def wait_until(condition, what: str, timeout: float = 60, process: subprocess.Popen | None = None,
-               log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"the process exited ({process.returncode}) before {what}:\n"
-                                 f"{log.read_text()[-3000:] if log else ''}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}\n{log.read_text()[-3000:] if log else ''}")
-        time.sleep(0.1)
+def wait_while_running(condition, what: str, process: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    """wait_until ``condition``; ``process`` exiting first fails at once, either failure with the end of ``log``."""
 
+    def tail() -> str:
+        return log.read_text(errors="replace")[-3000:] if log.exists() else ""
 
-def external_actors(redis_url: str, run_name: str) -> RedisDistributedActors:
-    return RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
-                                  redis_url=redis_url, run_name=run_name, collect_timeout=60,
-                                  secret=TEST_SECRET)
+    def check() -> bool:
+        if condition():
+            return True
+        if process.poll() is not None:
+            raise AssertionError(f"the process exited ({process.returncode}) before {what}:\n{tail()}")
+        return False
+
+    wait_until(check, timeout, interval=0.1, message=lambda: f"{what}\n{tail()}")
 
 
 def collect_one_batch(redis_url: str, run_name: str) -> None:
     """A legitimate run: one batch of real rollouts, then stop()."""
-    with external_actors(redis_url, run_name) as actors:
+    with redis_actors(redis_url, run_name, collect_timeout=60) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         assert actors.collect_outputs("cpu").record.rewards.shape == (16, 2)
 
@@ -219,17 +216,18 @@ def test_worker_maintenance_and_jobs_run_no_planted_pickle_callback_or_webhook(k
     log = tmp_path / "worker.log"
     with worker_process(kind, redis_url, log) as process:
         # the worker cleans its queue's registries when it starts, before it dequeues anything
-        wait_until(lambda: not connection.zrange(f"rq:wip:{QUEUE}", 0, -1), "the expired started entry is cleaned",
-                   process=process, log=log)
-        wait_until(lambda: not connection.llen(f"rq:queue:{QUEUE}:intermediate"),
-                   "the stuck intermediate entry is cleaned", process=process, log=log)
-        wait_until(lambda: job_status(connection, allowed) == "finished" and job_status(connection, forbidden)
-                   == "failed", "the planted queued jobs end", process=process, log=log)
+        wait_while_running(lambda: not connection.zrange(f"rq:wip:{QUEUE}", 0, -1),
+                           "the expired started entry is cleaned", process, log)
+        wait_while_running(lambda: not connection.llen(f"rq:queue:{QUEUE}:intermediate"),
+                           "the stuck intermediate entry is cleaned", process, log)
+        wait_while_running(lambda: job_status(connection, allowed) == "finished"
+                           and job_status(connection, forbidden) == "failed", "the planted queued jobs end",
+                           process, log)
         collect_one_batch(redis_url, run_name)
         assert process.poll() is None
     failed = set(connection.zrange(f"rq:failed:{QUEUE}", 0, -1))
     assert {wip.encode(), stuck.encode(), forbidden.encode()} <= failed, failed
-    time.sleep(0.5)  # a webhook in flight would land by now
+    time.sleep(0.5)  # the point: a webhook in flight would land by now
     assert_nothing_ran(markers, listener, log)
 
 
@@ -252,19 +250,13 @@ def test_learner_stop_cleans_up_through_rqrl_classes_only(connection, redis_url,
 def test_learner_stop_runs_no_planted_callback_or_webhook(connection, redis_url, run_name, markers, listener,
                                                           workers):
     workers.start("legit")
-    with external_actors(redis_url, run_name) as actors:
+    with redis_actors(redis_url, run_name, collect_timeout=60) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         actors.collect_outputs("cpu")
         # planted after the worker's start-up maintenance: only stop() meets it
         plant_expired_started(connection, markers, listener)
-    time.sleep(0.5)
+    time.sleep(0.5)  # the point: a webhook in flight would land by now
     assert_nothing_ran(markers, listener)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 SECURED_DASHBOARD = ("import sys, rq_dashboard.cli, rq_dashboard.web; from rqrl.rq_safety import secure_rq_dashboard; "
@@ -290,13 +282,7 @@ def test_dashboard_job_pages_and_actions_unpickle_nothing(launch, connection, re
                                    stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        def answers() -> bool:
-            with contextlib.suppress(urllib.error.URLError, ConnectionError):
-                with urllib.request.urlopen(f"{base}/0/data/queues.json", timeout=5):
-                    return True
-            return False
-
-        wait_until(answers, "the dashboard answers", process=process, log=log)
+        get_json(f"{base}/0/data/queues.json", process, log, timeout=60)  # the dashboard answers
         for path, data in [(f"/0/view/job/{viewed}", None), (f"/0/data/job/{viewed}.json", None),
                            (f"/0/data/jobs/{QUEUE}/failed/8/asc/1.json", None),
                            (f"/job/{requeued}/requeue", b"")]:
@@ -335,5 +321,5 @@ def test_rollout_job_reads_with_json_whatever_serializer_it_is_given(connection,
     assert job.webhooks == [] and job.failure_callback is None and job.success_callback is None
     job.execute_failure_callback(None)  # returns before it needs a death penalty: there is no callback
     job.send_webhooks("failed", exc_string="")
-    time.sleep(0.2)
+    time.sleep(0.2)  # the point: a webhook sent in the background would land by now
     assert_nothing_ran(markers, listener)

@@ -189,12 +189,17 @@ def test_stress_several_producers_one_consumer_never_exceed_the_bound(connection
         thread.start()
     consumer = TrajectoryQueue(connection, keys, bound)
     wait_until(lambda: consumer.size() >= bound, 45, interval=0.01, message=f"producers filling the queue to {bound}")
-    deadline = time.monotonic() + 45
     received: list[bytes] = []
-    while len(received) < n_producers * per_producer and time.monotonic() < deadline:
+
+    def all_received() -> bool:
+        nonlocal max_seen
         max_seen = max(max_seen, consumer.size())
         if consumer.wait_until_not_empty(0.5):
             received.extend(consumer.pop_available(1 + len(received) % 3))
+        return len(received) >= n_producers * per_producer
+
+    wait_until(all_received, 45, interval=0,
+               message=lambda: f"all {n_producers * per_producer} rollouts; {len(received)} received")
     for thread in producers:
         thread.join(timeout=10)
     stop_watching.set()

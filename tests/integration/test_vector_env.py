@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import gymnasium
 import numpy as np
@@ -21,10 +20,9 @@ from gymnasium import spaces
 from rqrl.errors import ConfigError, EnvError
 from rqrl.stats import LogStatsLevel, RolloutEvents
 from rqrl.vector_env import EnvProcessDiedError, SubprocVectorEnv, VectorEnvError
+from tests.processes import REPO_ROOT, worker_env
 
 pytestmark = pytest.mark.timeout(60)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- envs (module level: the env processes import them by name) ----------------------------------
@@ -140,6 +138,7 @@ def our_children() -> list[multiprocessing.process.BaseProcess]:
 
 
 def pid_exists(pid: int) -> bool:
+    """True while ``pid`` exists, zombies included (stricter than tests.processes.alive: close() must reap)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -459,10 +458,9 @@ def test_context_manager_closes(vector_envs):
 
 @pytest.mark.timeout(180)
 def test_benchmark_script_prints_a_table():
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run(
         [sys.executable, "benchmarks/vector_env_throughput.py", "--seconds", "0.3", "--rounds", "1", "--n-envs", "2"],
-        cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=170,
+        cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=170,
     )
     assert result.returncode == 0, result.stderr
     assert "| CartPole-v1 | 2 |" in result.stdout and "| image 84x84x4 uint8 | 2 |" in result.stdout

@@ -4,29 +4,22 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
-from rqrl import RedisDistributedActors
-from tests import fixtures
-from tests.conftest import REPO_ROOT, TEST_SECRET, stop_process, worker_env
+from tests.conftest import TEST_SECRET
+from tests.factories import redis_actors
+from tests.polling import wait_until
+from tests.processes import REPO_ROOT, run_rqrl, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def external_actors(redis_url, run_name, **options):
-    options.setdefault("secret", TEST_SECRET)
-    return RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, options.pop("n_actors", 4),
-                                  options.pop("batch_size", 2), 2.0, redis_url=redis_url, run_name=run_name,
-                                  **options)
 
 
 def test_a_worker_joining_mid_run_gets_work(connection, redis_url, run_name, workers):
     workers.start("first")
     workers.wait_registered(connection, 1)
     # four single-actor jobs on one worker: jobs wait in the queue, so a newcomer finds work
-    with external_actors(redis_url, run_name, n_actors=4, actors_per_job=1, min_job_seconds=0.05) as actors:
+    with redis_actors(redis_url, run_name, n_actors=4, actors_per_job=1, min_job_seconds=0.05) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         before = set()
         for _ in range(5):
@@ -34,12 +27,15 @@ def test_a_worker_joining_mid_run_gets_work(connection, redis_url, run_name, wor
         workers.start("second")
         workers.wait_registered(connection, 2)
         after = set()
-        deadline = time.monotonic() + 30
-        while "second" not in after and time.monotonic() < deadline:
-            after |= set(actors.collect_outputs("cpu").record.worker)
+
+        def second_delivered() -> bool:
+            after.update(actors.collect_outputs("cpu").record.worker)
+            return "second" in after
+
+        wait_until(second_delivered, 30, interval=0,
+                   message=lambda: f"a rollout by the joining worker; workers seen: {after}")
         assert actors.workers_alive(cached=False) == 2
     assert before == {"first"}
-    assert "second" in after, f"the joining worker delivered nothing; workers seen: {after}"
 
 
 def test_a_busy_worker_whose_registration_redis_lost_registers_again_mid_job(connection, redis_url, run_name,
@@ -48,7 +44,7 @@ def test_a_busy_worker_whose_registration_redis_lost_registers_again_mid_job(con
 
     workers.start("busy")
     workers.wait_registered(connection, 1)
-    with external_actors(redis_url, run_name, n_actors=2, actors_per_job=2) as actors:  # one group: one long job
+    with redis_actors(redis_url, run_name, n_actors=2, actors_per_job=2) as actors:  # one group: one long job
         actors.broadcast_updated_policy(actors.policy.state_dict())
         actors.collect_outputs("cpu")
         job_ids = connection.zrange("rq:wip:rqrl", 0, -1)
@@ -56,15 +52,18 @@ def test_a_busy_worker_whose_registration_redis_lost_registers_again_mid_job(con
         connection.delete("rq:worker:busy")
         connection.srem("rq:workers", "rq:worker:busy")
         connection.srem("rq:workers:rqrl", "rq:worker:busy")
-        deadline = time.monotonic() + HEARTBEAT_SECONDS + 15
 
         def registered() -> bool:
             return bool(connection.sismember("rq:workers", "rq:worker:busy")
                         and connection.sismember("rq:workers:rqrl", "rq:worker:busy"))
 
-        while not registered() and time.monotonic() < deadline:
-            actors.collect_outputs("cpu")
-        assert registered(), "the busy worker never registered again"
+        def registered_again() -> bool:
+            if registered():
+                return True
+            actors.collect_outputs("cpu")  # the job runs on meanwhile
+            return False
+
+        wait_until(registered_again, HEARTBEAT_SECONDS + 15, interval=0, message="the busy worker registering again")
         assert connection.hget("rq:worker:busy", "birth") is not None
         assert connection.zrange("rq:wip:rqrl", 0, -1) == job_ids, "it registered again mid-job, not after it"
         assert actors.workers_alive(cached=False) == 1
@@ -76,7 +75,7 @@ def test_plain_rq_worker_with_the_documented_class_runs_rollouts(connection, red
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
     try:
-        with external_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
+        with redis_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
             actors.broadcast_updated_policy(actors.policy.state_dict())
             record = actors.collect_outputs("cpu").record
             assert record.rewards.shape == (16, 2)
@@ -101,8 +100,7 @@ def test_a_hostile_job_is_refused_and_lands_in_the_failed_registry(connection, r
     job = _enqueue_raw(connection, "os.system", f"touch {marker}")
     callback_job = _enqueue_raw(connection, "rqrl.jobs.run_actor_group", "no-such-run", 0, 0)
     connection.hset(callback_job.key, "success_callback_name", "os.getcwd")
-    result = subprocess.run([sys.executable, "-m", "rqrl", "worker", "--redis-url", redis_url, "--burst"],
-                            cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
+    result = run_rqrl("worker", "--redis-url", redis_url, "--burst", timeout=60)
     assert result.returncode == 0, result.stderr
     assert not marker.exists(), "the hostile job ran"
     failed = FailedJobRegistry("rqrl", connection=connection, serializer=JSONSerializer)  # rqrl's serializer
@@ -127,7 +125,7 @@ def test_plain_rq_worker_without_the_json_serializer_still_refuses_hostile_jobs(
 def test_a_tampered_env_factory_is_refused_and_reported(connection, redis_url, run_name, workers):
     from rqrl import ActorFailedError
 
-    with external_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
+    with redis_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         blob = connection.get(actors.keys.env_factory)
         connection.set(actors.keys.env_factory, blob[:-1] + bytes([blob[-1] ^ 1]))
@@ -139,11 +137,11 @@ def test_a_tampered_env_factory_is_refused_and_reported(connection, redis_url, r
 def test_a_worker_with_another_secret_refuses_the_run(connection, redis_url, run_name):
     from rqrl import ActorFailedError
 
-    env = {**worker_env(), "RQRL_SECRET": "not-the-learner-secret"}
     process = subprocess.Popen([sys.executable, "-m", "rqrl", "worker", "--redis-url", redis_url], cwd=REPO_ROOT,
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               env=worker_env(RQRL_SECRET="not-the-learner-secret"), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     try:
-        with external_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
+        with redis_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
             actors.broadcast_updated_policy(actors.policy.state_dict())
             with pytest.raises(ActorFailedError, match="different RQRL_SECRET"):
                 actors.collect_outputs("cpu")
@@ -156,7 +154,7 @@ def test_an_external_redis_without_a_secret_is_refused(redis_url, monkeypatch):
 
     monkeypatch.delenv("RQRL_SECRET")
     with pytest.raises(ConfigError, match="RQRL_SECRET"):
-        external_actors(redis_url, "no-secret", secret=None)
+        redis_actors(redis_url, "no-secret", n_actors=4, secret=None)
 
 
 def test_the_learner_never_reads_the_secret_from_the_environment(redis_url):
@@ -164,11 +162,10 @@ def test_the_learner_never_reads_the_secret_from_the_environment(redis_url):
 
     assert TEST_SECRET  # set in this process's environment by conftest: only the command line may read it
     with pytest.raises(ConfigError, match=r"pass secret=\.\.\. \(e\.g\. secret=os\.environ\[\"RQRL_SECRET\"\]\)"):
-        external_actors(redis_url, "no-secret", secret=None)
+        redis_actors(redis_url, "no-secret", n_actors=4, secret=None)
 
 
 def test_rqrl_worker_without_a_secret_says_what_to_set(redis_url):
     env = {key: value for key, value in worker_env().items() if key != "RQRL_SECRET"}
-    result = subprocess.run([sys.executable, "-m", "rqrl", "worker", "--redis-url", redis_url], cwd=REPO_ROOT,
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = run_rqrl("worker", "--redis-url", redis_url, env=env, timeout=60)
     assert result.returncode != 0 and "RQRL_SECRET is not set" in result.stderr

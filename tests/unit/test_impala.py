@@ -3,7 +3,6 @@ train()/resume/load_policy/evaluate end to end on in-process actors (real CartPo
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
 import json
@@ -33,6 +32,7 @@ from rqrl.records import BatchedRecord, batch_records
 from rqrl.serial import SerialDistributedActors
 from tests import fixtures
 from tests.factories import rollout_record
+from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_torch_thread")]
 CARTPOLE = functools.partial(make_flat_env, "CartPole-v1")
@@ -449,11 +449,6 @@ def small_config(tmp_path, **changes) -> ImpalaConfig:
     return ImpalaConfig(**{**settings, **changes})
 
 
-def read_rows(path):
-    with path.open() as file:
-        return list(csv.DictReader(file))
-
-
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("impala")
@@ -469,11 +464,12 @@ def test_train_writes_the_run_folder(trained_run):
     for name in ("final.safetensors", "best.safetensors", "checkpoint.safetensors", "metrics.csv", "config.json",
                  "summary.json", "learning_curve.png"):
         assert (run / name).is_file() and (run / name).stat().st_size > 0, name
-    assert any((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run / "learning_curve.png").read_bytes()[:8] == PNG_SIGNATURE
     rows = read_rows(run / "metrics.csv")
     assert len(rows) == result.updates
     assert [int(row["env_steps"]) for row in rows] == [64 * (i + 1) for i in range(len(rows))]
+    losses = sorted(step for step, tag, _ in tensorboard_scalars(run) if tag == "policy_loss")
+    assert losses == [int(row["env_steps"]) for row in rows], "one TensorBoard policy_loss per CSV row"
     assert all(float(row["policy_lag_max"]) == 0 for row in rows)  # serial actors always use the latest weights
     assert all(math.isfinite(float(row["policy_loss"])) for row in rows)
     config = json.loads((run / "config.json").read_text())

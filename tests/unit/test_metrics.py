@@ -7,31 +7,8 @@ import math
 import struct
 import time
 
-from tensorboardX.proto import event_pb2
-
 from rqrl.metrics import MetricsWriter, plot_learning_curve
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def read_rows(path):
-    with path.open() as file:
-        return list(csv.DictReader(file))
-
-
-def tensorboard_scalars(run_dir) -> list[tuple[int, str, float]]:
-    """(step, tag, value) of every scalar in the run's event files, read from the TFRecord framing."""
-    scalars = []
-    files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-    assert files, "no TensorBoard event file"
-    for path in files:
-        data, offset = path.read_bytes(), 0
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset:offset + 8])
-            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-            offset += 12 + length + 4
-            scalars.extend((event.step, value.tag, value.simple_value) for value in event.summary.value)
-    return scalars
+from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
 
 
 def test_writes_csv_rows_and_tensorboard_scalars(tmp_path):

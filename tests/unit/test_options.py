@@ -55,8 +55,7 @@ def test_the_actors_signature_defaults_are_the_options_defaults():
         assert parameters[spec.name].default == getattr(DEFAULTS, spec.name), spec.name
 
 
-def test_actors_accept_an_options_object(monkeypatch):
-    monkeypatch.delenv("REDIS_URL", raising=False)
+def test_actors_accept_an_options_object():
     options = RunOptions(run_name="from-options", collect_timeout=7.0, n_local_workers=1)
     actors = RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0, options=options)
     assert actors.run_name == "from-options"

@@ -16,16 +16,8 @@ from rqrl.rollout import ActorGroup, derive_seed
 from rqrl.serial import SerialDistributedActors
 from tests import fixtures
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("one_torch_thread")]
 SHORT_CARTPOLE = functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=10)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_actors(env_factory=fixtures.make_cartpole, policy=None, steps=20, n_actors=3, env_seeds=None,

@@ -1,0 +1,32 @@
+"""Readers of what a training run writes to its folder: the rows of metrics.csv, the TensorBoard scalars."""
+
+from __future__ import annotations
+
+import csv
+import struct
+from pathlib import Path
+
+from tensorboardX.proto import event_pb2
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file with a header (metrics.csv), as dicts of strings."""
+    with path.open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def tensorboard_scalars(run_dir: Path) -> list[tuple[int, str, float]]:
+    """(step, tag, value) of every scalar in the run's event files, read from the TFRecord framing."""
+    scalars = []
+    files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert files, "no TensorBoard event file"
+    for path in files:
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            scalars.extend((event.step, value.tag, value.simple_value) for value in event.summary.value)
+    return scalars
