@@ -4,30 +4,44 @@ from __future__ import annotations
 
 import numpy as np
 
+from rqrl.codec import records_key
 from rqrl.inbox import Inbox
 from rqrl.keys import RunKeys
-from rqrl.records import RolloutRecord, decode_record, encode_record
+from rqrl.records import RecordSpec, RolloutRecord, decode_signed_record, encode_signed_record
 from rqrl.stats import EpochStatsAggregator, RolloutEvents
 from rqrl.trajectories import TrajectoryQueue
 from tests.factories import rollout_record
 
 RUN_ID = "run-id-1"
+KEY = records_key("inbox-secret", RUN_ID)
 STEPS = 4
 
 
+def signed(record: RolloutRecord, run_id: str = RUN_ID) -> bytes:
+    """``record`` as a worker with the secret pushes it."""
+    return encode_signed_record(record, run_id, records_key("inbox-secret", run_id))
+
+
 def encoded(actor_id: int, rollout_id: int, run_id: str = RUN_ID, steps: int = STEPS) -> bytes:
-    return encode_record(rollout_record(steps, obs=np.full((steps, 2), rollout_id), actor_id=actor_id,
-                                        rollout_id=rollout_id, continues_previous=rollout_id > 0), run_id)
+    return signed(rollout_record(steps, obs=np.full((steps, 2), rollout_id), actor_id=actor_id,
+                                 rollout_id=rollout_id, continues_previous=rollout_id > 0), run_id)
 
 
 def decode(blob: bytes) -> RolloutRecord:
-    return decode_record(blob, RUN_ID)
+    return decode_signed_record(blob, RUN_ID, KEY)
 
 
-def inbox_and_queue(connection, run_name: str) -> tuple[Inbox, TrajectoryQueue]:
-    stats = EpochStatsAggregator()
-    return Inbox(run_name, RUN_ID, n_actors=2, n_rollout_steps=STEPS, stats=stats), \
-        TrajectoryQueue(connection, RunKeys(run_name), bound=100)
+def new_inbox(run_name: str, spec: RecordSpec | None = None, **options) -> Inbox:
+    spec = spec or RecordSpec(n_steps=STEPS, n_actors=2)
+    options.setdefault("max_rollout_gap", 100)
+    inbox = Inbox(run_name, RUN_ID, spec, EpochStatsAggregator(), key=KEY, **options)
+    inbox.published_version = 1  # the records of tests.factories.rollout_record are of version 1
+    return inbox
+
+
+def inbox_and_queue(connection, run_name: str, spec: RecordSpec | None = None,
+                    **options) -> tuple[Inbox, TrajectoryQueue]:
+    return new_inbox(run_name, spec, **options), TrajectoryQueue(connection, RunKeys(run_name), bound=100)
 
 
 def ids(records: list[RolloutRecord]) -> list[tuple[int, int]]:
@@ -68,7 +82,7 @@ def test_a_new_inbox_takes_over_what_the_last_one_did_not_hand_over(connection, 
 def test_an_episode_a_fault_cut_is_counted_once(connection, run_name):
     inbox, queue = inbox_and_queue(connection, run_name)
     # rollout 1 of actor 0 does not continue rollout 0, which ended inside an episode
-    cut = encode_record(rollout_record(STEPS, actor_id=0, rollout_id=1, continues_previous=False), RUN_ID)
+    cut = signed(rollout_record(STEPS, actor_id=0, rollout_id=1, continues_previous=False))
     connection.rpush(RunKeys(run_name).trajectories, encoded(0, 0), cut, encoded(0, 2))
     inbox.pop(queue, 3)
     assert inbox.stats.get_stats_value(RolloutEvents.episodes_cut, name="sum") == 1
