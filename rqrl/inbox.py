@@ -19,7 +19,7 @@ import gymnasium
 
 from rqrl.errors import RecordError, SignatureError
 from rqrl.policy import ActFunction
-from rqrl.records import RecordSpec, RolloutRecord, check_record, decode_signed_record, record_signature
+from rqrl.records import MAX_ID, RecordSpec, RolloutRecord, check_record, decode_signed_record, record_signature
 from rqrl.rollout import ActorGroup
 from rqrl.stats import EpochStatsAggregator, RolloutEvents
 from rqrl.trajectories import Popped, TrajectoryQueue
@@ -152,17 +152,18 @@ class Inbox:
         """("", None) for a record that fits the run, else the reason and the error naming the field. A tagged
         record within the id bound moves its actor's base even when refused: a worker whose rollouts are refused
         for a while must not push later ones out of bounds."""
+        actor, rollout = record.actor_id, record.rollout_id
+        if 0 <= actor < self.spec.n_actors and 0 <= rollout < MAX_ID:  # else check_record refuses it
+            seen = max(self._last_seen.get(actor, rollout - 1), self.last_delivered(actor))
+            if rollout > seen + self.max_rollout_gap:
+                return "invalid", RecordError(
+                    f"rollout {rollout} of actor {actor} is more than {self.max_rollout_gap} past its last rollout "
+                    f"seen ({seen}); was the group's progress in Redis tampered with?")
+            self._last_seen[actor] = max(seen, rollout)
         try:
             check_record(record, self.spec)
         except RecordError as error:
             return "invalid", error
-        actor, rollout = record.actor_id, record.rollout_id
-        seen = max(self._last_seen.get(actor, rollout - 1), self.last_delivered(actor))
-        if rollout > seen + self.max_rollout_gap:
-            return "invalid", RecordError(
-                f"rollout {rollout} of actor {actor} is more than {self.max_rollout_gap} past its last rollout seen "
-                f"({seen}); was the group's progress in Redis tampered with?")
-        self._last_seen[actor] = max(seen, rollout)
         if rollout <= self.last_delivered(actor):
             return "duplicate", RecordError(f"rollout {rollout} of actor {actor} was delivered already")
         if record.policy_version > self.published_version:
