@@ -194,3 +194,36 @@ def test_forged_records_never_raise_across_many_collects(connection, redis_url, 
         assert_real(batches + collect_batches(actors, 2))
         assert actors.records_rejected == len(ATTACKS)
         assert math.isclose(actors.get_stats_value(RolloutEvents.records_rejected, name="sum"), len(ATTACKS))
+
+
+def test_a_resuming_learner_counts_on_from_its_runs_verified_weights_not_a_forged_pointer(connection, redis_url,
+                                                                                          run_name):
+    workers = WorkerProcesses(redis_url)
+    try:
+        worker = workers.start("auth-resume")
+        workers.wait_registered(connection, 1)
+        options = dict(n_rollout_steps=STEPS, n_actors=N_ACTORS, batch_size=2, actors_per_job=N_ACTORS,
+                       collect_timeout=30)
+        first = redis_actors(redis_url, run_name, **options)
+        first.start()
+        for _ in range(2):
+            first.broadcast_updated_policy(first.policy.state_dict())
+            collect_batches(first, 2)
+        assert first.policy_version == 2
+        first.connection.close()  # the learner dies holding its last batch: no stop(), its keys stay in Redis
+        del first
+        huge = 2**63
+        connection.set(f"rqrl:{run_name}:weights:{huge}",
+                       encode_state_dict(fixtures.mlp_policy().state_dict(), {"version": str(huge)}))
+        connection.set(f"rqrl:{run_name}:weights:latest", huge)
+        with redis_actors(redis_url, run_name, resume=True, **options) as second:
+            batches = collect_batches(second, 2)  # the first learner's version 2 is still accepted
+            second.broadcast_updated_policy(second.policy.state_dict())
+            assert second.policy_version == 3
+            wait_until(lambda: 3 in second.collect_outputs("cpu").record.policy_version.tolist(), 30,
+                       message="version 3 to reach the worker")
+            assert_real(batches)
+            assert second.records_rejected == 0
+        assert worker.poll() is None, "the worker crashed on the forged weights"
+    finally:
+        workers.stop_all()
