@@ -139,9 +139,9 @@ class Inbox:
             except RecordError as error:
                 self._reject("malformed", error)
                 continue
-            reason, error = self._check(record)
-            if error is not None:
-                self._reject(reason, error)
+            reason, problem = self._check(record)
+            if problem is not None:
+                self._reject(reason, problem)
                 continue
             self._last_rollout[record.actor_id] = record.rollout_id
             self._note_unmarked_cut(record)

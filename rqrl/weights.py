@@ -80,11 +80,11 @@ class WeightStore:
     def latest_version(self) -> int | None:
         """The version the ``latest`` pointer names, if its blob verifies under this run's key and names it too."""
         pointer = self.connection.get(self.keys.latest_version)
-        if pointer is None:
+        version = _parse_version(pointer) if isinstance(pointer, bytes) else None
+        if version is None:
             return None
-        version = _parse_version(pointer)
-        blob = self.connection.get(self.keys.weights(version)) if version is not None else None
-        return version if blob is not None and self._verifies(blob, version) else None
+        blob = self.connection.get(self.keys.weights(version))
+        return version if isinstance(blob, bytes) and self._verifies(blob, version) else None
 
     def _newest_verified_blob(self) -> int:
         """The highest version among the run's weights blobs that verify (0: none); the pointer did not verify."""
@@ -93,7 +93,7 @@ class WeightStore:
             version = _parse_version(name.decode(errors="replace")[len(self.keys.weights_prefix):])
             if version is not None and version > newest:
                 blob = self.connection.get(name)
-                if blob is not None and self._verifies(blob, version):
+                if isinstance(blob, bytes) and self._verifies(blob, version):
                     newest = version
         if newest:
             log.warning("run %s: the latest weights pointer does not name a verified blob; counting on from "
@@ -108,22 +108,26 @@ class WeightStore:
         if len(reply) < 2:
             return None
         version, blob = _parse_version(reply[0]), reply[1]
-        if version is None:
-            return self._refuse(f"the latest weights pointer {reply[0]!r:.40} is not a version number")
-        if version <= held:
-            return self._refuse(f"the latest weights pointer went back from version {held} to {version}")
-        if blob is None:
-            return self._refuse(f"weights version {version} is latest but its blob is missing")
         try:
+            if version is None:
+                raise RecordError(f"the latest weights pointer {reply[0]!r:.40} is not a version number")
+            if version <= held:
+                raise RecordError(f"the latest weights pointer went back from version {held} to {version}")
+            if blob is None:
+                raise RecordError(f"weights version {version} is latest but its blob is missing")
             state_dict, _ = decode_state_dict(self._payload(blob, version))
         except (SignatureError, RecordError) as error:
-            return self._refuse(f"weights version {version}: {error}")
+            self._refuse(str(error))
+            return None
         return version, state_dict
 
     def _payload(self, blob: bytes, version: int) -> bytes:
         """The safetensors buffer of a blob signed under this run's key that names ``version``; SignatureError
         or RecordError otherwise (a signed blob of another version is a replay)."""
-        payload = verify(blob, self.key, WEIGHTS_MAGIC)
+        try:
+            payload = verify(blob, self.key, WEIGHTS_MAGIC)
+        except SignatureError as error:
+            raise SignatureError(f"weights version {version}: {error}") from error
         named = read_metadata(payload).get("version")
         if named != str(version):
             raise RecordError(f"weights blob says version {named!r}, pointer says {version}")
@@ -142,12 +146,11 @@ class WeightStore:
         now = time.monotonic()
         if now - _last_log["at"] < LOG_INTERVAL_SECONDS:
             _last_log["unlogged"] += 1
-            return None
+            return
         more = f" ({_last_log['unlogged']} more refused since the last message)" if _last_log["unlogged"] else ""
         _last_log["at"], _last_log["unlogged"] = now, 0
         log.warning("run %s: refusing weights from Redis, keeping the ones held: %s%s", self.keys.run_name, reason,
                     more)
-        return None
 
 
 def _parse_version(value: bytes | str) -> int | None:
