@@ -33,16 +33,17 @@ import redis
 import torch
 from rq import Queue
 
+from rqrl.codec import records_key, weights_key
 from rqrl.connection import connect, redis_errors
 from rqrl.errors import CollectTimeoutError, ConfigError, NoWorkersError, RqrlError
-from rqrl.inbox import Inbox
+from rqrl.inbox import Inbox, probe_spec
 from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
 from rqrl.observations import stack_obs, to_array, to_tensor
 from rqrl.options import DEFAULTS, RunOptions
 from rqrl.policy import Policy, as_state_dict, check_state_dict, make_act_function, state_dict_of
 from rqrl.process import ProcessContext
-from rqrl.records import CollectedOutputs, RolloutRecord, batch_records
+from rqrl.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory
 from rqrl.rq_safety import rollout_queue
 from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
@@ -213,6 +214,7 @@ class RedisDistributedActors(DistributedActors):
         self.connection = connection
         self.local_workers = LocalWorkers(options.start_method, options.redis_server)
         self._policy_state = state_dict_of(policy)
+        self._record_spec = RecordSpec(n_steps=n_rollout_steps, n_actors=n_actors)  # start() probes the rest
         self._inbox = self._new_inbox()
         self._started = False
         self._last_collect = time.monotonic()
@@ -230,8 +232,17 @@ class RedisDistributedActors(DistributedActors):
         """Queue entries rejected as foreign, corrupted or malformed so far."""
         return self._inbox.records_rejected
 
-    def _new_inbox(self) -> Inbox:
-        return Inbox(self.run_name, self.config.run_id, self.n_actors, self.n_rollout_steps, self.epoch_stats)
+    @property
+    def records_rejected_by_reason(self) -> dict[str, int]:
+        """records_rejected by reason: unauthenticated, malformed, invalid, duplicate (see rqrl.inbox)."""
+        return dict(self._inbox.rejected_by_reason)
+
+    def _new_inbox(self, resumed: bool = False) -> Inbox:
+        # a Redis restart can lose an actor's queued rollouts (at most queue_bound) between two that arrive;
+        # four such losses in a row still fit, a forged or runaway rollout id does not
+        return Inbox(self.run_name, self.config.run_id, self._record_spec, self.epoch_stats,
+                     key=records_key(self.secret, self.config.run_id), max_rollout_gap=4 * self.config.queue_bound + 64,
+                     resumed=resumed)
 
     # ---- set-up -------------------------------------------------------------------------
 
@@ -247,7 +258,8 @@ class RedisDistributedActors(DistributedActors):
         if self._transport is None or self._transport[0].connection is not self._connect():
             connection = self._connect()
             self._transport = (
-                WeightStore(connection, self.keys, self.config.weights_ttl_seconds),
+                WeightStore(connection, self.keys, weights_key(self.secret, self.config.run_id),
+                            self.config.weights_ttl_seconds),
                 TrajectoryQueue(connection, self.keys, self.config.queue_bound),
                 rollout_queue(self.config.queue_name, connection),
                 RunStore(connection, self.keys, self.secret),
@@ -279,8 +291,9 @@ class RedisDistributedActors(DistributedActors):
             self._supervisor = Supervisor(self._connect(), self.config, self._rq_queue)
         return self._supervisor
 
-    def _check_env_and_policy(self) -> None:
-        """Build one env on the learner so a bad factory or policy fails here, not on a worker."""
+    def _check_env_and_policy(self) -> RecordSpec:
+        """Build one env on the learner so a bad factory or policy fails here, not on a worker; returns what the
+        run's records must look like, probed from that env and the policy."""
         try:
             env = self.env_factory()
         except Exception as error:
@@ -301,6 +314,7 @@ class RedisDistributedActors(DistributedActors):
                     f"check that it fits observation space {env.observation_space} and action space "
                     f"{env.action_space}"
                 ) from error
+            return probe_spec(env, act, self.n_rollout_steps, self.n_actors)
         finally:
             close = getattr(env, "close", None)
             if close is not None:
@@ -314,7 +328,7 @@ class RedisDistributedActors(DistributedActors):
         """Store the run in Redis, start local workers and enqueue one job per actor group."""
         if self._started:
             return
-        self._check_env_and_policy()
+        self._record_spec = self._inbox.spec = self._check_env_and_policy()
         with self._redis_errors():
             self._start()
 
@@ -322,7 +336,9 @@ class RedisDistributedActors(DistributedActors):
         config, is_new = self._run_store.open(self.config, self.env_factory, self.policy, self.options.resume)
         if config is not self.config:  # adopted: the previous learner's run id, so its records stay readable
             self.config = config
-            self._inbox = self._new_inbox()
+            self._transport = None  # its weights are signed under the adopted run id's key
+            self._inbox = self._new_inbox(resumed=True)
+            self._inbox.published_version = self._weights.last_published()
         self._supervisor = None
         self._started = True
         try:
@@ -347,7 +363,7 @@ class RedisDistributedActors(DistributedActors):
         state_dict = as_state_dict(state_dict)
         check_state_dict(self._policy_state, state_dict)
         with self._redis_errors():
-            self.policy_version = self._weights.publish(state_dict)
+            self.policy_version = self._inbox.published_version = self._weights.publish(state_dict)
         self._last_state_dict = state_dict
 
     def collect_outputs(self, learner_device: str) -> CollectedOutputs:
@@ -427,7 +443,7 @@ class RedisDistributedActors(DistributedActors):
                     for group_id, actor_ids in enumerate(self.config.actor_groups)}
         self._run_store.restore(self.config, self.env_factory, self.policy, progress)
         if self._last_state_dict is not None:
-            self.policy_version = self._weights.publish(self._last_state_dict)
+            self.policy_version = self._inbox.published_version = self._weights.publish(self._last_state_dict)
         self._inbox.restart_indices()
         self.epoch_stats.add(RolloutEvents.runs_restored, 1)
 

@@ -4,6 +4,10 @@ Trajectories and weights are safetensors buffers: a JSON header naming dtypes an
 raw little-endian data. Decoding them can never execute code. Only the env factory and the
 policy architecture, which are code by nature, go through cloudpickle, signed with HMAC-SHA256
 under the run's shared secret and verified before they are unpickled.
+
+Records and weights are signed too (``sign(blob, key, RECORD_MAGIC)``), under keys derived from the
+secret and the run id (``records_key``, ``weights_key``): a Redis writer without the secret can
+neither forge a rollout nor publish weights, and a tag made for one run or purpose fits no other.
 """
 
 from __future__ import annotations
@@ -80,31 +84,54 @@ def decode_state_dict(blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, s
     return tensors, metadata
 
 
-_SIGNATURE_MAGIC = b"RQRLSIG1"
+_SIGNATURE_MAGIC = b"RQRLSIG1"  # signed pickles (env factory, policy), under the secret itself
+RECORD_MAGIC = b"RQRLREC1"  # rollout records, under records_key(secret, run_id)
+WEIGHTS_MAGIC = b"RQRLWTS1"  # weights blobs, under weights_key(secret, run_id)
 _DIGEST_SIZE = hashlib.sha256().digest_size
+TAG_SIZE = len(_SIGNATURE_MAGIC) + _DIGEST_SIZE
+"""Bytes a signed blob adds in front of its payload: the magic, then the HMAC-SHA256 digest."""
 
 
 def secret_bytes(secret: str | bytes) -> bytes:
     return secret.encode() if isinstance(secret, str) else bytes(secret)
 
 
-def sign(payload: bytes, secret: str | bytes) -> bytes:
+def derive_key(secret: str | bytes, purpose: str, run_id: str) -> bytes:
+    """``HMAC-SHA256(secret, b"rqrl-{purpose}:" + run_id)``: one key per use and run, so a tag made for one
+    (a record, a weights blob, a run) never verifies as another."""
+    return hmac.new(secret_bytes(secret), f"rqrl-{purpose}:{run_id}".encode(), hashlib.sha256).digest()
+
+
+def records_key(secret: str | bytes, run_id: str) -> bytes:
+    """The key workers tag their rollout records with and the learner checks them against."""
+    return derive_key(secret, "records", run_id)
+
+
+def weights_key(secret: str | bytes, run_id: str) -> bytes:
+    """The key the learner tags the weights it publishes with and workers check them against."""
+    return derive_key(secret, "weights", run_id)
+
+
+def sign(payload: bytes, secret: str | bytes, magic: bytes = _SIGNATURE_MAGIC) -> bytes:
     """``magic + HMAC-SHA256(secret, payload) + payload``."""
     digest = hmac.new(secret_bytes(secret), payload, hashlib.sha256).digest()
-    return _SIGNATURE_MAGIC + digest + payload
+    return magic + digest + payload
 
 
-def verify(signed: bytes, secret: str | bytes) -> bytes:
-    """The payload of a signed blob; SignatureError if it is unsigned, tampered or signed with another secret."""
-    header = len(_SIGNATURE_MAGIC) + _DIGEST_SIZE
-    if len(signed) < header or not signed.startswith(_SIGNATURE_MAGIC):
-        raise SignatureError("refusing an unsigned payload: only blobs signed with RQRL_SECRET are unpickled")
-    digest, payload = signed[len(_SIGNATURE_MAGIC) : header], signed[header:]
+def verify(signed: bytes, secret: str | bytes, magic: bytes = _SIGNATURE_MAGIC) -> bytes:
+    """The payload of a signed blob; SignatureError if it is unsigned, tampered or signed with another secret
+    (or another run's key). Checks the digest before anything reads the payload."""
+    if len(signed) < TAG_SIZE or not signed.startswith(magic):
+        raise SignatureError(
+            f"refusing an unsigned payload (it does not start with {magic.decode()}): only data signed with "
+            f"RQRL_SECRET is trusted"
+        )
+    digest, payload = signed[len(magic) : TAG_SIZE], signed[TAG_SIZE:]
     expected = hmac.new(secret_bytes(secret), payload, hashlib.sha256).digest()
     if not hmac.compare_digest(digest, expected):
         raise SignatureError(
-            "refusing a payload whose signature does not match: it was tampered with, or the learner and this "
-            "worker use different RQRL_SECRET values"
+            "refusing a payload whose signature does not match: it was tampered with, forged, or the learner and "
+            "this worker use different RQRL_SECRET values"
         )
     return payload
 

@@ -1,41 +1,86 @@
 """The learner's side of the out-of-sync queue: what it popped, checked, in order, and acknowledged.
 
 Every entry the learner pops sits on the run's unacknowledged list (see rqrl.trajectories) at an
-absolute index. The inbox decodes and checks each entry (foreign, malformed or already delivered
-ones are rejected and counted, never unpickled), keeps the good ones in order until a batch takes
-them, and acknowledges with its next pop everything below the first record not yet handed over.
+absolute index. The inbox checks each entry's HMAC tag under the run's records key before it parses
+anything, then decodes it (never unpickling) and checks every field against the run (see
+``Inbox.accept``); what fails is rejected, counted by reason and logged, never raised, and changes
+nothing about what is accepted later. It keeps the good records in order until a batch takes them,
+and acknowledges with its next pop everything below the first record not yet handed over.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
+from collections import Counter
 
-from rqrl.errors import RecordError
-from rqrl.records import RecordSignature, RolloutRecord, decode_record, differing_arrays, record_signature
+import gymnasium
+
+from rqrl.errors import RecordError, SignatureError
+from rqrl.policy import ActFunction
+from rqrl.records import MAX_ID, RecordSpec, RolloutRecord, check_record, decode_signed_record, record_signature
+from rqrl.rollout import ActorGroup
 from rqrl.stats import EpochStatsAggregator, RolloutEvents
 from rqrl.trajectories import Popped, TrajectoryQueue
 
 log = logging.getLogger(__name__)
 
+LOG_INTERVAL_SECONDS = 5.0
+"""At most one rejection warning per this many seconds; the next one says how many went unlogged."""
+
+REJECTION_REASONS = ("unauthenticated", "malformed", "invalid", "duplicate")
+"""Why entries are rejected: no valid tag under the run's records key; tagged but undecodable; a field that
+does not fit the run (``Inbox.accept``); a rollout id that was delivered already."""
+
+
+def probe_spec(env: gymnasium.Env, act: ActFunction, n_steps: int, n_actors: int) -> RecordSpec:
+    """The run's RecordSpec from the learner's own env and policy: one step of ``env`` laid out as workers lay out
+    their rollouts, so records are checked against what the learner expects, not against the first one that
+    arrives. If the probe step fails, the spec has no signature (the first record accepted sets it)."""
+    space = env.action_space
+    bounds = (int(space.start), int(space.start + space.n)) if isinstance(space, gymnasium.spaces.Discrete) else None
+    try:
+        record = ActorGroup(lambda: env, [0], [0], [0], 1).run(act, 0, 0, cut_at_end=True)[0]
+    except Exception as error:  # the env or policy's own errors show on the workers, with their traceback
+        log.info("could not probe the run's record layout (%s: %s); the first record accepted sets it",
+                 type(error).__name__, error)
+        return RecordSpec(n_steps=n_steps, n_actors=n_actors, action_bounds=bounds)
+    return RecordSpec(n_steps=n_steps, n_actors=n_actors, signature=record_signature(record), action_bounds=bounds)
+
 
 class Inbox:
-    """Records popped for one run and not yet handed to the learner's caller."""
+    """Records popped for one run and not yet handed to the learner's caller.
 
-    def __init__(self, run_name: str, run_id: str, n_actors: int, n_rollout_steps: int,
-                 stats: EpochStatsAggregator):
+    ``key`` is the run's records key (``rqrl.codec.records_key``); ``spec`` what every record must look
+    like (the learner's probe fills in its signature; without one the first record accepted sets it);
+    ``max_rollout_gap`` how far past an actor's last rollout seen a rollout id may be. ``resumed`` is for
+    a learner taking over a run whose rollout ids it does not know: each actor's first record sets its
+    base (a new run's actors start at rollout 0). ``published_version`` is the newest weights version the
+    learner published (records of later versions are refused); the learner moves it as it publishes.
+    """
+
+    def __init__(self, run_name: str, run_id: str, spec: RecordSpec, stats: EpochStatsAggregator, *, key: bytes,
+                 max_rollout_gap: int, resumed: bool = False):
         self.run_name = run_name
         self.run_id = run_id
-        self.n_actors = n_actors
-        self.n_rollout_steps = n_rollout_steps
+        self.spec = spec
         self.stats = stats
+        self.key = key
+        self.max_rollout_gap = max_rollout_gap
+        self.published_version = 0
         self.records_rejected = 0
+        self.rejected_by_reason: Counter[str] = Counter()
         self._pending: list[RolloutRecord] = []
         self._pending_indices: list[int] = []  # absolute index of each pending record on the unacknowledged list
         self.next_index = 0  # absolute index of the next unacknowledged entry not read yet
         self.done_below = 0  # entries below this index are handed over or rejected: acknowledged at the next pop
         self._last_rollout: dict[int, int] = {}
+        # actor id -> highest rollout id of a tagged, in-bounds record, accepted or not: the base of the id bound
+        self._last_seen: dict[int, int] = {} if resumed else dict.fromkeys(range(spec.n_actors), -1)
         self._ended_mid_episode: dict[int, bool] = {}  # actor id -> its last rollout ended inside an episode
-        self._signature: RecordSignature | None = None
+        self._last_log = -float("inf")
+        self._unlogged = 0
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -58,6 +103,7 @@ class Inbox:
         """A resumed run: what the previous learner popped but did not finish with comes first."""
         entries, first = queue.unacknowledged()
         self.next_index = self.done_below = first
+        self._last_seen = {}  # the previous learner's rollout ids are unknown here: each actor's first sets its base
         if entries:
             log.warning("run %s: re-delivering %d rollout(s) the previous learner popped but did not finish with",
                         self.run_name, len(entries))
@@ -80,22 +126,65 @@ class Inbox:
         self.next_index = self.done_below = 0
 
     def accept(self, blobs: list[bytes], first_index: int) -> None:
-        """Decode entries popped onto the unacknowledged list from ``first_index`` on; reject (count and
-        log, never raise) anything foreign or malformed."""
+        """Check and decode entries popped onto the unacknowledged list from ``first_index`` on; reject (count,
+        log, never raise) what is not tagged under the run's key, malformed, does not fit the run or was
+        delivered already."""
         self.next_index = max(self.next_index, first_index + len(blobs))
         for index, blob in enumerate(blobs, start=first_index):
             try:
-                record = decode_record(blob, self.run_id)
-                self._check_fits_run(record)
+                record = decode_signed_record(blob, self.run_id, self.key)
+            except SignatureError as error:
+                self._reject("unauthenticated", error)
+                continue
             except RecordError as error:
-                self.records_rejected += 1
-                self.stats.add(RolloutEvents.records_rejected, 1)
-                log.warning("rejected a queue entry of run %s: %s", self.run_name, error)
+                self._reject("malformed", error)
+                continue
+            reason, problem = self._check(record)
+            if problem is not None:
+                self._reject(reason, problem)
                 continue
             self._last_rollout[record.actor_id] = record.rollout_id
             self._note_unmarked_cut(record)
             self._pending.append(record)
             self._pending_indices.append(index)
+
+    def _check(self, record: RolloutRecord) -> tuple[str, RecordError | None]:
+        """("", None) for a record that fits the run, else the reason and the error naming the field. A tagged
+        record within the id bound moves its actor's base even when refused: a worker whose rollouts are refused
+        for a while must not push later ones out of bounds."""
+        actor, rollout = record.actor_id, record.rollout_id
+        if 0 <= actor < self.spec.n_actors and 0 <= rollout < MAX_ID:  # else check_record refuses it
+            seen = max(self._last_seen.get(actor, rollout - 1), self.last_delivered(actor))
+            if rollout > seen + self.max_rollout_gap:
+                return "invalid", RecordError(
+                    f"rollout {rollout} of actor {actor} is more than {self.max_rollout_gap} past its last rollout "
+                    f"seen ({seen}); was the group's progress in Redis tampered with?")
+            self._last_seen[actor] = max(seen, rollout)
+        try:
+            check_record(record, self.spec)
+        except RecordError as error:
+            return "invalid", error
+        if rollout <= self.last_delivered(actor):
+            return "duplicate", RecordError(f"rollout {rollout} of actor {actor} was delivered already")
+        if record.policy_version > self.published_version:
+            return "invalid", RecordError(
+                f"rollout {rollout} of actor {actor} claims policy version {record.policy_version}, the learner has "
+                f"published up to {self.published_version}")
+        if self.spec.signature is None:  # no probe: the first record that passed every check sets the arrays
+            self.spec = dataclasses.replace(self.spec, signature=record_signature(record))
+        return "", None
+
+    def _reject(self, reason: str, error: Exception) -> None:
+        self.records_rejected += 1
+        self.rejected_by_reason[reason] += 1
+        self.stats.add(RolloutEvents.records_rejected, 1)
+        now = time.monotonic()
+        if now - self._last_log < LOG_INTERVAL_SECONDS:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more rejected since the last message)" if self._unlogged else ""
+        self._last_log, self._unlogged = now, 0
+        log.warning("rejected a queue entry of run %s (%s): %s%s", self.run_name, reason, error, more)
 
     def _note_unmarked_cut(self, record: RolloutRecord) -> None:
         """Count episodes a fault cut without a mark: the previous rollout ended mid-episode (its
@@ -106,17 +195,3 @@ class Inbox:
             log.info("actor %d's episode was cut by a fault before rollout %d (its actors were re-run)",
                      record.actor_id, record.rollout_id)
         self._ended_mid_episode[record.actor_id] = not (record.terminated[-1] or record.truncated[-1])
-
-    def _check_fits_run(self, record: RolloutRecord) -> None:
-        if record.n_steps != self.n_rollout_steps:
-            raise RecordError(f"record has {record.n_steps} steps, this run's rollouts have {self.n_rollout_steps}")
-        if not 0 <= record.actor_id < self.n_actors:
-            raise RecordError(f"record names actor {record.actor_id}, this run has actors 0..{self.n_actors - 1}")
-        if record.rollout_id <= self.last_delivered(record.actor_id):
-            raise RecordError(f"rollout {record.rollout_id} of actor {record.actor_id} was delivered already")
-        signature = record_signature(record)
-        if self._signature is None:
-            self._signature = signature
-        elif signature != self._signature:
-            different = differing_arrays(signature, self._signature)
-            raise RecordError(f"record's arrays {different} differ in shape or dtype from this run's rollouts")

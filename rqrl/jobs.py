@@ -26,12 +26,12 @@ import torch
 from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
-from rqrl.codec import loads_object, secret_bytes
+from rqrl.codec import loads_object, records_key, secret_bytes, weights_key
 from rqrl.errors import LeaseLostError, RecordError, RunStoppedError, SignatureError
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, read_progress
 from rqrl.policy import ActFunction, Policy, make_act_function
-from rqrl.records import encode_record
+from rqrl.records import encode_signed_record
 from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import RunConfig
 from rqrl.trajectories import PendingRollout, TrajectoryQueue
@@ -74,12 +74,15 @@ def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rol
 
 @dataclass
 class RunContext:
-    """What a worker keeps warm for one run: config, env factory, policy, weights, actor groups."""
+    """What a worker keeps warm for one run: config, env factory, policy, weights, actor groups, and the keys
+    it signs records with and checks weights against (derived from the secret and the run id)."""
 
     config: RunConfig
     env_factory: EnvFactory
     policy: Policy
     keys: RunKeys
+    records_key: bytes
+    weights_key: bytes
     weights_version: int | None = None
     act: ActFunction | None = None
     groups: dict[int, ActorGroup] = field(default_factory=dict)
@@ -164,7 +167,8 @@ def load_context(connection: redis.Redis, run_name: str) -> RunContext:
     policy = loads_object(policy_blob, secret)
     if isinstance(policy, torch.nn.Module):
         policy.eval()
-    context = RunContext(config=config, env_factory=loads_object(env_factory_blob, secret), policy=policy, keys=keys)
+    context = RunContext(config=config, env_factory=loads_object(env_factory_blob, secret), policy=policy, keys=keys,
+                         records_key=records_key(secret, config.run_id), weights_key=weights_key(secret, config.run_id))
     while len(_CONTEXTS) >= _MAX_CONTEXTS:
         _CONTEXTS.pop(next(iter(_CONTEXTS))).close()
     _CONTEXTS[run_name] = context
@@ -257,7 +261,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         rollout_id = first_rollout = max(rollout_id, read_progress(connection, keys, group_id))
         group = context.group(group_id)
         act = context.act_for(group)
-        store = WeightStore(connection, keys, config.weights_ttl_seconds)
+        store = WeightStore(connection, keys, context.weights_key, config.weights_ttl_seconds)
         queue = TrajectoryQueue(connection, keys, config.queue_bound)
         work = _Slice(connection, config)
 
@@ -288,8 +292,9 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             # a re-run recomputes rollouts an earlier job delivered; the first new one does not
             # continue the delivered one before it, and says so
             pending = [
-                PendingRollout(r.actor_id, r.rollout_id, encode_record(
-                    dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r, config.run_id))
+                PendingRollout(r.actor_id, r.rollout_id, encode_signed_record(
+                    dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r, config.run_id,
+                    context.records_key))
                 for r in records
             ]
             report = queue.push(pending, is_stopped, on_wait=beat, token=token)

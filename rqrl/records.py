@@ -3,6 +3,10 @@
 A rollout is time-major ``[T, ...]`` numpy arrays; a batch stacks ``B`` rollouts into
 ``[T, B, ...]`` torch tensors on the learner's device. Dict observations are kept as dicts
 (nested keys flattened with ``/`` on the wire).
+
+On the wire a record is a safetensors buffer signed with HMAC-SHA256 under the run's records key
+(``encode_signed_record``); the learner checks the tag before it parses anything, then every field
+against the run's ``RecordSpec`` (``check_record``).
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ from typing import NamedTuple, TypeAlias
 import numpy as np
 import torch
 
-from rqrl.codec import decode_arrays, encode_arrays
+from rqrl.codec import RECORD_MAGIC, decode_arrays, encode_arrays, sign, verify
 from rqrl.errors import RecordError
 from rqrl.observations import Obs, TensorObs, concat_to, flatten_obs, stack_to, unflatten_obs
 
 _STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "log_probs")
 _FORMAT = "rqrl.rollout.v1"
+MAX_ID = 2**62
+"""Rollout ids and policy versions stay below this: they become int64 tensors, and no run gets near it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +100,95 @@ def differing_arrays(signature: RecordSignature, reference: RecordSignature) -> 
     return sorted(name for name in set(signature) | set(reference) if signature.get(name) != reference.get(name))
 
 
+@dataclass(frozen=True, kw_only=True)
+class RecordSpec:
+    """What every rollout record of one run must look like, whoever made it.
+
+    ``signature`` comes from the learner's own probe of the env and policy (the per-step shape and
+    dtype of each array); None leaves the arrays' shapes and dtypes unchecked. ``action_bounds`` is
+    ``[low, high)`` of a Discrete action space (None: actions' values are not checked).
+    """
+
+    n_steps: int
+    n_actors: int
+    signature: RecordSignature | None = None
+    action_bounds: tuple[int, int] | None = None
+
+
+def check_record(record: RolloutRecord, spec: RecordSpec) -> None:
+    """Refuse (RecordError naming the field) a record that does not fit the run: length, actor id, id and
+    version ranges, array shapes and dtypes, final observations, and values that would poison training."""
+    if record.n_steps != spec.n_steps:
+        raise RecordError(f"record has {record.n_steps} steps, this run's rollouts have {spec.n_steps}")
+    if not 0 <= record.actor_id < spec.n_actors:
+        raise RecordError(f"record names actor {record.actor_id}, this run has actors 0..{spec.n_actors - 1}")
+    for name in ("rollout_id", "policy_version"):
+        if not 0 <= getattr(record, name) < MAX_ID:
+            raise RecordError(f"record's {name} {getattr(record, name)} is outside [0, 2**62)")
+    if spec.signature is not None:
+        signature = record_signature(record)
+        if signature != spec.signature:
+            different = differing_arrays(signature, spec.signature)
+            raise RecordError(
+                f"record's arrays {different} are {[signature.get(n) for n in different]} (per-step shape, dtype), "
+                f"this run's are {[spec.signature.get(n) for n in different]}"
+            )
+    _check_observations(record)
+    _check_steps(record)
+    _check_values(record, spec)
+
+
+def _check_observations(record: RolloutRecord) -> None:
+    """next_obs is one observation and final_obs one per truncation, of the same arrays as obs."""
+    obs = flatten_obs(record.obs, "obs")
+    n_final = len(record.final_obs_steps)
+    for prefix, leading in (("next_obs", ()), ("final_obs", (n_final,))):
+        arrays = flatten_obs(getattr(record, prefix), "obs")  # named as obs's arrays, to compare
+        if set(arrays) != set(obs):
+            raise RecordError(f"record's {prefix} has arrays {sorted(arrays)}, its obs {sorted(obs)}")
+        for name, array in arrays.items():
+            expected = (*leading, *obs[name].shape[1:])
+            if array.shape != expected or array.dtype != obs[name].dtype:
+                raise RecordError(f"record's {prefix}{name[3:]} is {array.dtype}{list(array.shape)}, expected "
+                                  f"{obs[name].dtype}{list(expected)}")
+
+
+def _check_steps(record: RolloutRecord) -> None:
+    """final_obs_steps are the truncated steps, in order; no step is both terminated and truncated."""
+    steps, truncated = record.final_obs_steps, np.asarray(record.truncated, bool)
+    if steps.ndim != 1 or steps.dtype.kind not in "iu":
+        raise RecordError(f"record's final_obs_steps is {steps.dtype}{list(steps.shape)}, expected int64[k]")
+    if len(steps) and (steps.min() < 0 or steps.max() >= record.n_steps or np.any(np.diff(steps) <= 0)):
+        raise RecordError(f"record's final_obs_steps {steps.tolist()[:8]} are not increasing steps in "
+                          f"[0, {record.n_steps})")
+    if not np.array_equal(steps, np.flatnonzero(truncated)):
+        raise RecordError(f"record's final_obs_steps {steps.tolist()[:8]} are not its truncated steps "
+                          f"{np.flatnonzero(truncated).tolist()[:8]}")
+    if np.any(truncated & np.asarray(record.terminated, bool)):
+        raise RecordError("record has steps both terminated and truncated")
+    returns, lengths = record.episode_returns, record.episode_lengths
+    if returns.ndim != 1 or lengths.ndim != 1 or len(returns) != len(lengths) or len(returns) > record.n_steps:
+        raise RecordError(f"record's episode_returns {list(returns.shape)} and episode_lengths {list(lengths.shape)} "
+                          f"are not two lists of at most {record.n_steps} episodes")
+
+
+def _check_values(record: RolloutRecord, spec: RecordSpec) -> None:
+    """Values the learner would train on: finite rewards, log-probs and returns, no NaN logits, actions in range."""
+    for name in ("rewards", "log_probs", "episode_returns", "episode_lengths"):
+        array = getattr(record, name)
+        if array.dtype.kind not in "biuf" or not np.all(np.isfinite(array)):
+            raise RecordError(f"record's {name} hold values that are not finite numbers")
+    if np.any(record.episode_lengths < 1):
+        raise RecordError("record's episode_lengths hold lengths below 1")
+    if record.logits is not None and (record.logits.dtype.kind != "f" or np.any(np.isnan(record.logits))):
+        raise RecordError("record's logits are NaN or not floats")
+    if spec.action_bounds is not None:
+        low, high = spec.action_bounds
+        actions = record.actions
+        if actions.dtype.kind not in "iu" or (actions.size and (actions.min() < low or actions.max() >= high)):
+            raise RecordError(f"record's actions are not integers in [{low}, {high}) of the run's action space")
+
+
 def encode_record(record: RolloutRecord, run_id: str) -> bytes:
     """Bytes for the out-of-sync queue; ``run_id`` lets the learner refuse other runs' data."""
     arrays: dict[str, np.ndarray] = {name: getattr(record, name) for name in _STEP_FIELDS}
@@ -141,6 +236,17 @@ def decode_record(blob: bytes, run_id: str) -> RolloutRecord:
         )
     except (KeyError, ValueError, TypeError) as error:
         raise RecordError(f"record is missing or has a malformed field: {error}") from error
+
+
+def encode_signed_record(record: RolloutRecord, run_id: str, key: bytes) -> bytes:
+    """encode_record, tagged with HMAC-SHA256 under the run's records key (``rqrl.codec.records_key``)."""
+    return sign(encode_record(record, run_id), key, RECORD_MAGIC)
+
+
+def decode_signed_record(blob: bytes, run_id: str, key: bytes) -> RolloutRecord:
+    """The record of a blob encode_signed_record made; SignatureError, before any of it is parsed, if it was not
+    tagged under ``key`` (forged, tampered, or from another run), RecordError if it is malformed anyway."""
+    return decode_record(verify(blob, key, RECORD_MAGIC), run_id)
 
 
 def _flag(text: str) -> bool:

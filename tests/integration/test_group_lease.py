@@ -13,7 +13,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from rqrl import jobs
-from rqrl.codec import dumps_object
+from rqrl.codec import dumps_object, weights_key
 from rqrl.errors import LeaseLostError
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, Reaper, group_is_leased, hand_over, read_progress, set_progress
@@ -226,7 +226,8 @@ def test_a_run_restarted_under_the_same_name_gets_a_fresh_context(connection, wo
 def test_a_job_that_loses_its_lease_drops_its_cached_envs(connection, worker_cache, monkeypatch):
     config = store_run(connection, "ctx-lost", lease_seconds=0.4)  # the refresher checks every 0.1 s
     keys = RunKeys("ctx-lost")
-    WeightStore(connection, keys).publish(fixtures.mlp_policy(obs_size=1).state_dict())
+    WeightStore(connection, keys, weights_key(TEST_SECRET, config.run_id)).publish(
+        fixtures.mlp_policy(obs_size=1).state_dict())
     job_id = jobs.enqueue_group(connection, config, 0, 0)
     job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
     monkeypatch.setattr(jobs, "get_current_job", lambda: job)  # as if a worker ran it

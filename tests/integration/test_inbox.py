@@ -2,32 +2,56 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import numpy as np
 
+from rqrl.codec import RECORD_MAGIC, records_key, sign
 from rqrl.inbox import Inbox
 from rqrl.keys import RunKeys
-from rqrl.records import RolloutRecord, decode_record, encode_record
+from rqrl.records import (
+    RecordSpec,
+    RolloutRecord,
+    decode_signed_record,
+    encode_record,
+    encode_signed_record,
+    record_signature,
+)
 from rqrl.stats import EpochStatsAggregator, RolloutEvents
 from rqrl.trajectories import TrajectoryQueue
 from tests.factories import rollout_record
 
 RUN_ID = "run-id-1"
+KEY = records_key("inbox-secret", RUN_ID)
 STEPS = 4
 
 
+def signed(record: RolloutRecord, run_id: str = RUN_ID) -> bytes:
+    """``record`` as a worker with the secret pushes it."""
+    return encode_signed_record(record, run_id, records_key("inbox-secret", run_id))
+
+
 def encoded(actor_id: int, rollout_id: int, run_id: str = RUN_ID, steps: int = STEPS) -> bytes:
-    return encode_record(rollout_record(steps, obs=np.full((steps, 2), rollout_id), actor_id=actor_id,
-                                        rollout_id=rollout_id, continues_previous=rollout_id > 0), run_id)
+    return signed(rollout_record(steps, obs=np.full((steps, 2), rollout_id), actor_id=actor_id,
+                                 rollout_id=rollout_id, continues_previous=rollout_id > 0), run_id)
 
 
 def decode(blob: bytes) -> RolloutRecord:
-    return decode_record(blob, RUN_ID)
+    return decode_signed_record(blob, RUN_ID, KEY)
 
 
-def inbox_and_queue(connection, run_name: str) -> tuple[Inbox, TrajectoryQueue]:
-    stats = EpochStatsAggregator()
-    return Inbox(run_name, RUN_ID, n_actors=2, n_rollout_steps=STEPS, stats=stats), \
-        TrajectoryQueue(connection, RunKeys(run_name), bound=100)
+def new_inbox(run_name: str, spec: RecordSpec | None = None, **options) -> Inbox:
+    spec = spec or RecordSpec(n_steps=STEPS, n_actors=2)
+    options.setdefault("max_rollout_gap", 100)
+    inbox = Inbox(run_name, RUN_ID, spec, EpochStatsAggregator(), key=KEY, **options)
+    inbox.published_version = 1  # the records of tests.factories.rollout_record are of version 1
+    return inbox
+
+
+def inbox_and_queue(connection, run_name: str, spec: RecordSpec | None = None,
+                    **options) -> tuple[Inbox, TrajectoryQueue]:
+    return new_inbox(run_name, spec, **options), TrajectoryQueue(connection, RunKeys(run_name), bound=100)
 
 
 def ids(records: list[RolloutRecord]) -> list[tuple[int, int]]:
@@ -68,7 +92,107 @@ def test_a_new_inbox_takes_over_what_the_last_one_did_not_hand_over(connection, 
 def test_an_episode_a_fault_cut_is_counted_once(connection, run_name):
     inbox, queue = inbox_and_queue(connection, run_name)
     # rollout 1 of actor 0 does not continue rollout 0, which ended inside an episode
-    cut = encode_record(rollout_record(STEPS, actor_id=0, rollout_id=1, continues_previous=False), RUN_ID)
+    cut = signed(rollout_record(STEPS, actor_id=0, rollout_id=1, continues_previous=False))
     connection.rpush(RunKeys(run_name).trajectories, encoded(0, 0), cut, encoded(0, 2))
     inbox.pop(queue, 3)
     assert inbox.stats.get_stats_value(RolloutEvents.episodes_cut, name="sum") == 1
+
+
+# --- records tagged with the run's key that do not fit the run (a buggy worker; defence in depth) ----------
+
+
+def bad(actor_id: int, rollout_id: int, **changes) -> bytes:
+    """A tagged record of ``actor_id``/``rollout_id`` with ``changes`` to its fields."""
+    record = rollout_record(STEPS, actor_id=actor_id, rollout_id=rollout_id)
+    return signed(dataclasses.replace(record, **changes))
+
+
+def probed_spec() -> RecordSpec:
+    return RecordSpec(n_steps=STEPS, n_actors=2, signature=record_signature(rollout_record(STEPS)),
+                      action_bounds=(0, 2))
+
+
+def test_a_float64_record_first_pins_nothing(connection, run_name):
+    for spec in (probed_spec(), None):  # with the learner's probe, and without one (the first accepted sets it)
+        connection.flushall()
+        inbox, queue = inbox_and_queue(connection, run_name, spec)
+        float64 = bad(0, 0, obs=np.zeros((STEPS, 2)), next_obs=np.zeros(2), final_obs=np.zeros((0, 2)),
+                      rewards=np.full(STEPS, np.nan))
+        connection.rpush(RunKeys(run_name).trajectories, float64, encoded(0, 0), encoded(1, 0), encoded(0, 1))
+        inbox.pop(queue, 10)
+        assert ids(inbox.peek(10)) == [(0, 0), (1, 0), (0, 1)]
+        assert inbox.rejected_by_reason == {"invalid": 1}
+
+
+def test_an_absurd_rollout_id_is_refused_and_does_not_block_the_actor(connection, run_name):
+    inbox, queue = inbox_and_queue(connection, run_name, max_rollout_gap=10)
+    connection.rpush(RunKeys(run_name).trajectories, encoded(0, 10**9), encoded(0, 0), encoded(1, 11), encoded(1, 0),
+                     encoded(0, 1), encoded(0, 11))
+    inbox.pop(queue, 10)
+    assert ids(inbox.peek(10)) == [(0, 0), (1, 0), (0, 1), (0, 11)]  # 11 = 1 + 10: at the bound
+    assert inbox.rejected_by_reason == {"invalid": 2}
+    assert (inbox.last_delivered(0), inbox.last_delivered(1)) == (11, 0)
+
+
+def test_refused_records_of_an_actor_move_its_id_bound_along(connection, run_name):
+    """A worker whose rollouts are refused for a while (NaN log-probs, say) is not locked out afterwards."""
+    inbox, queue = inbox_and_queue(connection, run_name, max_rollout_gap=3)
+    refused = [bad(0, rollout, log_probs=np.full(STEPS, np.nan, np.float32)) for rollout in range(10)]
+    connection.rpush(RunKeys(run_name).trajectories, *refused, encoded(0, 10))
+    inbox.pop(queue, 20)
+    assert ids(inbox.peek(10)) == [(0, 10)] and inbox.rejected_by_reason == {"invalid": 10}
+
+
+def test_a_resumed_inbox_takes_each_actors_first_id_as_its_base(connection, run_name):
+    first, queue = inbox_and_queue(connection, run_name)
+    connection.rpush(RunKeys(run_name).trajectories, encoded(0, 5000), encoded(1, 7000))
+    first.pop(queue, 2)  # the learner dies holding them
+    resumed = new_inbox(run_name, resumed=True)
+    resumed.take_over(queue)
+    connection.rpush(RunKeys(run_name).trajectories, encoded(0, 10**9), encoded(0, 5001))
+    resumed.pop(queue, 10)
+    assert ids(resumed.peek(10)) == [(0, 5000), (1, 7000), (0, 5001)]
+    assert resumed.rejected_by_reason == {"invalid": 1}
+
+
+def test_records_of_versions_the_learner_has_not_published_are_refused(connection, run_name):
+    inbox, queue = inbox_and_queue(connection, run_name)
+    connection.rpush(RunKeys(run_name).trajectories, bad(0, 0, policy_version=2), bad(0, 1, policy_version=2**63),
+                     bad(1, 0, policy_version=1))
+    inbox.pop(queue, 10)
+    assert ids(inbox.peek(10)) == [(1, 0)] and inbox.rejected_by_reason == {"invalid": 2}
+    inbox.published_version = 2
+    connection.rpush(RunKeys(run_name).trajectories, bad(0, 2, policy_version=2))
+    inbox.pop(queue, 10)
+    assert ids(inbox.peek(10)) == [(1, 0), (0, 2)]
+
+
+def test_rejections_are_counted_by_reason_and_logged_at_a_bounded_rate(connection, run_name, caplog, monkeypatch):
+    inbox, queue = inbox_and_queue(connection, run_name)
+    keys = RunKeys(run_name)
+    unsigned = encode_record(rollout_record(STEPS), RUN_ID)
+    connection.rpush(keys.trajectories, *[unsigned] * 30, signed_garbage(), encoded(0, 0), encoded(0, 0),
+                     bad(1, 0, rewards=np.full(STEPS, np.inf, np.float32)))
+    with caplog.at_level(logging.WARNING, logger="rqrl.inbox"):
+        inbox.pop(queue, 100)
+        assert inbox.rejected_by_reason == {"unauthenticated": 30, "malformed": 1, "duplicate": 1, "invalid": 1}
+        assert inbox.records_rejected == 33 and inbox.stats.get_stats_value(RolloutEvents.records_rejected,
+                                                                            name="sum") == 33
+        assert len(caplog.messages) == 1 and "unauthenticated" in caplog.messages[0]
+        monkeypatch.setattr("rqrl.inbox.LOG_INTERVAL_SECONDS", 0.0)
+        connection.rpush(keys.trajectories, unsigned)
+        inbox.pop(queue, 100)
+    assert len(caplog.messages) == 2 and "(32 more rejected since the last message)" in caplog.messages[1]
+
+
+def signed_garbage() -> bytes:
+    """Bytes tagged with the run's key that are no record (a worker bug, not an attacker)."""
+    return sign(b"not a safetensors buffer", KEY, RECORD_MAGIC)
+
+
+def test_a_negative_rollout_id_moves_no_bound(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=100)
+    inbox = new_inbox(run_name, resumed=True)
+    connection.rpush(RunKeys(run_name).trajectories, encoded(0, -5), encoded(0, 5000))
+    inbox.pop(queue, 10)
+    assert ids(inbox.peek(10)) == [(0, 5000)] and inbox.rejected_by_reason == {"invalid": 1}

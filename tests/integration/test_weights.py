@@ -1,18 +1,31 @@
-"""WeightStore against a real Redis: versions, fetch-if-newer, expiry of old versions, untorn reads."""
+"""WeightStore against a real Redis: versions, fetch-if-newer, expiry of old versions, untorn reads, and refusing
+weights a Redis writer without the secret planted."""
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
 import redis
 import torch
 
-from rqrl.codec import encode_state_dict
-from rqrl.errors import RecordError
+from rqrl.codec import WEIGHTS_MAGIC, encode_state_dict, sign, weights_key
 from rqrl.keys import RunKeys
 from rqrl.weights import WeightStore
 from tests import fixtures
+
+SECRET = "weights-secret"
+
+
+def new_store(connection: redis.Redis, run_name: str, **options) -> WeightStore:
+    """A store of ``run_name`` whose run id is its name, under the test secret's weights key."""
+    return WeightStore(connection, RunKeys(run_name), weights_key(SECRET, run_name), **options)
+
+
+def signed_blob(run_name: str, state: dict[str, torch.Tensor], version: str, secret: str = SECRET) -> bytes:
+    """A weights blob as a learner with ``secret`` publishes it (``version`` is what the blob names)."""
+    return sign(encode_state_dict(state, {"version": version}), weights_key(secret, run_name), WEIGHTS_MAGIC)
 
 
 def versioned_state(version: int, size: int = 2048) -> dict[str, torch.Tensor]:
@@ -22,7 +35,7 @@ def versioned_state(version: int, size: int = 2048) -> dict[str, torch.Tensor]:
 
 
 def test_publish_increments_versions(connection, run_name):
-    store = WeightStore(connection, RunKeys(run_name))
+    store = new_store(connection, run_name)
     assert store.latest_version() is None
     assert [store.publish(versioned_state(v)) for v in range(1, 4)] == [1, 2, 3]
     assert store.latest_version() == 3
@@ -30,13 +43,13 @@ def test_publish_increments_versions(connection, run_name):
 
 
 def test_fetch_before_any_publish_is_none(connection, run_name):
-    store = WeightStore(connection, RunKeys(run_name))
+    store = new_store(connection, run_name)
     assert store.fetch_if_newer(None) is None
     assert store.fetch_if_newer(0) is None
 
 
 def test_fetch_if_newer(connection, run_name):
-    store = WeightStore(connection, RunKeys(run_name))
+    store = new_store(connection, run_name)
     policy = fixtures.mlp_policy(seed=4)
     assert store.publish(policy.state_dict()) == 1
     version, state = store.fetch_if_newer(None)
@@ -53,21 +66,21 @@ def test_fetch_if_newer(connection, run_name):
 
 
 def test_a_second_store_sees_what_the_first_published(connection, redis_url, run_name):
-    WeightStore(connection, RunKeys(run_name)).publish(versioned_state(1))
+    new_store(connection, run_name).publish(versioned_state(1))
     with redis.Redis.from_url(redis_url) as other_connection:
-        fetched = WeightStore(other_connection, RunKeys(run_name)).fetch_if_newer(None)
+        fetched = new_store(other_connection, run_name).fetch_if_newer(None)
     assert fetched is not None and fetched[0] == 1 and fetched[1]["version"].item() == 1.0
 
 
 def test_runs_do_not_see_each_others_weights(connection):
-    WeightStore(connection, RunKeys("run-a")).publish(versioned_state(1))
-    other = WeightStore(connection, RunKeys("run-b"))
+    new_store(connection, "run-a").publish(versioned_state(1))
+    other = new_store(connection, "run-b")
     assert other.latest_version() is None and other.fetch_if_newer(None) is None
 
 
 def test_old_versions_expire_and_the_latest_does_not(connection, run_name):
     keys = RunKeys(run_name)
-    store = WeightStore(connection, keys, ttl_seconds=50)
+    store = new_store(connection, run_name, ttl_seconds=50)
     store.publish(versioned_state(1))
     assert connection.ttl(keys.weights(1)) == -1
     store.publish(versioned_state(2))
@@ -78,36 +91,109 @@ def test_old_versions_expire_and_the_latest_does_not(connection, run_name):
     assert connection.ttl(keys.latest_version) == -1
 
 
-def test_missing_blob_is_reported(connection, run_name):
+def refused(store: WeightStore, held: int | None, caplog, match: str) -> None:
+    """fetch_if_newer refuses what Redis holds: None, counted, and a warning naming why."""
+    before = store.refused
+    with caplog.at_level(logging.WARNING, logger="rqrl.weights"):
+        assert store.fetch_if_newer(held) is None
+    assert store.refused == before + 1
+    assert any(match in message for message in caplog.messages), caplog.messages
+
+
+@pytest.fixture(autouse=True)
+def every_refusal_logged(monkeypatch):
+    monkeypatch.setattr("rqrl.weights.LOG_INTERVAL_SECONDS", 0.0)
+
+
+def test_missing_blob_is_refused(connection, run_name, caplog):
     keys = RunKeys(run_name)
-    store = WeightStore(connection, keys)
+    store = new_store(connection, run_name)
     store.publish(versioned_state(1))
     connection.delete(keys.weights(1))
-    with pytest.raises(RecordError, match="version 1 is latest but its blob is missing"):
-        store.fetch_if_newer(None)
+    refused(store, None, caplog, "version 1 is latest but its blob is missing")
 
 
-def test_blob_that_disagrees_with_the_pointer_is_refused(connection, run_name):
+def test_a_signed_blob_under_another_version_is_refused(connection, run_name, caplog):
     keys = RunKeys(run_name)
-    store = WeightStore(connection, keys)
-    connection.set(keys.weights(5), encode_state_dict(versioned_state(4), {"version": "4"}))
+    connection.set(keys.weights(5), signed_blob(run_name, versioned_state(4), "4"))  # a replay of version 4
     connection.set(keys.latest_version, 5)
-    with pytest.raises(RecordError, match="blob says version '4', pointer says 5"):
-        store.fetch_if_newer(None)
+    refused(new_store(connection, run_name), None, caplog, "blob says version '4', pointer says 5")
 
 
-def test_corrupt_blob_is_refused(connection, run_name):
+def test_corrupt_blob_is_refused(connection, run_name, caplog):
     keys = RunKeys(run_name)
     connection.set(keys.weights(1), b"\x00\x01garbage")
     connection.set(keys.latest_version, 1)
-    with pytest.raises(RecordError):
-        WeightStore(connection, keys).fetch_if_newer(None)
+    refused(new_store(connection, run_name), None, caplog, "unsigned")
+
+
+@pytest.mark.parametrize("planted", ["unsigned", "another secret", "another run"])
+def test_forged_weights_are_refused_and_the_held_ones_kept(connection, run_name, caplog, planted):
+    keys = RunKeys(run_name)
+    store = new_store(connection, run_name)
+    store.publish(versioned_state(1))
+    held, _ = store.fetch_if_newer(None)
+    forged = {"unsigned": encode_state_dict(versioned_state(666), {"version": "2"}),
+              "another secret": signed_blob(run_name, versioned_state(666), "2", secret="guessed"),
+              "another run": signed_blob("another-run", versioned_state(666), "2")}[planted]
+    connection.set(keys.weights(2), forged)
+    connection.set(keys.latest_version, 2)
+    refused(store, held, caplog, "weights version 2")
+    assert store.fetch_if_newer(held) is None, "refused again, still without raising"
+    assert store.publish(versioned_state(2)) == 2, "the learner counts on from its own version 1"
+    version, state = store.fetch_if_newer(held)
+    assert version == 2 and torch.all(state["body"] == 2.0)
+
+
+@pytest.mark.parametrize("pointer", [b"abc", b"-3", b"2.5", str(2**63).encode(), b"0", b"1" * 30])
+def test_a_pointer_that_is_no_version_is_refused(connection, run_name, caplog, pointer):
+    keys = RunKeys(run_name)
+    connection.set(keys.latest_version, pointer)
+    connection.set(keys.weights_prefix + pointer.decode(), signed_blob(run_name, versioned_state(1), pointer.decode()))
+    refused(new_store(connection, run_name), None, caplog, "not a version number")
+
+
+def test_a_rolled_back_pointer_is_refused(connection, run_name, caplog):
+    keys = RunKeys(run_name)
+    store = new_store(connection, run_name, ttl_seconds=60)
+    old_blob = None
+    for version in (1, 2, 3):
+        store.publish(versioned_state(version))
+        if version == 1:
+            old_blob = connection.get(keys.weights(1))
+    connection.set(keys.weights(1), old_blob)  # genuine, replayed
+    connection.set(keys.latest_version, 1)
+    refused(store, 3, caplog, "went back from version 3 to 1")
+
+
+def test_the_learner_never_counts_on_from_a_forged_pointer(connection, run_name):
+    keys = RunKeys(run_name)
+    huge = 2**63
+    connection.set(keys.weights(huge), encode_state_dict(versioned_state(1), {"version": str(huge)}))
+    connection.set(keys.latest_version, huge)
+    store = new_store(connection, run_name)
+    assert store.latest_version() is None
+    assert store.publish(versioned_state(1)) == 1
+    connection.set(keys.latest_version, 10**6)  # planted after its first publish: it counts on from its own
+    assert store.publish(versioned_state(2)) == 2
+
+
+def test_a_resuming_learner_counts_on_from_the_newest_verified_version(connection, run_name):
+    keys = RunKeys(run_name)
+    first = new_store(connection, run_name, ttl_seconds=60)
+    for version in (1, 2, 3):
+        first.publish(versioned_state(version))
+    assert new_store(connection, run_name).last_published() == 3
+    connection.set(keys.latest_version, 2**40)  # forged: the newest verified blob is still version 3's
+    connection.set(keys.weights(2**40), encode_state_dict(versioned_state(9), {"version": str(2**40)}))
+    resumed = new_store(connection, run_name)
+    assert resumed.latest_version() is None and resumed.last_published() == 3
+    assert resumed.publish(versioned_state(4)) == 4
 
 
 @pytest.mark.timeout(60)
 def test_concurrent_readers_never_see_a_torn_or_mislabelled_blob(connection, redis_url, run_name):
-    keys = RunKeys(run_name)
-    writer = WeightStore(connection, keys, ttl_seconds=30)
+    writer = new_store(connection, run_name, ttl_seconds=30)
     writer.publish(versioned_state(1))
     n_versions, n_readers = 60, 3
     done = threading.Event()
@@ -116,7 +202,7 @@ def test_concurrent_readers_never_see_a_torn_or_mislabelled_blob(connection, red
 
     def read(index: int) -> None:
         with redis.Redis.from_url(redis_url) as reader_connection:
-            store = WeightStore(reader_connection, keys)
+            store = new_store(reader_connection, run_name)
             held = None
             while not done.is_set() or held != n_versions:
                 fetched = store.fetch_if_newer(held)

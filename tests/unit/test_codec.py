@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from rqrl.codec import (
+    RECORD_MAGIC,
+    TAG_SIZE,
+    WEIGHTS_MAGIC,
     decode_arrays,
     decode_state_dict,
     dumps_object,
@@ -17,8 +20,10 @@ from rqrl.codec import (
     encode_state_dict,
     loads_object,
     read_metadata,
+    records_key,
     sign,
     verify,
+    weights_key,
 )
 from rqrl.errors import RecordError, SignatureError
 from tests import fixtures
@@ -179,6 +184,38 @@ def test_tampered_or_foreign_signatures_are_refused():
     with pytest.raises(SignatureError, match="different RQRL_SECRET"):
         loads_object(signed, "another secret")
     assert verify(sign(b"payload", "k"), "k") == b"payload"
+
+
+def test_derived_keys_differ_by_purpose_run_and_secret():
+    keys = {records_key("s", "run-a"), records_key("s", "run-b"), records_key("t", "run-a"), weights_key("s", "run-a"),
+            weights_key("s", "run-b"), b"s"}
+    assert len(keys) == 6
+    assert records_key("s", "run-a") == records_key(b"s", "run-a"), "str and bytes secrets are the same secret"
+    assert len(records_key("s", "run-a")) == 32
+
+
+def test_a_tag_under_one_key_or_magic_verifies_under_no_other():
+    payload = encode_arrays({"rewards": np.ones(4, np.float32)}, {"run_id": "run-a"})
+    key = records_key("s", "run-a")
+    tagged = sign(payload, key, RECORD_MAGIC)
+    assert len(tagged) == TAG_SIZE + len(payload) and tagged.startswith(RECORD_MAGIC)
+    assert verify(tagged, key, RECORD_MAGIC) == payload
+    for other_key in (records_key("s", "run-b"), weights_key("s", "run-a"), records_key("guess", "run-a"), b"s"):
+        with pytest.raises(SignatureError, match="tampered"):
+            verify(tagged, other_key, RECORD_MAGIC)
+    with pytest.raises(SignatureError, match="unsigned"):
+        verify(tagged, key, WEIGHTS_MAGIC)  # a record is never taken for weights, nor a pickle for either
+    with pytest.raises(SignatureError, match="unsigned"):
+        verify(payload, key, RECORD_MAGIC)
+
+
+@pytest.mark.parametrize("position", [0, 7, 8, 39, 40, 41, -1])
+def test_any_flipped_bit_of_a_tagged_blob_is_refused(position):
+    key = weights_key("s", "run-a")
+    tagged = bytearray(sign(encode_state_dict({"w": torch.ones(3)}, {"version": "1"}), key, WEIGHTS_MAGIC))
+    tagged[position] ^= 0x10
+    with pytest.raises(SignatureError):
+        verify(bytes(tagged), key, WEIGHTS_MAGIC)
 
 
 class _Boom:

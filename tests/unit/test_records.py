@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -9,10 +11,21 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rqrl.codec import encode_arrays
-from rqrl.errors import RecordError
+from rqrl.codec import TAG_SIZE, encode_arrays, records_key
+from rqrl.errors import RecordError, SignatureError
 from rqrl.policy import make_act_function
-from rqrl.records import BatchedRecord, RolloutRecord, batch_records, decode_record, encode_record
+from rqrl.records import (
+    BatchedRecord,
+    RecordSpec,
+    RolloutRecord,
+    batch_records,
+    check_record,
+    decode_record,
+    decode_signed_record,
+    encode_record,
+    encode_signed_record,
+    record_signature,
+)
 from rqrl.rollout import ActorGroup
 from tests import fixtures
 
@@ -361,3 +374,106 @@ def test_batch_records_refuses_mixed_lengths_and_nothing():
         batch_records([box_record(5), box_record(4)], "cpu")
     with pytest.raises(RecordError, match="zero records"):
         batch_records([], "cpu")
+
+
+# --- signed records -----------------------------------------------------------------------------
+
+KEY = records_key("secret", RUN)
+
+
+def test_signed_round_trip():
+    record = box_record(6, truncated_at=(2,))
+    assert_records_equal(decode_signed_record(encode_signed_record(record, RUN, KEY), RUN, KEY), record)
+
+
+def test_unsigned_forged_or_foreign_records_are_refused_before_decoding():
+    record = box_record()
+    for blob in (encode_record(record, RUN),  # what a Redis writer without the secret can make
+                 encode_signed_record(record, RUN, records_key("guessed", RUN)),
+                 encode_signed_record(record, "run-b", records_key("secret", "run-b")),
+                 b"", b"RQRLREC1" + b"\x00" * 40):
+        with pytest.raises(SignatureError):
+            decode_signed_record(blob, RUN, KEY)
+
+
+def test_a_tampered_value_in_a_signed_record_is_refused():
+    blob = encode_signed_record(box_record(), RUN, KEY)
+    rewards = box_record().rewards.tobytes()
+    tampered = blob.replace(rewards, (box_record().rewards + 1e6).tobytes())
+    assert tampered != blob and len(tampered) == len(blob)
+    decode_record(tampered[TAG_SIZE:], RUN)  # the bytes still decode: only the tag tells
+    with pytest.raises(SignatureError, match="tampered"):
+        decode_signed_record(tampered, RUN, KEY)
+
+
+# --- checking a record against its run ------------------------------------------------------------
+
+SPEC = RecordSpec(n_steps=5, n_actors=4, signature=record_signature(box_record()), action_bounds=(0, 2))
+
+
+def changed(**changes) -> RolloutRecord:
+    return RolloutRecord(**record_fields(**changes))
+
+
+def test_a_record_of_the_run_passes():
+    check_record(box_record(5, truncated_at=(2,)), SPEC)
+    check_record(box_record(5, truncated_at=(4,), actor_id=3, rollout_id=2**62 - 1), SPEC)
+    nested = nested_record()
+    nested = dataclasses.replace(nested, next_obs={**nested.next_obs, "state": {**nested.next_obs["state"],
+                                                                                "goal": np.array(2, np.int64)}})
+    check_record(nested, RecordSpec(n_steps=4, n_actors=4, signature=record_signature(nested)))
+    with pytest.raises(RecordError, match=r"next_obs/state/goal is int64\[1\], expected int64\[\]"):
+        check_record(nested_record(), RecordSpec(n_steps=4, n_actors=4))
+    check_record(box_record(), RecordSpec(n_steps=5, n_actors=1))  # no signature, no action bounds
+
+
+@pytest.mark.parametrize(("changes", "match"), [
+    (dict(rewards=np.full(5, np.nan, np.float32)), "rewards hold values that are not finite"),
+    (dict(rewards=np.full(5, np.inf, np.float32)), "rewards hold values that are not finite"),
+    (dict(log_probs=np.full(5, np.nan, np.float32)), "log_probs hold values that are not finite"),
+    (dict(episode_returns=np.array([np.nan, 1.0])), "episode_returns hold values that are not finite"),
+    (dict(episode_lengths=np.array([0, 4])), "episode_lengths hold lengths below 1"),
+    (dict(episode_lengths=np.array([3])), "episode_returns .2. and episode_lengths .1."),
+    (dict(logits=np.full((5, 2), np.nan, np.float32)), "logits are NaN"),
+    (dict(actions=np.full(5, 2, np.int64)), r"actions are not integers in \[0, 2\)"),
+    (dict(actions=np.full(5, -1, np.int64)), r"actions are not integers in \[0, 2\)"),
+    (dict(final_obs_steps=np.array([999])), r"final_obs_steps \[999\] are not increasing steps in \[0, 5\)"),
+    (dict(final_obs_steps=np.array([-1])), r"final_obs_steps \[-1\] are not increasing steps"),
+    (dict(final_obs_steps=np.array([3])), r"final_obs_steps \[3\] are not its truncated steps \[2\]"),
+    (dict(terminated=np.arange(5) == 2), "both terminated and truncated"),
+    (dict(next_obs=np.zeros(7, np.float32)), r"next_obs is float32\[7\], expected float32\[3\]"),
+    (dict(next_obs=np.zeros(3, np.float64)), r"next_obs is float64\[3\], expected float32\[3\]"),
+    (dict(next_obs={"a": np.zeros(3, np.float32)}), r"next_obs has arrays \['obs/a'\], its obs \['obs'\]"),
+    (dict(final_obs=np.zeros((1, 4), np.float32)), r"final_obs is float32\[1, 4\], expected float32\[1, 3\]"),
+    (dict(obs=np.zeros((5, 3), np.float64), next_obs=np.zeros(3), final_obs=np.zeros((1, 3))),
+     r"arrays \['obs'\] are \[\(\(3,\), 'float64'\)\]"),
+    (dict(rewards=np.zeros(5, np.float64)), r"arrays \['rewards'\]"),
+    (dict(logits=None), r"arrays \['logits'\]"),
+    (dict(actor_id=4), r"names actor 4, this run has actors 0..3"),
+    (dict(actor_id=-1), "names actor -1"),
+    (dict(rollout_id=-1), r"rollout_id -1 is outside \[0, 2\*\*62\)"),
+    (dict(policy_version=2**63), r"policy_version 9223372036854775808 is outside"),
+])
+def test_a_field_that_does_not_fit_the_run_is_named(changes, match):
+    with pytest.raises(RecordError, match=match):
+        check_record(changed(**changes), SPEC)
+
+
+def test_a_record_of_another_length_is_refused():
+    with pytest.raises(RecordError, match="record has 4 steps, this run's rollouts have 5"):
+        check_record(box_record(4), SPEC)
+
+
+def test_the_probe_spec_of_a_real_env_fits_its_real_rollouts():
+    from rqrl.inbox import probe_spec
+
+    for make_env, policy in ((fixtures.make_cartpole, fixtures.mlp_policy()),
+                             (fixtures.make_dict_env, fixtures.DictPolicy())):
+        env = make_env()
+        act = make_act_function(policy, env.action_space)
+        spec = probe_spec(env, act, n_steps=40, n_actors=2)
+        assert spec.signature is not None and spec.action_bounds is not None
+        group = ActorGroup(make_env, [0, 1], [5, 6], [7, 8], 40)
+        for rollout_id in range(3):
+            for record in group.run(act, rollout_id, 1, cut_at_end=rollout_id == 1):
+                check_record(decode_signed_record(encode_signed_record(record, RUN, KEY), RUN, KEY), spec)
