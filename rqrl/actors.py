@@ -46,8 +46,8 @@ from rqrl.rq_safety import rollout_queue
 from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.run_store import RunStore
 from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents, record_batch
-from rqrl.supervisor import Supervisor
-from rqrl.trajectories import TrajectoryQueue
+from rqrl.supervisor import RolloutGaps, Supervisor
+from rqrl.trajectories import Popped, QueueIndicesLost, TrajectoryQueue
 from rqrl.weights import WeightStore
 
 
@@ -213,6 +213,7 @@ class RedisDistributedActors(DistributedActors):
         self.local_workers = LocalWorkers(options.start_method, options.redis_server)
         self._policy_state = state_dict_of(policy)
         self._inbox = self._new_inbox()
+        self._gaps = RolloutGaps()
         self._started = False
         self._last_collect = time.monotonic()
         self._last_run_check = time.monotonic()
@@ -330,7 +331,10 @@ class RedisDistributedActors(DistributedActors):
             if is_new:  # an adopted run's groups keep running; the reaper re-enqueues any that died
                 self.supervisor.start_groups()
             else:
-                self._inbox.take_over(self._queue)
+                try:
+                    self._inbox.take_over(self._queue)
+                except QueueIndicesLost:  # junk in the acknowledged counter: nothing to take over
+                    self._inbox.restart_indices()
         except BaseException:
             self.stop()
             raise
@@ -363,12 +367,15 @@ class RedisDistributedActors(DistributedActors):
         self._reap()
         inbox = self._inbox
         pending_before = len(inbox)
-        popped = inbox.pop(self._queue, self.batch_size - pending_before)
+        popped = self._pop(self.batch_size - pending_before)
         size_before, size_after = popped.size_before + pending_before, popped.size_after
         if len(inbox) < self.batch_size:
             self._wait_for_batch()
             size_after = self._queue.size()
-        records = inbox.peek(self.batch_size)
+        lost_before = self._gaps.lost
+        records = self._gaps.check(inbox.peek(self.batch_size))
+        if self._gaps.lost > lost_before:
+            self.epoch_stats.add(RolloutEvents.rollouts_lost, self._gaps.lost - lost_before)
         size_after += len(inbox) - len(records)
         batch = batch_records(records, learner_device)
         dequeue_time = time.perf_counter() - started
@@ -403,7 +410,16 @@ class RedisDistributedActors(DistributedActors):
                 )
             self._reap()
             if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
-                self._inbox.pop(self._queue, self.batch_size - len(self._inbox))
+                self._pop(self.batch_size - len(self._inbox))
+
+    def _pop(self, count: int) -> Popped:
+        """Pop into the inbox; if the queue's indices were reset (junk in the acknowledged counter),
+        realign them as after a restart and pop again."""
+        try:
+            return self._inbox.pop(self._queue, count)
+        except QueueIndicesLost:
+            self._inbox.restart_indices()
+            return self._inbox.pop(self._queue, count)
 
     def _reap(self) -> None:
         """Store the run again if Redis lost it; re-enqueue actor groups whose job died or hung."""
@@ -412,20 +428,23 @@ class RedisDistributedActors(DistributedActors):
             self._last_run_check = now
             if not self._run_store.exists():
                 self._reseed()
-        rerun = self.supervisor.rerun_orphaned_groups()
+        rerun = self.supervisor.rerun_orphaned_groups(self._delivered_next)
         if rerun:
             self.epoch_stats.add(RolloutEvents.groups_rerun, len(rerun))
 
     def _reseed(self) -> None:
         """Redis lost the run (restarted without persistence): store it again and let the reaper
         re-enqueue every group from the rollouts this learner already has."""
-        progress = {group_id: max(self._inbox.last_delivered(actor) for actor in actor_ids) + 1
-                    for group_id, actor_ids in enumerate(self.config.actor_groups)}
+        progress = {group_id: self._delivered_next(group_id) for group_id in range(len(self.config.actor_groups))}
         self._run_store.restore(self.config, self.env_factory, self.policy, progress)
         if self._last_state_dict is not None:
             self.policy_version = self._weights.publish(self._last_state_dict)
         self._inbox.restart_indices()
         self.epoch_stats.add(RolloutEvents.runs_restored, 1)
+
+    def _delivered_next(self, group_id: int) -> int:
+        """The rollout id after the last one this learner got from the group: where lost ones re-run from."""
+        return max(self._inbox.last_delivered(actor) for actor in self.config.actor_groups[group_id]) + 1
 
     def _record_stats(self, records: list[RolloutRecord], size_before: int, dequeue_time: float) -> None:
         now = time.monotonic()
