@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import redis
 from redis.typing import EncodableT
 
-from rqrl.errors import LeaseLostError, RqrlError, RunStoppedError
+from rqrl.errors import ConfigError, LeaseLostError, RqrlError, RunStoppedError
 from rqrl.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,7 @@ class Popped:
 
 PUSHED, FULL, DUPLICATE, MINE, NOT_HOLDER = 1, 0, 2, 3, 4
 ACKNOWLEDGE_ALL = -1
+REDIS_MAX_VALUE_BYTES = 512 * 2**20  # Redis's default proto-max-bulk-len: the largest value one command carries
 MARKER_GRACE_ROLLOUTS = 2
 
 
@@ -155,7 +156,8 @@ class QueueIndicesLost(RqrlError):
 class TrajectoryQueue:
     """One run's out-of-sync queue."""
 
-    def __init__(self, connection: redis.Redis, keys: RunKeys, bound: int, marker_grace_seconds: float | None = None):
+    def __init__(self, connection: redis.Redis, keys: RunKeys, bound: int, marker_grace_seconds: float | None = None,
+                 max_value_bytes: int | None = None):
         """``marker_grace_seconds`` (for a job's pushes; None: off): an actor whose pushes keep being refused
         as duplicates for that long, over at least MARKER_GRACE_ROLLOUTS rollouts, has a marker that
         cannot be right: ``push`` lowers it and pushes, with a warning (see ``_impossible_markers``)."""
@@ -163,6 +165,7 @@ class TrajectoryQueue:
         self.keys = keys
         self.bound = bound
         self.marker_grace_seconds = marker_grace_seconds
+        self.max_value_bytes = max_value_bytes  # None: asked of the server at the first push
         self.markers_repaired = 0
         self._duplicate_since: dict[int, tuple[float, int]] = {}
         self._push = connection.register_script(_PUSH_BOUNDED)
@@ -203,11 +206,13 @@ class TrajectoryQueue:
         LeaseLostError if the pusher no longer holds ``lease`` (nothing more is pushed).
         """
         pending = list(rollouts)
+        chunks = self._chunks(pending)
         duplicates: list[PendingRollout] = []
         poll, waited = 0.0005, False
         started = last_check = time.monotonic()
         while pending:
-            results = self.try_push(pending, token, lease)
+            results = self.try_push(pending, token, lease) if chunks == 1 else self._try_push_chunked(pending, token,
+                                                                                                      lease)
             if NOT_HOLDER in results:
                 assert lease is not None
                 raise LeaseLostError(f"{lease[0]} no longer names {lease[1]} (another job took the group over, "
@@ -229,6 +234,42 @@ class TrajectoryQueue:
                 if is_stopped():
                     raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
         return PushReport(time.monotonic() - started if waited else 0.0, tuple(duplicates))
+
+    def _value_limit(self) -> int:
+        """The largest value the server takes in one command (proto-max-bulk-len; 512 MB if not readable)."""
+        if self.max_value_bytes is None:
+            try:
+                reply = self.connection.config_get("proto-max-bulk-len")
+                self.max_value_bytes = int(next(iter(reply.values())))
+            except (redis.ResponseError, StopIteration, ValueError, TypeError):  # e.g. an ACL without CONFIG
+                self.max_value_bytes = REDIS_MAX_VALUE_BYTES
+        return self.max_value_bytes
+
+    def _chunks(self, rollouts: Sequence[PendingRollout]) -> int:
+        """How many push calls ``rollouts`` need; ConfigError for a rollout Redis would refuse (a broken pipe
+        after retries, otherwise)."""
+        limit = self._value_limit()
+        for rollout in rollouts:
+            if len(rollout.payload) > limit:
+                raise ConfigError(
+                    f"actor {rollout.actor_id}'s rollout {rollout.rollout_id} is {len(rollout.payload) / 2**20:.1f} "
+                    f"MB encoded, over the {limit / 2**20:.0f} MB Redis takes in one value (proto-max-bulk-len): "
+                    f"use a shorter n_rollout_steps (or smaller observations)"
+                )
+        total = sum(len(rollout.payload) for rollout in rollouts)
+        return 1 if total <= limit else 2
+
+    def _try_push_chunked(self, rollouts: Sequence[PendingRollout], token: str,
+                          lease: tuple[str, str] | None) -> list[int]:
+        """try_push in calls of at most the server's value limit each (one rollout per actor per call set)."""
+        limit, results, chunk, size = self._value_limit(), [], [], 0
+        for rollout in rollouts:
+            if chunk and size + len(rollout.payload) > limit:
+                results += self.try_push(chunk, token, lease)
+                chunk, size = [], 0
+            chunk.append(rollout)
+            size += len(rollout.payload)
+        return results + self.try_push(chunk, token, lease)
 
     def _impossible_markers(self, pushed: Sequence[PendingRollout],
                             refused: Sequence[PendingRollout]) -> list[PendingRollout]:

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import time
 
+import gymnasium
+import numpy as np
 import pytest
+import redis
+import torch
 
-from rqrl import RedisDistributedActors, RolloutEvents
+from rqrl import ActorFailedError, RedisDistributedActors, RolloutEvents
 from rqrl.rq_safety import rollout_queue
 from tests import fixtures
 from tests.conftest import TEST_SECRET
+from tests.processes import WorkerProcesses
+from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -161,3 +167,50 @@ def test_a_job_that_asks_for_rollout_ten_to_the_nine_starts_from_the_recorded_pr
         collect(actors, 6, delivered)
     assert max(r for _, r, _ in delivered) < 1000
     assert_contiguous(delivered)
+
+
+# ---- the weak cases: clear errors instead of a broken pipe or a misleading NoWorkersError -----------------
+
+
+class BigObservationEnv(gymnasium.Env):
+    """160 kB observations: 16 steps make a record over a server whose proto-max-bulk-len is 1 MB."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (40_000,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(40_000, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(40_000, np.float32), 1.0, False, False, {}
+
+
+class FirstFourPolicy(torch.nn.Module):
+    """Logits from the first four numbers of the observation: small weights for big observations."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, obs):
+        return self.linear(obs[:, :4])
+
+
+def test_a_record_over_redis_value_limit_fails_at_once_naming_size_limit_and_fix(tmp_path):
+    server = RedisServer(tmp_path, extra=["--proto-max-bulk-len", "1mb"]).start()
+    pool = WorkerProcesses(server.url)
+    try:
+        pool.start("w0")
+        pool.wait_registered(redis.Redis.from_url(server.url), 1)
+        with RedisDistributedActors(BigObservationEnv, FirstFourPolicy(), 16, 1, 1, 2.0, redis_url=server.url,
+                                    secret=TEST_SECRET, collect_timeout=60) as actors:
+            actors.broadcast_updated_policy(actors.policy.state_dict())
+            started = time.monotonic()
+            with pytest.raises(ActorFailedError, match=r"MB encoded, over the 1 MB Redis takes in one value "
+                                                       r"\(proto-max-bulk-len\): use a shorter n_rollout_steps"):
+                actors.collect_outputs("cpu")
+            assert time.monotonic() - started < 20, "before the fix: a broken pipe after about 60 s"
+    finally:
+        pool.stop_all()
+        server.stop()

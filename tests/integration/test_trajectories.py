@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from rqrl.errors import LeaseLostError, RunStoppedError
+from rqrl.errors import ConfigError, LeaseLostError, RunStoppedError
 from rqrl.keys import RunKeys
 from rqrl.trajectories import (
     DUPLICATE,
@@ -324,3 +324,20 @@ def test_an_acknowledged_counter_that_is_no_index_resets_the_indices(connection,
     connection.set(keys.acknowledged, junk)
     with pytest.raises(QueueIndicesLost):
         queue.unacknowledged()
+
+
+def test_a_rollout_over_the_servers_value_limit_is_refused_before_pushing(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10)
+    assert queue._value_limit() == 512 * 2**20, "read from the server (proto-max-bulk-len)"
+    small = TrajectoryQueue(connection, RunKeys(run_name), bound=10, max_value_bytes=2 * 2**20)
+    big = PendingRollout(0, 0, b"x" * (3 * 2**20))
+    with pytest.raises(ConfigError, match=r"rollout 0 is 3.0 MB encoded, over the 2 MB .* shorter n_rollout_steps"):
+        small.push([rollout(1, 0), big], never_stopped)
+    assert small.size() == 0, "nothing of the batch is pushed"
+
+
+def test_rollouts_over_the_value_limit_together_are_pushed_in_several_calls(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10, max_value_bytes=10)
+    report = queue.push([rollout(0, 0), rollout(1, 0), rollout(2, 0)], never_stopped)  # 5 bytes each
+    assert report.duplicates == ()
+    assert queue.pop_available(10) == [b"a0-r0", b"a1-r0", b"a2-r0"]
