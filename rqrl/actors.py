@@ -33,7 +33,7 @@ import torch
 from rq import Queue
 
 from rqrl.connection import connect, redis_errors
-from rqrl.errors import CollectTimeoutError, ConfigError, NoWorkersError, RqrlError
+from rqrl.errors import CollectTimeoutError, ConfigError, RqrlError
 from rqrl.inbox import Inbox
 from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
@@ -396,11 +396,7 @@ class RedisDistributedActors(DistributedActors):
                 self.local_workers.raise_if_all_died()
                 no_worker_since = no_worker_since or now
                 if now - no_worker_since > no_worker_timeout:
-                    raise NoWorkersError(
-                        f"no worker has been listening on queue {self.config.queue_name!r} for "
-                        f"{no_worker_timeout:.0f} s; start some with "
-                        f"'rqrl worker --redis-url URL --queue {self.config.queue_name}'"
-                    )
+                    raise self.supervisor.no_workers_error(no_worker_timeout)
             else:
                 no_worker_since = None
             if now > deadline:

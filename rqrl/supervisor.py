@@ -22,7 +22,7 @@ from rq.job import Job
 from rq.utils import utcparse
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from rqrl.errors import ActorFailedError
+from rqrl.errors import ActorFailedError, CollectTimeoutError, NoWorkersError
 from rqrl.jobs import LIVENESS_SECONDS, enqueue_group
 from rqrl.keys import RunKeys
 from rqrl.leases import Reaper, recorded_progress
@@ -95,6 +95,32 @@ class Supervisor:
             job_id=report["job_id"],
             actor_ids=report["actor_ids"],
             remote_traceback=report["traceback"],
+        )
+
+    def no_workers_error(self, seconds: float) -> CollectTimeoutError:
+        """What to raise when no worker has sent a heartbeat for ``seconds``: NoWorkersError, unless jobs of
+        the run still hold live leases, i.e. their workers are alive and the jobs hung (a worker's
+        heartbeats come from its job between rollouts; the lease from a thread beside it)."""
+        lease_keys = [self.keys.lease(group) for group in range(len(self.config.actor_groups))]
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.mget(lease_keys)
+            for key in lease_keys:
+                pipe.pttl(key)
+            leases, *ttls = pipe.execute()
+        held = [group for group, (lease, ttl) in enumerate(zip(leases, ttls, strict=True))
+                if lease is not None and int(ttl) > 0 and not lease.startswith(b"failed:")]
+        queue_name = self.config.queue_name
+        if held:
+            return CollectTimeoutError(
+                f"no worker on queue {queue_name!r} has sent a heartbeat for {seconds:.0f} s, but the jobs of actor "
+                f"groups {held} still hold their leases: their workers are alive and the jobs hung, most likely in "
+                f"the env's reset or step (or in the policy). rqrl re-runs a group whose job finished no rollout for "
+                f"hang_seconds ({self.config.hang_seconds:.0f} s); fix the env (look at the workers' stacks, e.g. "
+                f"with py-spy dump), or give hang_seconds a bound the env keeps"
+            )
+        return NoWorkersError(
+            f"no worker has been listening on queue {queue_name!r} for {seconds:.0f} s; start some with "
+            f"'rqrl worker --redis-url URL --queue {queue_name}'"
         )
 
     def workers_alive(self, cached: bool = True) -> int:

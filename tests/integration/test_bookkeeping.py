@@ -4,6 +4,8 @@ each actor's as one contiguous, never doubled run of rollout ids (issue 9, item 
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 
 import gymnasium
@@ -12,7 +14,7 @@ import pytest
 import redis
 import torch
 
-from rqrl import ActorFailedError, RedisDistributedActors, RolloutEvents
+from rqrl import ActorFailedError, CollectTimeoutError, NoWorkersError, RedisDistributedActors, RolloutEvents
 from rqrl.rq_safety import rollout_queue
 from tests import fixtures
 from tests.conftest import TEST_SECRET
@@ -214,3 +216,49 @@ def test_a_record_over_redis_value_limit_fails_at_once_naming_size_limit_and_fix
     finally:
         pool.stop_all()
         server.stop()
+
+
+class ResetHangsOnceToldEnv(gymnasium.Env):
+    """Five-step episodes whose reset blocks (for 300 s) once the file ``path`` exists."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, path: str):
+        self.path, self.steps = path, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if os.path.exists(self.path):
+            time.sleep(300)
+        self.steps = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        return np.zeros(4, np.float32), 1.0, self.steps >= 5, False, {}
+
+
+def test_workers_hung_in_env_reset_are_named_as_hung_not_as_missing(connection, redis_url, run_name, workers,
+                                                                    tmp_path):
+    for name in ("w0", "w1"):
+        workers.start(name)
+    workers.wait_registered(connection, 2)
+    hang = tmp_path / "hang"
+    actors = RedisDistributedActors(functools.partial(ResetHangsOnceToldEnv, str(hang)), fixtures.mlp_policy(), 16,
+                                    2, 2, 2.0, redis_url=redis_url, run_name=run_name, actors_per_job=1,
+                                    secret=TEST_SECRET, no_worker_timeout=2.0, collect_timeout=90)
+    actors.start()
+    try:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        actors.collect_outputs("cpu")
+        hang.touch()
+        with pytest.raises(CollectTimeoutError) as raised:  # after LIVENESS_SECONDS + no_worker_timeout
+            for _ in range(1000):
+                actors.collect_outputs("cpu")
+        assert not isinstance(raised.value, NoWorkersError), "the workers are alive: they must not be called missing"
+        assert "their workers are alive and the jobs hung, most likely in the env's reset or step" in str(raised.value)
+    finally:
+        actors.stop(timeout=1)
+        for process in workers.processes:  # blocked in reset: no warm shutdown to wait for
+            process.kill()
