@@ -83,7 +83,7 @@ class Supervisor:
             raw = self.connection.lpop(self.keys.errors)
             if raw is None:
                 return
-            report = parse_error_report(raw)
+            report = parse_error_report(raw) if isinstance(raw, (bytes, str)) else None
             if report is not None:
                 break
             self.error_reports_rejected += 1

@@ -240,7 +240,7 @@ class TrajectoryQueue:
         if self.max_value_bytes is None:
             try:
                 reply = self.connection.config_get("proto-max-bulk-len")
-                self.max_value_bytes = int(next(iter(reply.values())))
+                self.max_value_bytes = int(next(iter(reply.values())) or "")
             except (redis.ResponseError, StopIteration, ValueError, TypeError):  # e.g. an ACL without CONFIG
                 self.max_value_bytes = REDIS_MAX_VALUE_BYTES
         return self.max_value_bytes
@@ -262,7 +262,9 @@ class TrajectoryQueue:
     def _try_push_chunked(self, rollouts: Sequence[PendingRollout], token: str,
                           lease: tuple[str, str] | None) -> list[int]:
         """try_push in calls of at most the server's value limit each (one rollout per actor per call set)."""
-        limit, results, chunk, size = self._value_limit(), [], [], 0
+        limit, size = self._value_limit(), 0
+        results: list[int] = []
+        chunk: list[PendingRollout] = []
         for rollout in rollouts:
             if chunk and size + len(rollout.payload) > limit:
                 results += self.try_push(chunk, token, lease)
