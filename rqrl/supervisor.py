@@ -99,16 +99,18 @@ class Supervisor:
 
     def no_workers_error(self, seconds: float) -> CollectTimeoutError:
         """What to raise when no worker has sent a heartbeat for ``seconds``: NoWorkersError, unless jobs of
-        the run still hold live leases, i.e. their workers are alive and the jobs hung (a worker's
-        heartbeats come from its job between rollouts; the lease from a thread beside it)."""
+        the run that started still hold live leases, i.e. their workers are alive and the jobs hung (a
+        worker's heartbeats come from its job between rollouts; the lease from a thread beside it)."""
         lease_keys = [self.keys.lease(group) for group in range(len(self.config.actor_groups))]
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.mget(lease_keys)
             for key in lease_keys:
                 pipe.pttl(key)
             leases, *ttls = pipe.execute()
+        # a running job's lease names it with its run's token (rqrl.leases.lease_holder); a queued job's,
+        # handed over at enqueue, names only the job
         held = [group for group, (lease, ttl) in enumerate(zip(leases, ttls, strict=True))
-                if lease is not None and int(ttl) > 0 and not lease.startswith(b"failed:")]
+                if lease is not None and int(ttl) > 0 and b"#" in lease and not lease.startswith(b"failed:")]
         queue_name = self.config.queue_name
         if held:
             return CollectTimeoutError(
