@@ -35,7 +35,7 @@ from rq import Queue
 
 from rqrl.codec import records_key, weights_key
 from rqrl.connection import connect, redis_errors
-from rqrl.errors import CollectTimeoutError, ConfigError, NoWorkersError, RqrlError
+from rqrl.errors import CollectTimeoutError, ConfigError, RqrlError
 from rqrl.inbox import Inbox, probe_spec
 from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
@@ -50,7 +50,7 @@ from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.run_store import RunStore
 from rqrl.stats import EpochStatsAggregator, RolloutEvents, StatsReader, record_batch
 from rqrl.supervisor import Supervisor
-from rqrl.trajectories import TrajectoryQueue
+from rqrl.trajectories import Popped, QueueIndicesLost, TrajectoryQueue
 from rqrl.weights import WeightStore
 
 
@@ -350,7 +350,10 @@ class RedisDistributedActors(DistributedActors):
             if is_new:  # an adopted run's groups keep running; the reaper re-enqueues any that died
                 self.supervisor.start_groups()
             else:
-                self._inbox.take_over(self._queue)
+                try:
+                    self._inbox.take_over(self._queue)
+                except QueueIndicesLost:  # junk in the acknowledged counter: nothing to take over
+                    self._inbox.restart_indices()
         except BaseException:
             self.stop()
             raise
@@ -383,7 +386,7 @@ class RedisDistributedActors(DistributedActors):
         self._reap()
         inbox = self._inbox
         pending_before = len(inbox)
-        popped = inbox.pop(self._queue, self.batch_size - pending_before)
+        popped = self._pop(self.batch_size - pending_before)
         size_before, size_after = popped.size_before + pending_before, popped.size_after
         if len(inbox) < self.batch_size:
             self._wait_for_batch()
@@ -409,11 +412,7 @@ class RedisDistributedActors(DistributedActors):
                 self.local_workers.raise_if_all_died()
                 no_worker_since = no_worker_since or now
                 if now - no_worker_since > no_worker_timeout:
-                    raise NoWorkersError(
-                        f"no worker has been listening on queue {self.config.queue_name!r} for "
-                        f"{no_worker_timeout:.0f} s; start some with "
-                        f"'rqrl worker --redis-url URL --queue {self.config.queue_name}'"
-                    )
+                    raise self.supervisor.no_workers_error(no_worker_timeout)
             else:
                 no_worker_since = None
             if now > deadline:
@@ -423,7 +422,16 @@ class RedisDistributedActors(DistributedActors):
                 )
             self._reap()
             if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
-                self._inbox.pop(self._queue, self.batch_size - len(self._inbox))
+                self._pop(self.batch_size - len(self._inbox))
+
+    def _pop(self, count: int) -> Popped:
+        """Pop into the inbox; if the queue's indices were reset (junk in the acknowledged counter),
+        realign them as after a restart and pop again."""
+        try:
+            return self._inbox.pop(self._queue, count)
+        except QueueIndicesLost:
+            self._inbox.restart_indices()
+            return self._inbox.pop(self._queue, count)
 
     def _reap(self) -> None:
         """Store the run again if Redis lost it; re-enqueue actor groups whose job died or hung."""
@@ -432,20 +440,23 @@ class RedisDistributedActors(DistributedActors):
             self._last_run_check = now
             if not self._run_store.exists():
                 self._reseed()
-        rerun = self.supervisor.rerun_orphaned_groups()
+        rerun = self.supervisor.rerun_orphaned_groups(self._delivered_next)
         if rerun:
             self.epoch_stats.add(RolloutEvents.groups_rerun, len(rerun))
 
     def _reseed(self) -> None:
         """Redis lost the run (restarted without persistence): store it again and let the reaper
         re-enqueue every group from the rollouts this learner already has."""
-        progress = {group_id: max(self._inbox.last_delivered(actor) for actor in actor_ids) + 1
-                    for group_id, actor_ids in enumerate(self.config.actor_groups)}
+        progress = {group_id: self._delivered_next(group_id) for group_id in range(len(self.config.actor_groups))}
         self._run_store.restore(self.config, self.env_factory, self.policy, progress)
         if self._last_state_dict is not None:
             self.policy_version = self._inbox.published_version = self._weights.publish(self._last_state_dict)
         self._inbox.restart_indices()
         self.epoch_stats.add(RolloutEvents.runs_restored, 1)
+
+    def _delivered_next(self, group_id: int) -> int:
+        """The rollout id after the last one this learner got from the group: where lost ones re-run from."""
+        return max(self._inbox.last_delivered(actor) for actor in self.config.actor_groups[group_id]) + 1
 
     def _record_stats(self, records: list[RolloutRecord], size_before: int, dequeue_time: float) -> None:
         now = time.monotonic()

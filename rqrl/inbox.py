@@ -70,6 +70,7 @@ class Inbox:
         self.max_rollout_gap = max_rollout_gap
         self.published_version = 0
         self.records_rejected = 0
+        self.rollouts_lost = 0  # rollout ids an actor's stream skipped (see _mark_gap)
         self.rejected_by_reason: Counter[str] = Counter()
         self._pending: list[RolloutRecord] = []
         self._pending_indices: list[int] = []  # absolute index of each pending record on the unacknowledged list
@@ -143,6 +144,7 @@ class Inbox:
             if problem is not None:
                 self._reject(reason, problem)
                 continue
+            record = self._mark_gap(record)
             self._last_rollout[record.actor_id] = record.rollout_id
             self._note_unmarked_cut(record)
             self._pending.append(record)
@@ -185,6 +187,19 @@ class Inbox:
         more = f" ({self._unlogged} more rejected since the last message)" if self._unlogged else ""
         self._last_log, self._unlogged = now, 0
         log.warning("rejected a queue entry of run %s (%s): %s%s", self.run_name, reason, error, more)
+
+    def _mark_gap(self, record: RolloutRecord) -> RolloutRecord:
+        """The last line against silent gaps: ids an actor's stream skipped were lost in Redis (the
+        fenced re-run makes this rare). Count them; the rollout after them cannot continue an episode."""
+        previous = self._last_rollout.get(record.actor_id)
+        if previous is None or record.rollout_id <= previous + 1:
+            return record
+        lost = record.rollout_id - previous - 1
+        self.rollouts_lost += lost
+        self.stats.add(RolloutEvents.rollouts_lost, lost)
+        log.warning("actor %d's rollouts %d..%d never arrived (lost in Redis): counted as rollouts_lost; rollout %d "
+                    "starts afresh", record.actor_id, previous + 1, record.rollout_id - 1, record.rollout_id)
+        return dataclasses.replace(record, continues_previous=False) if record.continues_previous else record
 
     def _note_unmarked_cut(self, record: RolloutRecord) -> None:
         """Count episodes a fault cut without a mark: the previous rollout ended mid-episode (its

@@ -29,7 +29,7 @@ from rq.serializers import JSONSerializer
 from rqrl.codec import loads_object, records_key, secret_bytes, weights_key
 from rqrl.errors import LeaseLostError, RecordError, RunStoppedError, SignatureError
 from rqrl.keys import RunKeys
-from rqrl.leases import GroupLease, hand_over, read_progress
+from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder, recorded_progress, start_rollout
 from rqrl.policy import ActFunction, Policy, make_act_function
 from rqrl.records import encode_signed_record
 from rqrl.rollout import ActorGroup, EnvFactory
@@ -46,18 +46,25 @@ STOP_CHECK_SECONDS = 0.1
 ERROR_TTL_SECONDS = 24 * 3600
 
 
-def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rollout_id: int) -> str:
+def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rollout_id: int,
+                  holder: str | None = None) -> str:
     """Enqueue the job that runs ``group_id`` from ``rollout_id`` on; returns the job id.
 
     The group's lease and progress are handed to the new job at once, so the reaper does not take
     a job that a worker has dequeued but not yet started for a dead one (if it waits in the queue
-    longer than the lease, the queue itself shows it is not lost).
+    longer than the lease, the queue itself shows it is not lost). A job enqueueing its own
+    continuation passes its lease ``holder``: LeaseLostError if it no longer holds the group.
     """
     keys = RunKeys(config.run_name)
     queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
-    with connection.pipeline(transaction=True) as pipe:
-        hand_over(pipe, keys, group_id, keys.job_id(group_id, rollout_id), rollout_id, config.lease_seconds)
-        pipe.execute()
+    new_holder = keys.job_id(group_id, rollout_id)
+    if holder is not None:
+        if not hand_over_from(connection, keys, group_id, holder, new_holder, rollout_id, config.lease_seconds):
+            raise LeaseLostError(f"group {group_id} is no longer {holder}'s: enqueueing no continuation")
+    else:
+        with connection.pipeline(transaction=True) as pipe:
+            hand_over(pipe, keys, group_id, new_holder, rollout_id, config.lease_seconds)
+            pipe.execute()
     job = queue.enqueue(
         JOB_FUNCTION,
         config.run_name,
@@ -251,18 +258,21 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
     lease: GroupLease | None = None
     try:
         config = read_config(connection, run_name)
+        token = uuid.uuid4().hex  # this job run's pushes: tells a retried push from another job's rollout
         # the lease first: unpickling and building envs can take a while, and the reaper must not
         # mistake a job that is still starting for a dead one
         # ``held`` for the closures below; ``lease`` is cleared once the lease is given up
-        held = lease = GroupLease(connection, keys, group_id, job.id, config.lease_seconds, config.hang_seconds)
+        held = lease = GroupLease(connection, keys, group_id, lease_holder(job.id, token), config.lease_seconds,
+                                  config.hang_seconds)
         held.acquire()
         context = load_context(connection, run_name)
         config = context.config
-        rollout_id = first_rollout = max(rollout_id, read_progress(connection, keys, group_id))
+        rollout_id = first_rollout = start_rollout(keys, group_id, rollout_id,
+                                                   recorded_progress(connection, keys, group_id))
         group = context.group(group_id)
         act = context.act_for(group)
         store = WeightStore(connection, keys, context.weights_key, config.weights_ttl_seconds)
-        queue = TrajectoryQueue(connection, keys, config.queue_bound)
+        queue = TrajectoryQueue(connection, keys, config.queue_bound, marker_grace_seconds=2 * config.lease_seconds)
         work = _Slice(connection, config)
 
         stop_checked_at, stopped = 0.0, False
@@ -281,7 +291,6 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             held.touch()
 
         label = worker_label()
-        token = uuid.uuid4().hex  # this job run's pushes: tells a retried push from another job's rollout
         refused: set[int] = set()  # actors whose last rollout here was already delivered by an earlier job
         while True:
             weights_version = _wait_for_weights(context, store, is_stopped, beat)
@@ -297,13 +306,14 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                     context.records_key))
                 for r in records
             ]
-            report = queue.push(pending, is_stopped, on_wait=beat, token=token)
+            report = queue.push(pending, is_stopped, on_wait=beat, token=token,
+                                lease=(keys.lease(group_id), held.holder))
             refused = {rollout.actor_id for rollout in report.duplicates}
             rollout_id += 1
             held.record_progress(rollout_id)
             work.heartbeat()
             if yield_now:
-                enqueue_group(connection, config, group_id, rollout_id)
+                enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
                 return {"rollouts": rollout_id - first_rollout, "stopped": False}
     except RunStoppedError:
         _drop_context(run_name)

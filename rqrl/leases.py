@@ -9,6 +9,17 @@ worker refreshes it while rollouts keep finishing; it stops refreshing when the 
 ``step``). The refresher also stores ``progress:{group}``, the next rollout id after the last push. The
 learner's reaper finds groups with neither a lease nor a queued job and enqueues them again from
 their progress; pushes are idempotent per rollout id, so nothing is delivered twice.
+
+The lease is also a fence. A running job holds it under a value unique to that job run
+(``lease_holder``: job id and a per-run token), the queue's push script refuses rollouts from a job
+that no longer holds it, and a job hands the group to its continuation only while it still holds
+it. So a job that outlived its lease (a Redis restart lost every key, the reaper gave the group to
+another job) can neither push nor move the group's progress: whatever it ran after the loss is
+dropped, and the group's next job starts from the recorded progress, from resets.
+
+Values read here are parsed defensively: a progress that is not an integer is ignored with a
+warning (the caller falls back to what it knows), and the reaper repairs leases that cannot be
+right (no expiry, an expiry longer than any lease is given, a holder that is no job of the group).
 """
 
 from __future__ import annotations
@@ -37,6 +48,21 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# KEYS[1] = lease, KEYS[2] = progress; ARGV[1] = current holder, ARGV[2] = new holder, ARGV[3] = TTL ms,
+# ARGV[4] = the new holder's first rollout id
+_HAND_OVER_FROM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[4])
+return 1
+"""
+FAILED_PREFIX = "failed:"
+_TTL_SLACK_MS = 1000  # a lease's TTL may exceed lease_seconds by this much (clock and round-trip noise)
+
+
+def lease_holder(job_id: str, token: str) -> str:
+    """The lease value of one run of a job: a job re-enqueued under the same id is another holder."""
+    return f"{job_id}#{token}"
 
 
 class GroupLease:
@@ -99,7 +125,7 @@ class GroupLease:
     def mark_failed(self) -> None:
         """Keep the group from being re-run after its job failed: the learner reports the failure instead."""
         self._stop.set()
-        self.connection.set(self.keys.lease(self.group_id), f"failed:{self.holder}")
+        self.connection.set(self.keys.lease(self.group_id), f"{FAILED_PREFIX}{self.holder}")
 
     def release(self) -> None:
         self._stop.set()
@@ -124,15 +150,54 @@ def hand_over(pipe: redis.Redis | Pipeline, keys: RunKeys, group_id: int, holder
     pipe.set(keys.progress(group_id), rollout_id)
 
 
+def hand_over_from(connection: redis.Redis, keys: RunKeys, group_id: int, holder: str, new_holder: str,
+                   rollout_id: int, lease_seconds: float) -> bool:
+    """Give the group to ``new_holder`` (a continuation) only while ``holder`` still has it; False if it lost it."""
+    script = connection.register_script(_HAND_OVER_FROM)
+    return bool(script(keys=[keys.lease(group_id), keys.progress(group_id)],
+                       args=[holder, new_holder, int(lease_seconds * 1000), rollout_id]))
+
+
 def set_progress(pipe: redis.Redis | Pipeline, keys: RunKeys, group_id: int, next_rollout_id: int) -> None:
     """Set where a group's next (re-)run starts, e.g. after Redis lost the run's keys."""
     pipe.set(keys.progress(group_id), next_rollout_id)
 
 
-def read_progress(connection: redis.Redis, keys: RunKeys, group_id: int) -> int:
-    """The next rollout id of a group (0 before its first push)."""
-    value = connection.get(keys.progress(group_id))
-    return int(value) if value is not None else 0
+def parse_progress(value: bytes | str | None, key: str) -> int | None:
+    """A stored progress as an int; None if missing, or (with a warning naming the key) not a rollout id."""
+    if value is None:
+        return None
+    try:
+        progress = int(value)
+    except (TypeError, ValueError):
+        progress = -1
+    if progress < 0:
+        log.warning("%s holds %r, not a rollout id: ignoring it (it is written again with the group's next "
+                    "push; if this recurs, something other than rqrl writes to this Redis)", key, value)
+        return None
+    return progress
+
+
+def recorded_progress(connection: redis.Redis, keys: RunKeys, group_id: int) -> int | None:
+    """The next rollout id recorded for a group; None if there is none, or none that parses."""
+    return parse_progress(connection.get(keys.progress(group_id)), keys.progress(group_id))
+
+
+def read_progress(connection: redis.Redis, keys: RunKeys, group_id: int, default: int = 0) -> int:
+    """The next rollout id of a group (``default``, e.g. 0 before its first push, if none is recorded)."""
+    progress = recorded_progress(connection, keys, group_id)
+    return default if progress is None else progress
+
+
+def start_rollout(keys: RunKeys, group_id: int, requested: int, recorded: int | None) -> int:
+    """Where a job starts: the group's recorded progress, which only lease holders move, over the rollout id
+    in the job's arguments (which anyone who can enqueue a job chooses); warns when they disagree."""
+    if recorded is None or recorded == requested:
+        return requested
+    log.warning("a job of run %s asks to run actor group %d from rollout %d, but the group's recorded progress "
+                "(%s) says %d: starting from %d", keys.run_name, group_id, requested, keys.progress(group_id),
+                recorded, recorded)
+    return recorded
 
 
 def group_is_leased(connection: redis.Redis, keys: RunKeys, group_id: int) -> bool:
@@ -145,13 +210,23 @@ class Reaper:
 
     A group is reaped only when two passes at least ``min_interval`` apart both find it without a
     lease and without a queued job, so a job that was just dequeued has time to take its lease.
+    A lease that cannot be right is deleted with a warning and the group treated as lease-less:
+    one with no expiry (only a failed job's mark has none), one set for longer than leases are
+    given (``lease_seconds``), or one whose holder is no job of the group. A failed job's mark
+    keeps its group from being re-run; it is logged once, as the learner raises the failure its
+    job reported (a mark planted without a report is thus noticed, not repaired).
     """
 
-    def __init__(self, connection: redis.Redis, keys: RunKeys, n_groups: int, min_interval: float = 1.0):
+    def __init__(self, connection: redis.Redis, keys: RunKeys, n_groups: int, min_interval: float = 1.0,
+                 lease_seconds: float = 5.0):
         self.connection, self.keys, self.n_groups, self.min_interval = connection, keys, n_groups, min_interval
+        self.max_ttl_ms = int(lease_seconds * 1000) + _TTL_SLACK_MS
         self._suspects: set[int] = set()
         self._last_pass = 0.0
+        self._delete_if = connection.register_script(_RELEASE)
+        self._failed_logged: set[int] = set()
         self.reaped = 0
+        self.leases_repaired = 0
 
     def orphaned_groups(self, queue_key: str) -> list[int]:
         """Groups to re-enqueue now (empty most of the time); ``queue_key`` is the RQ queue's list of job ids.
@@ -164,11 +239,17 @@ class Reaper:
         if now - self._last_pass < self.min_interval:
             return []
         self._last_pass = now
+        lease_keys = [self.keys.lease(group) for group in range(self.n_groups)]
         with self.connection.pipeline(transaction=True) as pipe:
-            pipe.mget([self.keys.lease(group) for group in range(self.n_groups)])
+            pipe.mget(lease_keys)
+            for key in lease_keys:
+                pipe.pttl(key)
             pipe.lrange(queue_key, 0, -1)
-            leases, queued = pipe.execute()
-        without = {group for group, lease in enumerate(leases) if lease is None}
+            leases, *ttls, queued = pipe.execute()
+        without = set()
+        for group, (lease, ttl) in enumerate(zip(leases, ttls, strict=True)):
+            if lease is None or self._repaired(group, lease, int(ttl)):
+                without.add(group)
         if without:
             without -= {self.keys.group_of_job(job_id.decode() if isinstance(job_id, bytes) else job_id)
                         for job_id in queued}
@@ -176,3 +257,28 @@ class Reaper:
         self._suspects = without - set(orphaned)
         self.reaped += len(orphaned)
         return orphaned
+
+    def _repaired(self, group: int, lease: bytes, ttl_ms: int) -> bool:
+        """Delete the group's lease if it cannot be right (then the group counts as lease-less)."""
+        value = lease.decode(errors="replace")
+        if value.startswith(FAILED_PREFIX) and ttl_ms == -1:
+            if group not in self._failed_logged:
+                self._failed_logged.add(group)
+                log.warning("actor group %d of run %s is marked failed (%s = %r): it is not re-run; the learner "
+                            "raises the failure its job reported (delete the key to re-run the group)", group,
+                            self.keys.run_name, self.keys.lease(group), value)
+            return False
+        if self.keys.group_of_job(value.split("#")[0]) != group:
+            problem = "names no job of this group"
+        elif ttl_ms == -1:
+            problem = "has no expiry"
+        elif ttl_ms > self.max_ttl_ms:
+            problem = f"expires in {ttl_ms / 1000:.0f} s, longer than any lease is given ({self.max_ttl_ms} ms)"
+        else:
+            return False
+        if self._delete_if(keys=[self.keys.lease(group)], args=[lease]):
+            self.leases_repaired += 1
+            log.warning("%s = %r %s, which no lease rqrl sets does: deleted it, so the group is re-run if no job "
+                        "runs it (if this recurs, something other than rqrl writes to this Redis)",
+                        self.keys.lease(group), value, problem)
+        return True

@@ -17,7 +17,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from rqrl.errors import ConfigError, EnvError
+from rqrl.errors import ConfigError, EnvError, PolicyError
 
 # stack_obs, to_array and to_tensor are re-exported (rqrl.actors imports them from rollout)
 from rqrl.observations import Obs, empty_like_batch, flatten_obs, select
@@ -105,6 +105,8 @@ class ActorGroup:
             if not isinstance(env, gymnasium.Env):
                 raise ConfigError(f"env_factory must return a gymnasium.Env, got {type(env).__name__}")
         self.action_space = self.envs[0].action_space
+        space_shape = getattr(self.action_space, "shape", None)
+        self._action_shape = None if space_shape is None else (len(self.envs), *space_shape)
         self.next_rollout_id: int | None = None
         self._signature: RecordSignature | None = None
         self._obs: list[Obs] = []
@@ -147,10 +149,13 @@ class ActorGroup:
                 obs_steps.append(batch)
                 out = act(to_tensor(batch), generator)
                 step_actions = out.actions.cpu().numpy()
+                step_log_probs = out.log_probs.cpu().numpy()
+                step_logits = out.logits.cpu().numpy() if out.logits is not None else None
+                self._check_policy_step(step, step_actions, step_log_probs, step_logits)
                 actions.append(step_actions)
-                log_probs.append(out.log_probs.cpu().numpy())
-                if out.logits is not None:
-                    logits.append(out.logits.cpu().numpy())
+                log_probs.append(step_log_probs)
+                if step_logits is not None:
+                    logits.append(step_logits)
                 for index, env in enumerate(self.envs):
                     obs, reward, term, trunc, _ = env.step(step_actions[index])
                     self._step_bookkeeping(index, step, obs, reward, term, trunc, rewards, terminated, truncated,
@@ -172,6 +177,28 @@ class ActorGroup:
                 from error
         self._check_spaces_kept(records)
         return records
+
+    def _check_policy_step(self, step: int, actions: np.ndarray, log_probs: np.ndarray,
+                           logits: np.ndarray | None) -> None:
+        """Refuse what the learner must not train on: actions that do not fit the action space, log-probs
+        that are not finite numbers, NaN logits (-inf is a masked action). One pass over [n] per step."""
+        if self._action_shape is not None and actions.shape != self._action_shape:
+            raise PolicyError(
+                f"the policy returned actions of shape {actions.shape} at step {step} of the rollout; actors "
+                f"{self.actor_ids} need {self._action_shape} (one action of shape {self._action_shape[1:]} per env "
+                f"for action space {self.action_space}): fix the policy's act() or forward()"
+            )
+        if not np.isfinite(log_probs).all():
+            raise PolicyError(
+                f"the policy returned log-probs {log_probs.tolist()} at step {step} of the rollout for actors "
+                f"{self.actor_ids}; expected finite numbers: check the policy (NaN weights after an "
+                f"update, NaN observations, sampling an action of probability 0)"
+            )
+        if logits is not None and np.isnan(logits).any():
+            raise PolicyError(
+                f"the policy returned NaN logits at step {step} of the rollout for actors {self.actor_ids}: check "
+                f"the policy's weights (a diverged update?) and the observations it got"
+            )
 
     def _stack_current_obs(self, step: int) -> Obs:
         try:

@@ -73,6 +73,11 @@ class RolloutEvents:
         its previous one, which ended mid-episode (one value 1 each; see BatchedRecord.continues_previous)."""
 
     @staticmethod
+    def rollouts_lost() -> None:
+        """Rollout ids the learner never got: an actor's next rollout skipped them (Redis lost them and
+        they could not be re-run); that rollout says ``continues_previous=False``. Counts per skip."""
+
+    @staticmethod
     def runs_restored() -> None:
         """Times the learner stored the run again after Redis lost its keys (one value 1 each)."""
 

@@ -1,5 +1,10 @@
 """The learner's watch over a run's jobs: re-runs actor groups whose job died or hung, counts the
-workers that are alive, and raises the failures workers report."""
+workers that are alive, raises the failures workers report, and counts rollouts that never arrived.
+
+Everything read from Redis here is parsed defensively: an error report that is not the JSON a
+worker writes is dropped, counted (``error_reports_rejected``) and logged, never raised; a worker
+hash with junk fields counts as a worker without a heartbeat; a progress that does not parse is
+replaced by what the learner knows (its delivered rollouts), with a warning."""
 
 from __future__ import annotations
 
@@ -7,16 +12,19 @@ import datetime
 import json
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import redis
-from rq import Queue, Worker
+from rq import Queue
 from rq.job import Job
-from rq.serializers import JSONSerializer
+from rq.utils import utcparse
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from rqrl.errors import ActorFailedError
+from rqrl.errors import ActorFailedError, CollectTimeoutError, NoWorkersError
 from rqrl.jobs import LIVENESS_SECONDS, enqueue_group
 from rqrl.keys import RunKeys
-from rqrl.leases import Reaper, read_progress
+from rqrl.leases import Reaper, recorded_progress
 from rqrl.rq_safety import started_registry
 from rqrl.run_config import RunConfig
 
@@ -29,21 +37,26 @@ class Supervisor:
     def __init__(self, connection: redis.Redis, config: RunConfig, queue: Queue):
         self.connection, self.config, self.queue = connection, config, queue
         self.keys = RunKeys(config.run_name)
-        self.reaper = Reaper(connection, self.keys, len(config.actor_groups))
+        self.reaper = Reaper(connection, self.keys, len(config.actor_groups), lease_seconds=config.lease_seconds)
         self._last_failure_check = 0.0
         self._workers_alive = (-1e9, 0)
+        self.error_reports_rejected = 0
 
     def start_groups(self) -> None:
         """Enqueue one job per actor group of a new run."""
         for group_id in range(len(self.config.actor_groups)):
             enqueue_group(self.connection, self.config, group_id, 0)
 
-    def rerun_orphaned_groups(self) -> list[int]:
-        """Re-enqueue groups whose job died with its worker or hung (see rqrl.leases); returns them."""
+    def rerun_orphaned_groups(self, delivered_next: Callable[[int], int] | None = None) -> list[int]:
+        """Re-enqueue groups whose job died with its worker or hung (see rqrl.leases); returns them.
+        ``delivered_next(group)`` is where the learner's delivered rollouts end: where a group is re-run
+        from if its recorded progress is missing or does not parse."""
         orphaned = self.reaper.orphaned_groups(self.queue.key)
         for group_id in orphaned:
             self._forget_started_jobs(group_id)
-            rollout_id = read_progress(self.connection, self.keys, group_id)
+            rollout_id = recorded_progress(self.connection, self.keys, group_id)
+            if rollout_id is None:
+                rollout_id = delivered_next(group_id) if delivered_next is not None else 0
             enqueue_group(self.connection, self.config, group_id, rollout_id)
             log.warning("actor group %d of run %s lost its job (worker killed or hung): re-running it from "
                         "rollout %d", group_id, self.config.run_name, rollout_id)
@@ -65,16 +78,50 @@ class Supervisor:
         if throttled and now - self._last_failure_check < 0.5:
             return
         self._last_failure_check = now
-        raw = self.connection.lpop(self.keys.errors)
-        if not isinstance(raw, bytes | str):  # None: no failure reported
-            return
-        report = json.loads(raw)
+        while True:
+            raw = self.connection.lpop(self.keys.errors)
+            if raw is None:
+                return
+            report = parse_error_report(raw) if isinstance(raw, (bytes, str)) else None
+            if report is not None:
+                break
+            self.error_reports_rejected += 1
+            log.warning("dropped an entry of %s that is not a worker's error report: %.200r (if this recurs, "
+                        "something other than rqrl writes to this Redis)", self.keys.errors, raw)
         raise ActorFailedError(
             f"actors {report['actor_ids']} failed on worker {report['worker']} at rollout "
             f"{report['rollout_id']}: {report['error']}",
             job_id=report["job_id"],
             actor_ids=report["actor_ids"],
             remote_traceback=report["traceback"],
+        )
+
+    def no_workers_error(self, seconds: float) -> CollectTimeoutError:
+        """What to raise when no worker has sent a heartbeat for ``seconds``: NoWorkersError, unless jobs of
+        the run that started still hold live leases, i.e. their workers are alive and the jobs hung (a
+        worker's heartbeats come from its job between rollouts; the lease from a thread beside it)."""
+        lease_keys = [self.keys.lease(group) for group in range(len(self.config.actor_groups))]
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.mget(lease_keys)
+            for key in lease_keys:
+                pipe.pttl(key)
+            leases, *ttls = pipe.execute()
+        # a running job's lease names it with its run's token (rqrl.leases.lease_holder); a queued job's,
+        # handed over at enqueue, names only the job
+        held = [group for group, (lease, ttl) in enumerate(zip(leases, ttls, strict=True))
+                if lease is not None and int(ttl) > 0 and b"#" in lease and not lease.startswith(b"failed:")]
+        queue_name = self.config.queue_name
+        if held:
+            return CollectTimeoutError(
+                f"no worker on queue {queue_name!r} has sent a heartbeat for {seconds:.0f} s, but the jobs of actor "
+                f"groups {held} still hold their leases: their workers are alive and the jobs hung, most likely in "
+                f"the env's reset or step (or in the policy). rqrl re-runs a group whose job finished no rollout for "
+                f"hang_seconds ({self.config.hang_seconds:.0f} s); fix the env (look at the workers' stacks, e.g. "
+                f"with py-spy dump), or give hang_seconds a bound the env keeps"
+            )
+        return NoWorkersError(
+            f"no worker has been listening on queue {queue_name!r} for {seconds:.0f} s; start some with "
+            f"'rqrl worker --redis-url URL --queue {queue_name}'"
         )
 
     def workers_alive(self, cached: bool = True) -> int:
@@ -86,14 +133,46 @@ class Supervisor:
         return self._workers_alive[1]
 
 
+_REPORT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "job_id": str, "actor_ids": list, "rollout_id": int, "worker": str, "error": str, "traceback": str}
+
+
+def parse_error_report(raw: bytes | str) -> dict[str, Any] | None:
+    """A worker's error report (rqrl.jobs._report_failure), or None if ``raw`` is not one."""
+    try:
+        report = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(report, dict):
+        return None
+    for name, kind in _REPORT_FIELDS.items():
+        if not isinstance(report.get(name), kind):
+            return None
+    if not all(isinstance(actor, int) for actor in report["actor_ids"]):
+        return None
+    return report
+
+
 def count_live_workers(connection: redis.Redis, queue: Queue) -> int:
-    """Workers listening on ``queue`` whose last heartbeat is at most LIVENESS_SECONDS old."""
+    """Workers listening on ``queue`` whose last heartbeat is at most LIVENESS_SECONDS old.
+
+    Reads only each worker hash's ``last_heartbeat`` (RQ's ``Worker.all`` parses every field and
+    fails on the first hash with junk in one); a heartbeat that does not parse counts as none."""
     cutoff = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=LIVENESS_SECONDS)
+    worker_keys = sorted(connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name))
+    if not worker_keys:
+        return 0
+    with connection.pipeline(transaction=False) as pipe:
+        for key in worker_keys:
+            pipe.hget(key, "last_heartbeat")
+        heartbeats = pipe.execute()
     live = 0
-    for worker in Worker.all(connection=connection, queue=queue, serializer=JSONSerializer):
-        heartbeat = worker.last_heartbeat
-        if heartbeat is not None and heartbeat.tzinfo is None:
-            heartbeat = heartbeat.replace(tzinfo=datetime.UTC)
-        if heartbeat is not None and heartbeat >= cutoff:
+    for heartbeat in heartbeats:
+        try:
+            when = utcparse(heartbeat.decode())
+        except (AttributeError, UnicodeDecodeError, ValueError):
+            continue
+        if when >= cutoff:
             live += 1
     return live
+

@@ -16,6 +16,7 @@ the learner process is at-least-once, never lossy.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,21 +24,28 @@ from dataclasses import dataclass
 import redis
 from redis.typing import EncodableT
 
-from rqrl.errors import RunStoppedError
+from rqrl.errors import ConfigError, LeaseLostError, RqrlError, RunStoppedError
 from rqrl.keys import RunKeys
 
+log = logging.getLogger(__name__)
+
 # KEYS[1] = queue, KEYS[2] = hash actor id -> highest rollout id pushed, KEYS[3] = hash actor id ->
-# token of the pusher of that rollout; ARGV[1] = bound, ARGV[2] = the pusher's token ('' for none),
-# then (actor id, rollout id, payload) per rollout. Returns per rollout: 1 pushed, 0 full,
-# 2 duplicate, 3 mine (this pusher pushed it already: a retried command).
+# token of the pusher of that rollout, KEYS[4] = the pusher's lease (when ARGV[3] is not ''); ARGV[1] =
+# bound, ARGV[2] = the pusher's token ('' for none), ARGV[3] = the lease holder the pusher must be ('': no
+# fence), then (actor id, rollout id, payload) per rollout. Returns per rollout: 1 pushed, 0 full,
+# 2 duplicate, 3 mine (this pusher pushed it already: a retried command), 4 not the lease holder.
 _PUSH_BOUNDED = """
 local bound = tonumber(ARGV[1])
 local token = ARGV[2]
-local length = redis.call('LLEN', KEYS[1])
 local results = {}
-for i = 3, #ARGV, 3 do
+if ARGV[3] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[3] then
+  for i = 4, #ARGV, 3 do results[#results + 1] = 4 end
+  return results
+end
+local length = redis.call('LLEN', KEYS[1])
+for i = 4, #ARGV, 3 do
   local actor, rollout = ARGV[i], tonumber(ARGV[i + 1])
-  local highest = tonumber(redis.call('HGET', KEYS[2], actor) or '-1')
+  local highest = tonumber(redis.call('HGET', KEYS[2], actor) or '-1') or -1
   if rollout <= highest then
     if token ~= '' and rollout == highest and redis.call('HGET', KEYS[3], actor) == token then
       results[#results + 1] = 3
@@ -65,8 +73,24 @@ return results
 # retried call harmless: acknowledging twice drops nothing more, and a pop whose reply was lost
 # leaves its entries on the list where the next call's indices reveal them.
 # Returns {queue length before, popped entries, queue length after, list head, first popped index}.
+# KEYS[1] = hash actor id -> highest rollout id pushed; ARGV[1] = actor id, ARGV[2] = rollout id. Lowers
+# the actor's marker to just below the rollout if it is at or above it; returns the old marker or -1.
+_LOWER_MARKER = """
+local marker = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1') or -1
+local rollout = tonumber(ARGV[2])
+if marker < rollout then return -1 end
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', rollout - 1))
+return string.format('%d', marker)
+"""
+
+# An acknowledged counter that is no integer >= 0 (no rqrl process writes one) makes the list's
+# indices unknown: both keys are deleted, nothing is popped, and {-1} tells the caller to realign.
 _POP_UNACKNOWLEDGED = """
 local head = tonumber(redis.call('GET', KEYS[3]) or '0')
+if head == nil or head < 0 or head ~= math.floor(head) then
+  redis.call('DEL', KEYS[2], KEYS[3])
+  return {-1}
+end
 local done = tonumber(ARGV[2])
 if done < 0 then
   done = head + redis.call('LLEN', KEYS[2])
@@ -118,30 +142,51 @@ class Popped:
     head: int
 
 
-PUSHED, FULL, DUPLICATE, MINE = 1, 0, 2, 3
+PUSHED, FULL, DUPLICATE, MINE, NOT_HOLDER = 1, 0, 2, 3, 4
 ACKNOWLEDGE_ALL = -1
+REDIS_MAX_VALUE_BYTES = 512 * 2**20  # Redis's default proto-max-bulk-len: the largest value one command carries
+MARKER_GRACE_ROLLOUTS = 2
+
+
+class QueueIndicesLost(RqrlError):
+    """The run's acknowledged counter held no index: the unacknowledged list was reset, as after a Redis
+    restart; the learner realigns its indices (``Inbox.restart_indices``) and pops again."""
 
 
 class TrajectoryQueue:
     """One run's out-of-sync queue."""
 
-    def __init__(self, connection: redis.Redis, keys: RunKeys, bound: int):
+    def __init__(self, connection: redis.Redis, keys: RunKeys, bound: int, marker_grace_seconds: float | None = None,
+                 max_value_bytes: int | None = None):
+        """``marker_grace_seconds`` (for a job's pushes; None: off): an actor whose pushes keep being refused
+        as duplicates for that long, over at least MARKER_GRACE_ROLLOUTS rollouts, has a marker that
+        cannot be right: ``push`` lowers it and pushes, with a warning (see ``_impossible_markers``)."""
         self.connection = connection
         self.keys = keys
         self.bound = bound
+        self.marker_grace_seconds = marker_grace_seconds
+        self.max_value_bytes = max_value_bytes  # None: asked of the server at the first push
+        self.markers_repaired = 0
+        self._duplicate_since: dict[int, tuple[float, int]] = {}
         self._push = connection.register_script(_PUSH_BOUNDED)
         self._pop = connection.register_script(_POP_UNACKNOWLEDGED)
+        self._lower_marker = connection.register_script(_LOWER_MARKER)
 
-    def try_push(self, rollouts: Sequence[PendingRollout], token: str = "") -> list[int]:
+    def try_push(self, rollouts: Sequence[PendingRollout], token: str = "",
+                 lease: tuple[str, str] | None = None) -> list[int]:
         """Push what fits, in order, in one atomic call; returns PUSHED, FULL, DUPLICATE or MINE per
-        rollout (MINE: pushed already under the same non-empty ``token``)."""
+        rollout (MINE: pushed already under the same non-empty ``token``), or NOT_HOLDER for all if
+        ``lease`` = (lease key, holder) is given and the key does not hold that holder."""
         if not rollouts:
             return []
-        arguments: list[EncodableT] = [self.bound, token]
+        keys = [self.keys.trajectories, self.keys.pushed_rollouts, self.keys.pushed_by]
+        arguments: list[EncodableT] = [self.bound, token, ""]
+        if lease is not None:
+            keys.append(lease[0])
+            arguments[2] = lease[1]
         for rollout in rollouts:
             arguments += [rollout.actor_id, rollout.rollout_id, rollout.payload]
-        results = self._push(keys=[self.keys.trajectories, self.keys.pushed_rollouts, self.keys.pushed_by],
-                             args=arguments)
+        results = self._push(keys=keys, args=arguments)
         return [int(result) for result in results]
 
     def push(
@@ -151,20 +196,33 @@ class TrajectoryQueue:
         on_wait: Callable[[], None] = lambda: None,
         max_poll_seconds: float = 0.02,
         token: str = "",
+        lease: tuple[str, str] | None = None,
     ) -> PushReport:
         """Push all rollouts, waiting while the queue is full; ``token`` names the pusher (one per job
-        run), so a retried command is not mistaken for a duplicate of another job's rollout.
+        run), so a retried command is not mistaken for a duplicate of another job's rollout; with
+        ``lease`` = (lease key, holder) only while the pusher holds that lease.
 
-        Raises RunStoppedError if the run stops while waiting (the rollouts are dropped).
+        Raises RunStoppedError if the run stops while waiting (the rollouts are dropped), and
+        LeaseLostError if the pusher no longer holds ``lease`` (nothing more is pushed).
         """
         pending = list(rollouts)
+        chunks = self._chunks(pending)
         duplicates: list[PendingRollout] = []
         poll, waited = 0.0005, False
         started = last_check = time.monotonic()
         while pending:
-            results = self.try_push(pending, token)
-            duplicates += [rollout for rollout, result in zip(pending, results, strict=True) if result == DUPLICATE]
-            pending = [rollout for rollout, result in zip(pending, results, strict=True) if result == FULL]
+            results = self.try_push(pending, token, lease) if chunks == 1 else self._try_push_chunked(pending, token,
+                                                                                                      lease)
+            if NOT_HOLDER in results:
+                assert lease is not None
+                raise LeaseLostError(f"{lease[0]} no longer names {lease[1]} (another job took the group over, "
+                                     f"or Redis restarted and lost it): not pushing")
+            refused = [rollout for rollout, result in zip(pending, results, strict=True) if result == DUPLICATE]
+            retry = self._impossible_markers(pending, refused)
+            duplicates += [rollout for rollout in refused if rollout not in retry]
+            pending = [rollout for rollout, result in zip(pending, results, strict=True) if result == FULL] + retry
+            if retry:
+                continue
             if not pending:
                 break
             time.sleep(poll)
@@ -177,6 +235,75 @@ class TrajectoryQueue:
                     raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
         return PushReport(time.monotonic() - started if waited else 0.0, tuple(duplicates))
 
+    def _value_limit(self) -> int:
+        """The largest value the server takes in one command (proto-max-bulk-len; 512 MB if not readable)."""
+        if self.max_value_bytes is None:
+            try:
+                reply = self.connection.config_get("proto-max-bulk-len")
+                self.max_value_bytes = int(next(iter(reply.values())) or "")
+            except (redis.ResponseError, StopIteration, ValueError, TypeError):  # e.g. an ACL without CONFIG
+                self.max_value_bytes = REDIS_MAX_VALUE_BYTES
+        return self.max_value_bytes
+
+    def _chunks(self, rollouts: Sequence[PendingRollout]) -> int:
+        """How many push calls ``rollouts`` need; ConfigError for a rollout Redis would refuse (a broken pipe
+        after retries, otherwise)."""
+        limit = self._value_limit()
+        for rollout in rollouts:
+            if len(rollout.payload) > limit:
+                raise ConfigError(
+                    f"actor {rollout.actor_id}'s rollout {rollout.rollout_id} is {len(rollout.payload) / 2**20:.1f} "
+                    f"MB encoded, over the {limit / 2**20:.0f} MB Redis takes in one value (proto-max-bulk-len): "
+                    f"use a shorter n_rollout_steps (or smaller observations)"
+                )
+        total = sum(len(rollout.payload) for rollout in rollouts)
+        return 1 if total <= limit else 2
+
+    def _try_push_chunked(self, rollouts: Sequence[PendingRollout], token: str,
+                          lease: tuple[str, str] | None) -> list[int]:
+        """try_push in calls of at most the server's value limit each (one rollout per actor per call set)."""
+        limit, size = self._value_limit(), 0
+        results: list[int] = []
+        chunk: list[PendingRollout] = []
+        for rollout in rollouts:
+            if chunk and size + len(rollout.payload) > limit:
+                results += self.try_push(chunk, token, lease)
+                chunk, size = [], 0
+            chunk.append(rollout)
+            size += len(rollout.payload)
+        return results + self.try_push(chunk, token, lease)
+
+    def _impossible_markers(self, pushed: Sequence[PendingRollout],
+                            refused: Sequence[PendingRollout]) -> list[PendingRollout]:
+        """The refused rollouts whose actor's marker cannot be right, after lowering it below them.
+
+        A job re-run from its group's recorded progress meets duplicates only for the rollouts its dead
+        predecessor pushed after its last progress write (at most a lease refresh interval of them), so
+        duplicates for ``marker_grace_seconds`` over MARKER_GRACE_ROLLOUTS or more rollouts mean a marker
+        no rqrl job wrote (junk far beyond the run), which would starve the actor silently."""
+        if self.marker_grace_seconds is None:
+            return []
+        now = time.monotonic()
+        refused_actors = {rollout.actor_id for rollout in refused}
+        for rollout in pushed:
+            if rollout.actor_id not in refused_actors:
+                self._duplicate_since.pop(rollout.actor_id, None)
+        retry = []
+        for rollout in refused:
+            since, first = self._duplicate_since.setdefault(rollout.actor_id, (now, rollout.rollout_id))
+            if now - since < self.marker_grace_seconds or rollout.rollout_id - first < MARKER_GRACE_ROLLOUTS:
+                continue
+            old = int(self._lower_marker(keys=[self.keys.pushed_rollouts], args=[rollout.actor_id, rollout.rollout_id]))
+            self._duplicate_since.pop(rollout.actor_id, None)
+            if old >= 0:
+                self.markers_repaired += 1
+                log.warning("%s says actor %d pushed rollout %d, but its pushes were refused as duplicates for "
+                            "%.0f s (rollouts %d..%d): no rqrl job wrote that marker; lowered it to %d (if this "
+                            "recurs, something other than rqrl writes to this Redis)", self.keys.pushed_rollouts,
+                            rollout.actor_id, old, now - since, first, rollout.rollout_id, rollout.rollout_id - 1)
+            retry.append(rollout)
+        return retry
+
     def size(self) -> int:
         return int(self.connection.llen(self.keys.trajectories))
 
@@ -188,9 +315,12 @@ class TrajectoryQueue:
     def pop(self, count: int, done_below: int = 0) -> Popped:
         """Acknowledge every unacknowledged rollout with an absolute index below ``done_below``, then
         pop up to ``count`` onto the unacknowledged list, in one atomic round trip."""
-        size_before, entries, size_after, head, first = self._pop(
+        reply = self._pop(
             keys=[self.keys.trajectories, self.keys.unacknowledged, self.keys.acknowledged],
             args=[max(count, 0), done_below if done_below == ACKNOWLEDGE_ALL else max(done_below, 0)])
+        if len(reply) == 1:
+            raise self._indices_lost()
+        size_before, entries, size_after, head, first = reply
         return Popped(list(entries or []), int(first), int(size_before), int(size_after), int(head))
 
     def wait_until_not_empty(self, timeout_seconds: float) -> bool:
@@ -207,10 +337,22 @@ class TrajectoryQueue:
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.get(self.keys.acknowledged)
             pipe.lrange(self.keys.unacknowledged, 0, -1)
-            head, entries = pipe.execute()
-        head = int(head or 0)
+            raw_head, entries = pipe.execute()
+        try:
+            head = int(raw_head or 0)
+        except ValueError:
+            head = -1
+        if head < 0:
+            self.connection.delete(self.keys.unacknowledged, self.keys.acknowledged)
+            raise self._indices_lost()
         first = max(start, head)
         last = head + len(entries) - 1 if stop < 0 else min(stop, head + len(entries) - 1)
         if last < first:
             return [], first
         return list(entries[first - head:last - head + 1]), first
+
+    def _indices_lost(self) -> QueueIndicesLost:
+        log.warning("%s held no index: reset it and %s (the learner realigns its indices, as after a Redis "
+                    "restart; if this recurs, something other than rqrl writes to this Redis)",
+                    self.keys.acknowledged, self.keys.unacknowledged)
+        return QueueIndicesLost(f"{self.keys.acknowledged} held no index; it was reset: realign and pop again")

@@ -196,3 +196,13 @@ def test_a_negative_rollout_id_moves_no_bound(connection, run_name):
     connection.rpush(RunKeys(run_name).trajectories, encoded(0, -5), encoded(0, 5000))
     inbox.pop(queue, 10)
     assert ids(inbox.peek(10)) == [(0, 5000)] and inbox.rejected_by_reason == {"invalid": 1}
+
+
+def test_a_gap_in_an_actors_rollout_ids_is_counted_and_the_rollout_after_it_continues_nothing(run_name):
+    inbox = new_inbox(run_name)
+    inbox.accept([encoded(0, 0), encoded(0, 1), encoded(0, 4), encoded(0, 5)], first_index=0)
+    records = inbox.peek(4)
+    assert ids(records) == [(0, 0), (0, 1), (0, 4), (0, 5)]
+    assert inbox.rollouts_lost == 2
+    assert inbox.stats.get_stats_value(RolloutEvents.rollouts_lost, name="sum") == 2
+    assert [record.continues_previous for record in records] == [False, True, False, True]

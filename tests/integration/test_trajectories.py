@@ -8,9 +8,18 @@ import time
 import pytest
 import redis
 
-from rqrl.errors import RunStoppedError
+from rqrl.errors import ConfigError, LeaseLostError, RunStoppedError
 from rqrl.keys import RunKeys
-from rqrl.trajectories import DUPLICATE, FULL, MINE, PUSHED, PendingRollout, TrajectoryQueue
+from rqrl.trajectories import (
+    DUPLICATE,
+    FULL,
+    MINE,
+    NOT_HOLDER,
+    PUSHED,
+    PendingRollout,
+    QueueIndicesLost,
+    TrajectoryQueue,
+)
 from tests.polling import wait_until
 
 
@@ -277,3 +286,63 @@ def test_waiting_for_a_rollout_pops_nothing(connection, run_name):
     assert queue.wait_until_not_empty(0.1) is True
     assert queue.pop_available(5) == [b"a0-r0", b"a1-r0"]
     assert queue.unacknowledged() == ([b"a0-r0", b"a1-r0"], 0)
+
+
+# ---- the lease fence and junk bookkeeping (issue 9) -------------------------------------------------------
+
+
+def test_a_fenced_push_goes_through_only_while_the_pusher_holds_the_lease(connection, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=10)
+    lease = (keys.lease(0), "job-a#1")
+    assert queue.try_push([rollout(0, 0)], lease=lease) == [NOT_HOLDER], "no lease at all (a restarted Redis)"
+    connection.set(keys.lease(0), "job-a#1", px=5_000)
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)], lease=lease) == [PUSHED, PUSHED]
+    connection.set(keys.lease(0), "job-a#2", px=5_000)  # the same job id, run again: another holder
+    assert queue.try_push([rollout(0, 1)], lease=lease) == [NOT_HOLDER]
+    with pytest.raises(LeaseLostError, match="no longer names job-a#1"):
+        queue.push([rollout(0, 1)], never_stopped, lease=lease)
+    assert queue.pop_available(10) == [b"a0-r0", b"a1-r0"], "a refused push leaves nothing behind"
+    assert connection.hget(keys.pushed_rollouts, 0) == b"0", "nor a marker"
+
+
+def test_a_marker_that_is_not_a_number_is_overwritten(connection, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=10)
+    connection.hset(keys.pushed_rollouts, "0", "abc")
+    assert queue.try_push([rollout(0, 3)]) == [PUSHED]
+    assert connection.hget(keys.pushed_rollouts, "0") == b"3"
+
+
+@pytest.mark.parametrize("junk", ["abc", "-4", "1.5"])
+def test_an_acknowledged_counter_that_is_no_index_resets_the_indices(connection, run_name, junk):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=10)
+    queue.try_push([rollout(0, 0), rollout(0, 1)])
+    queue.pop(1)
+    connection.set(keys.acknowledged, junk)
+    with pytest.raises(QueueIndicesLost, match=keys.acknowledged):
+        queue.pop(1, done_below=1)
+    assert connection.exists(keys.acknowledged, keys.unacknowledged) == 0
+    popped = queue.pop(1)  # realigned: indices start at 0 again
+    assert (popped.entries, popped.first_index) == ([b"a0-r1"], 0)
+    connection.set(keys.acknowledged, junk)
+    with pytest.raises(QueueIndicesLost):
+        queue.unacknowledged()
+
+
+def test_a_rollout_over_the_servers_value_limit_is_refused_before_pushing(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10)
+    assert queue._value_limit() == 512 * 2**20, "read from the server (proto-max-bulk-len)"
+    small = TrajectoryQueue(connection, RunKeys(run_name), bound=10, max_value_bytes=2 * 2**20)
+    big = PendingRollout(0, 0, b"x" * (3 * 2**20))
+    with pytest.raises(ConfigError, match=r"rollout 0 is 3.0 MB encoded, over the 2 MB .* shorter n_rollout_steps"):
+        small.push([rollout(1, 0), big], never_stopped)
+    assert small.size() == 0, "nothing of the batch is pushed"
+
+
+def test_rollouts_over_the_value_limit_together_are_pushed_in_several_calls(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10, max_value_bytes=10)
+    report = queue.push([rollout(0, 0), rollout(1, 0), rollout(2, 0)], never_stopped)  # 5 bytes each
+    assert report.duplicates == ()
+    assert queue.pop_available(10) == [b"a0-r0", b"a1-r0", b"a2-r0"]

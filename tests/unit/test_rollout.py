@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rqrl.errors import ConfigError
+from rqrl.errors import ConfigError, PolicyError
 from rqrl.policy import make_act_function
 from rqrl.rollout import ActorGroup, derive_seed
 from tests import fixtures
@@ -261,3 +261,53 @@ def test_an_env_that_changes_its_observation_shape_is_refused_with_the_fix():
     with pytest.raises(EnvError, match=r"changed shape .* fix the env factory"):
         for rollout_id in range(2, 5):
             group.run(act, rollout_id, 1, cut_at_end=False)
+
+
+# ---- what the policy returns is checked before it reaches the learner (issue 9) ------------------------
+
+
+class _BrokenPolicy(torch.nn.Module):
+    """Samples like a categorical policy, then breaks one output as told."""
+
+    def __init__(self, broken: str):
+        super().__init__()
+        self.broken = broken
+        self.inner = fixtures.mlp_policy(seed=0)
+
+    def act(self, obs, generator):
+        from rqrl.policy import PolicyStep, categorical_step
+
+        step = categorical_step(self.inner(obs), generator)
+        if self.broken == "nan-log-probs":
+            return PolicyStep(step.actions, torch.full_like(step.log_probs, float("nan")), step.logits)
+        if self.broken == "nan-logits":
+            return PolicyStep(step.actions, step.log_probs, torch.full_like(step.logits, float("nan")))
+        if self.broken == "actions-per-env-twice":
+            return PolicyStep(step.actions.repeat(2), step.log_probs, step.logits)
+        return PolicyStep(step.actions.unsqueeze(-1), step.log_probs, step.logits)  # [B, 1] for Discrete
+
+
+@pytest.mark.parametrize("broken, message", [
+    ("nan-log-probs", r"log-probs \[nan, nan\] at step 0 .* expected finite numbers"),
+    ("nan-logits", r"NaN logits at step 0"),
+    ("actions-per-env-twice", r"actions of shape \(4,\) at step 0 .* need \(2,\)"),
+    ("actions-with-an-extra-axis", r"actions of shape \(2, 1\) .* need \(2,\) .* Discrete\(2\)"),
+])
+def test_policy_outputs_that_the_learner_must_not_train_on_raise_policy_error(broken, message):
+    group, _ = group_and_act(fixtures.make_cartpole, 2, 8)
+    act = make_act_function(_BrokenPolicy(broken), group.action_space)
+    with pytest.raises(PolicyError, match=message):
+        group.run(act, rollout_id=0, policy_version=1, cut_at_end=False)
+
+
+def test_masked_actions_with_minus_infinite_logits_are_fine():
+    class Masked(torch.nn.Module):
+        def forward(self, obs):
+            logits = torch.zeros(obs.shape[0], 2)
+            logits[:, 1] = float("-inf")  # action 1 masked out
+            return logits
+
+    group, _ = group_and_act(fixtures.make_cartpole, 2, 8)
+    records = group.run(make_act_function(Masked(), group.action_space), rollout_id=0, policy_version=1,
+                        cut_at_end=False)
+    assert all((record.actions == 0).all() for record in records)
