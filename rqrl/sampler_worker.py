@@ -38,6 +38,8 @@ from rqrl.policy import ActFunction, as_state_dict, check_state_dict, make_act_f
 
 T = TypeVar("T")
 
+_ENV_STREAM, _EPISODE_STREAM = 1, 2  # SeedSequence tags: seeds derived for new envs and for reseeded episodes
+
 
 @runtime_checkable
 class GaragePolicy(Protocol):
@@ -269,17 +271,11 @@ class LogicalWorker:
         self._envs_seen = 0
         self._pending_reset_seed: int | None = None
         self.generator = torch.Generator()
+        self._global_states: tuple[Any, Any, torch.Tensor] | None = None
         if self._worker_seed is None:
             self.generator.seed()
-            self._global_states: tuple[Any, Any, torch.Tensor] | None = None
         else:
-            self.generator.manual_seed(self._worker_seed)
-            saved = _global_rng_states()
-            random.seed(self._worker_seed)
-            np.random.seed(self._worker_seed % 2**32)
-            torch.manual_seed(self._worker_seed)
-            self._global_states = _global_rng_states()
-            _set_global_rng_states(saved)
+            self._seed_streams(self._worker_seed)
         self._in_own_rngs = False
         self._prev_obs: Any = None
         self._clear_episode()
@@ -320,12 +316,42 @@ class LogicalWorker:
 
     def _new_env(self, env: gymnasium.Env[Any, Any] | None) -> None:
         if env is not None and self._worker_seed is not None:
-            seed = self._worker_seed if self._envs_seen == 0 else int(
-                np.random.SeedSequence([self._worker_seed, self._envs_seen]).generate_state(1)[0])
+            seed = self._worker_seed if self._envs_seen == 0 else self._derived_seed(_ENV_STREAM, self._envs_seen)
             self._pending_reset_seed = seed
             env.action_space.seed(seed)
             env.observation_space.seed(seed)
         self._envs_seen += 1
+
+    def reseed(self, episode_index: int) -> None:
+        """Make the next episode depend only on (seed + worker_number, episode_index), wherever this worker runs
+        and whatever it ran before: seeds the next reset, the env's spaces and all of this worker's RNG streams.
+        ``reseed(0)`` restores a fresh worker's state. ConfigError for an unseeded worker."""
+        if self._worker_seed is None:
+            raise ConfigError(f"logical worker {self._worker_number} has no seed to derive episode "
+                              f"{episode_index}'s seeds from; give the WorkerFactory a seed")
+        if episode_index < 0:
+            raise ConfigError(f"expected episode_index >= 0, got {episode_index}")
+        seed = self._worker_seed if episode_index == 0 else self._derived_seed(_EPISODE_STREAM, episode_index)
+        self._seed_streams(seed)
+        self._pending_reset_seed = seed
+        if self.env is not None:
+            self.env.action_space.seed(seed)
+            self.env.observation_space.seed(seed)
+
+    def _derived_seed(self, stream: int, index: int) -> int:
+        assert self._worker_seed is not None
+        entropy = [self._worker_seed % 2**64, stream, index]
+        return int(np.random.SeedSequence(entropy).generate_state(1, np.uint32)[0])
+
+    def _seed_streams(self, seed: int) -> None:
+        """Seed the torch generator and this worker's private ``random``/``np.random``/torch global states."""
+        self.generator.manual_seed(seed)
+        saved = _global_rng_states()
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.default_generator.manual_seed(seed)  # CPU only: the caller's CUDA streams are left alone
+        self._global_states = _global_rng_states()
+        _set_global_rng_states(saved)
 
     # --- episodes ---
 

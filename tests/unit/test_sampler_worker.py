@@ -475,6 +475,28 @@ def test_rollouts_leave_the_callers_global_rngs_alone():
     assert after[1] == expected[1] and torch.equal(after[2], expected[2])
 
 
+def test_reseed_makes_an_episode_a_function_of_seed_worker_and_episode_index():
+    def pendulum_worker(number: int = 1) -> LogicalWorker:
+        return worker(gymnasium.make("Pendulum-v1"), GaussianPendulumPolicy(), seed=5, number=number, max_length=15)
+
+    fresh = pendulum_worker()
+    fresh_first = fresh.rollout()
+    fresh.reseed(3)
+    third = fresh.rollout()
+    moved = pendulum_worker()  # the same logical worker rebuilt elsewhere, with another history
+    for _ in range(2):
+        moved.rollout()
+    moved.reseed(3)
+    assert same_episodes(moved.rollout(), third) and not same_episodes(third, fresh_first)
+    moved.reseed(0)
+    assert same_episodes(moved.rollout(), fresh_first)
+    other = pendulum_worker(number=2)
+    other.reseed(3)
+    assert not same_episodes(other.rollout(), third)
+    with pytest.raises(ConfigError, match="has no seed"):
+        worker(seed=None).reseed(1)
+
+
 def test_unseeded_workers_differ():
     first, second = cartpole_episodes(seed=None, number=0, n=1), cartpole_episodes(seed=None, number=0, n=1)
     assert not same_episodes(first[0], second[0])
