@@ -67,7 +67,7 @@ class EnvSpec:
     max_episode_length: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays have no truth value: compare batches field by field
 class EpisodeBatch:
     """N whole episodes, S = sum(lengths) steps, as garage's EpisodeBatch (field order and names kept).
 

@@ -4,6 +4,7 @@ safetensors wire form of episodes."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import warnings
 from typing import Any
 
@@ -113,6 +114,8 @@ def test_valid_batch_keeps_its_fields_and_is_frozen():
     assert batch.episode_infos_by_episode["task"].tolist() == [0, 1]
     with pytest.raises(dataclasses.FrozenInstanceError):
         batch.rewards = np.zeros(5)  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(batch)).rewards.tolist() == batch.rewards.tolist()
+    assert batch == batch and batch != box_batch([2, 3])  # identity: == never compares arrays
 
 
 def test_step_types_as_a_stepType_object_array_are_accepted():
