@@ -77,8 +77,8 @@ class WorkerFactory:
         n_workers = os.cpu_count() or 1 if n_workers is None else n_workers
         if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
             raise ConfigError(f"expected n_workers >= 1 (an int), got {n_workers!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ConfigError(f"expected seed to be an int or None, got {seed!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ConfigError(f"expected seed to be an int >= 0 (gymnasium's resets need one) or None, got {seed!r}")
         self.n_workers = n_workers
         self._seed = seed
         self._max_episode_length = max_episode_length

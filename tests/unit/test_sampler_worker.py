@@ -151,6 +151,7 @@ def test_worker_factory_is_keyword_only_with_garage_defaults():
     ({"max_episode_length": None}, "max_episode_length >= 1"),
     ({"max_episode_length": 5, "n_workers": 0}, "n_workers >= 1"),
     ({"max_episode_length": 5, "seed": 1.5}, "seed to be an int"),
+    ({"max_episode_length": 5, "seed": -1}, "seed to be an int >= 0"),
     ({"max_episode_length": 5, "is_tf_worker": True}, "TensorFlow"),
 ])
 def test_worker_factory_refuses_bad_arguments(kwargs, message):
