@@ -293,6 +293,10 @@ class LogicalWorker:
     def update_agent(self, agent_update: Any) -> None:
         """dict/tuple/ndarray: new parameters for the agent; None: no change; anything else becomes the agent
         (a plain torch.nn.Module is wrapped in a ModuleAgent sampling with this worker's generator)."""
+        if self._prev_obs is not None:
+            raise PolicyError(f"update_agent called in the middle of an episode of logical worker "
+                              f"{self._worker_number}; updates apply between episodes: step_episode() until it "
+                              f"returns True first")
         if isinstance(agent_update, dict | tuple | np.ndarray):
             if self.agent is None:
                 raise PolicyError("update_agent got parameters, but this worker has no agent yet; send the policy "
@@ -309,6 +313,9 @@ class LogicalWorker:
     def update_env(self, env_update: Any) -> None:
         """None: no change; a gymnasium env replaces the current one; an EnvUpdate or a callable old_env -> env
         gives the env to use. A new env's first reset is seeded (see the class docstring)."""
+        if self._prev_obs is not None and env_update is not None:
+            raise EnvError(f"update_env called in the middle of an episode of logical worker {self._worker_number}; "
+                           f"updates apply between episodes: step_episode() until it returns True first")
         env, changed = apply_env_update(self.env, env_update)
         if changed and env is not None and env is not self.env:
             self._new_env(env)

@@ -302,6 +302,21 @@ def test_env_info_keys_that_change_within_an_episode_are_refused():
         worker(FlakyInfoEnv(length=5)).rollout()
 
 
+def test_updates_are_refused_in_the_middle_of_an_episode():
+    built = worker(FixedLengthEnv(length=3))
+    built.start_episode()
+    built.step_episode()
+    with pytest.raises(PolicyError, match="in the middle of an episode"):
+        built.update_agent(ScriptedPolicy(action=0))
+    with pytest.raises(EnvError, match="in the middle of an episode"):
+        built.update_env(FixedLengthEnv())
+    while not built.step_episode():
+        pass
+    built.update_agent(ScriptedPolicy(action=0))  # between episodes: fine
+    assert built.collect_episode().actions.tolist() == [1, 1, 1]
+    assert built.rollout().actions.tolist() == [0, 0, 0]
+
+
 def test_a_worker_needs_an_env_and_an_agent():
     built = WorkerFactory(max_episode_length=5, n_workers=1)(0)
     with pytest.raises(EnvError, match="has no env"):
