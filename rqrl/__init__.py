@@ -1,6 +1,7 @@
 """rqrl: distributed reinforcement-learning rollouts on Redis and RQ."""
 
 from rqrl.actors import DistributedActors, RedisDistributedActors, SubprocDistributedActors
+from rqrl.episodes import EnvSpec, EpisodeBatch, StepType
 from rqrl.errors import (
     ActorFailedError,
     CheckpointError,
@@ -25,6 +26,7 @@ from rqrl.errors import (
 )
 from rqrl.policy import ActorPolicy, Policy, PolicyStep, StatefulActorPolicy
 from rqrl.records import BatchedRecord, CollectedOutputs, RolloutRecord
+from rqrl.sampler_worker import EnvUpdate, ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate, WorkerFactory
 from rqrl.serial import SerialDistributedActors
 from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
 from rqrl.vector_env import SubprocVectorEnv
@@ -42,11 +44,16 @@ __all__ = [
     "DistributedActors",
     "EnvError",
     "EnvProcessDiedError",
+    "EnvSpec",
+    "EnvUpdate",
+    "EpisodeBatch",
     "EpochStatsAggregator",
+    "ExistingEnvUpdate",
     "ForbiddenJobError",
     "LeaseLostError",
     "LogStatsLevel",
     "MissingStatsError",
+    "NewEnvUpdate",
     "NoWorkersError",
     "Policy",
     "PolicyError",
@@ -62,10 +69,13 @@ __all__ = [
     "RunStoppedError",
     "SerialDistributedActors",
     "ServerError",
+    "SetTaskUpdate",
     "SignatureError",
     "StatefulActorPolicy",
+    "StepType",
     "SubprocDistributedActors",
     "SubprocVectorEnv",
     "VectorEnvError",
+    "WorkerFactory",
     "__version__",
 ]

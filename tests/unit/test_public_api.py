@@ -100,3 +100,16 @@ def test_actor_failed_error_carries_the_remote_traceback():
     assert isinstance(error, RqrlError)
     assert error.job_id == "rqrl_r_g0_r3" and error.actor_ids == [0, 1]
     assert "RuntimeError: boom" in str(error) and "job rqrl_r_g0_r3" in str(error)
+
+
+def test_garage_sampler_foundations_are_exported():
+    from rqrl.episodes import EnvSpec, EpisodeBatch, StepType
+    from rqrl.sampler_worker import EnvUpdate, ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate, WorkerFactory
+
+    exported = {"StepType": StepType, "EpisodeBatch": EpisodeBatch, "EnvSpec": EnvSpec, "WorkerFactory": WorkerFactory,
+                "EnvUpdate": EnvUpdate, "NewEnvUpdate": NewEnvUpdate, "SetTaskUpdate": SetTaskUpdate,
+                "ExistingEnvUpdate": ExistingEnvUpdate}
+    for name, value in exported.items():
+        assert name in rqrl.__all__ and getattr(rqrl, name) is value, name
+    assert all(issubclass(getattr(rqrl, name), rqrl.EnvUpdate)
+               for name in ("NewEnvUpdate", "SetTaskUpdate", "ExistingEnvUpdate"))
