@@ -154,7 +154,7 @@ class ActorGroup:
         generator = self.generator(rollout_id) if act_numpy is None else None
         with torch.inference_mode():
             for step in range(n_steps):
-                batch = to_tensor(select(obs, step))
+                batch = torch.from_numpy(obs[step]) if isinstance(obs, np.ndarray) else to_tensor(select(obs, step))
                 step_logits: np.ndarray | None
                 if act_numpy is not None and rng is not None:
                     step_actions, step_log_probs, step_logits = act_numpy(batch, rng)
@@ -241,19 +241,19 @@ class ActorGroup:
                            f"{expected}); {SPACES_HINT}") from error
 
     def _check_spaces_kept(self, records: list[RolloutRecord]) -> None:
-        """Refuse envs whose observations or actions change shape or dtype during a run."""
-        for record in records:
-            signature = record_signature(record)
-            if self._signature is None:
-                self._signature = signature
-            elif signature != self._signature:
-                changed = differing_arrays(signature, self._signature)
-                before = [self._signature.get(name) for name in changed]
-                after = [signature.get(name) for name in changed]
-                raise EnvError(
-                    f"actor {record.actor_id}'s {changed} changed shape or dtype during the run (from {before} to "
-                    f"{after}); {SPACES_HINT}"
-                )
+        """Refuse envs whose observations or actions change shape or dtype during a run (the records of one
+        rollout are views of the same buffers: one signature holds for all of them)."""
+        signature = record_signature(records[0])
+        if self._signature is None:
+            self._signature = signature
+        elif signature != self._signature:
+            changed = differing_arrays(signature, self._signature)
+            before = [self._signature.get(name) for name in changed]
+            after = [signature.get(name) for name in changed]
+            raise EnvError(
+                f"actors {self.actor_ids}' {changed} changed shape or dtype during the run (from {before} to "
+                f"{after}); {SPACES_HINT}"
+            )
 
     def _step_envs(self, step: int, actions: np.ndarray, obs: Obs, rewards: np.ndarray, terminated: np.ndarray,
                    truncated: np.ndarray, final_obs: list[list[tuple[int, Obs]]],
@@ -261,9 +261,10 @@ class ActorGroup:
         """Step each env once; the bookkeeping is vectorized over the group, and ended episodes restart."""
         results = [env.step(action) for env, action in zip(self.envs, actions, strict=True)]
         observations: list[object] = [result[0] for result in results]
-        step_rewards = np.array([result[1] for result in results], dtype=np.float64)
-        term = np.array([result[2] for result in results], dtype=bool)
-        trunc = np.array([result[3] for result in results], dtype=bool) & ~term
+        outcomes = np.array([(float(result[1]), result[2], result[3]) for result in results])  # [n, (r, term, trunc)]
+        step_rewards = outcomes[:, 0]
+        term = outcomes[:, 1] != 0.0
+        trunc = (outcomes[:, 2] != 0.0) & ~term
         if not np.isfinite(step_rewards).all():
             index = int(np.flatnonzero(~np.isfinite(step_rewards))[0])
             raise EnvError(
