@@ -134,9 +134,12 @@ def main() -> None:
     sides = [("loop", impl) for impl in impls] + ([] if args.no_reference or args.profile else [("reference", ".")])
     names = [f"loop[{impl}]" if len(impls) > 1 else "loop" for impl in impls] + ["reference"][:len(sides) - len(impls)]
     rounds = 1 if args.profile else args.rounds
+    loops = names[:len(impls)]
+    ratios = [(top, loops[0]) for top in loops[1:]]
+    ratios += [(top, "reference") for top in loops] if "reference" in names else []
     print(f"| env | envs | {' | '.join(f'{n} steps/CPU-s' for n in names)} | "
-          f"{' | '.join(f'{n} / {names[0]}' for n in names[1:])} |")
-    print("|---|---:|" + "---:|" * (2 * len(names) - 1))
+          f"{' | '.join(f'{top} / {bottom}' for top, bottom in ratios)} |")
+    print("|---|---:|" + "---:|" * (len(names) + len(ratios)))
     for env_id in args.env_ids:
         for n_envs in args.envs:
             rollouts = args.rollouts or max(2, 40_000 // (args.steps * n_envs))
@@ -146,9 +149,9 @@ def main() -> None:
                 order = order[round_index % len(order):] + order[:round_index % len(order)]
                 for index in order:
                     rates[names[index]].append(_measure(*sides[index], env_id, n_envs, rollouts, args))
-            medians = [statistics.median(rates[name]) for name in names]
-            print(f"| {env_id} | {n_envs} | {' | '.join(f'{m:,.0f}' for m in medians)} | "
-                  f"{' | '.join(f'{m / medians[0]:.2f}' for m in medians[1:])} |", flush=True)
+            medians = {name: statistics.median(rates[name]) for name in names}
+            print(f"| {env_id} | {n_envs} | {' | '.join(f'{m:,.0f}' for m in medians.values())} | "
+                  f"{' | '.join(f'{medians[top] / medians[bottom]:.2f}' for top, bottom in ratios)} |", flush=True)
 
 
 if __name__ == "__main__":
