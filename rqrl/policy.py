@@ -2,18 +2,21 @@
 
 A policy is either an object with ``act(obs, generator) -> PolicyStep`` (any action space), or a
 ``torch.nn.Module`` whose ``forward(obs)`` returns logits ``[B, n]`` for a Discrete action space;
-rqrl samples from those logits with the actor's seeded generator. The actors broadcast its
-weights, so what they take (``Policy``) also has ``state_dict()`` and ``load_state_dict()``, as
-every ``torch.nn.Module`` does.
+rqrl samples from those logits with the actor's seeded generator (in rollouts,
+``LogitsActFunction.act_numpy``: one forward, then softmax, sampling and log-probs in numpy from a
+seeded ``numpy.random.Generator``, as a few torch kernels per step cost more than a small MLP).
+The actors broadcast its weights, so what they take (``Policy``) also has ``state_dict()`` and
+``load_state_dict()``, as every ``torch.nn.Module`` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 import gymnasium
+import numpy as np
 import torch
 
 from rqrl.errors import ConfigError, PolicyError
@@ -68,8 +71,68 @@ def categorical_step(logits: torch.Tensor, generator: torch.Generator) -> Policy
     return PolicyStep(actions=actions, log_probs=log_probs, logits=logits)
 
 
+class NumpyStep(NamedTuple):
+    """One batched action in numpy: ``actions [B]`` (int64), ``log_probs [B]`` and ``logits [B, n]`` (float32)."""
+
+    actions: np.ndarray
+    log_probs: np.ndarray
+    logits: np.ndarray
+
+
+def sample_logits(logits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Actions ``[B]`` sampled from categorical ``logits [B, n]`` by inverse CDF (one ``rng.random`` draw per row)
+    and their log-probs; an action of logit -inf is never drawn.
+
+    >>> actions, log_probs = sample_logits(np.array([[0.0, -np.inf], [-np.inf, 5.0]]), np.random.default_rng(0))
+    >>> actions.tolist(), log_probs.tolist()
+    ([0, 1], [0.0, 0.0])
+    """
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    cdf = np.cumsum(np.exp(shifted), axis=-1)
+    total = cdf[:, -1]  # >= 1: the largest weight is exp(0)
+    # rng.random() <= 1 - 2**-53, so u < total strictly (in float64, where the float32 cdf compares exactly):
+    # the first index whose cdf exceeds u exists, and its weight is > 0
+    u = rng.random(len(total)) * total
+    actions = (cdf <= u[:, None]).sum(axis=-1)
+    log_probs = shifted[np.arange(len(actions)), actions] - np.log(total)
+    return actions, log_probs
+
+
+class LogitsActFunction:
+    """The ActFunction of a plain module whose ``forward(obs)`` gives categorical logits (Discrete spaces).
+
+    Called as ``act(obs, generator)`` it samples with torch; rollouts call ``act_numpy(obs, rng)``,
+    which samples the same distribution in numpy from ``rng`` (a different stream, as reproducible).
+    """
+
+    def __init__(self, policy: torch.nn.Module, action_space: gymnasium.spaces.Discrete):
+        self.policy = policy
+        self.action_space = action_space
+        self.n_actions = int(action_space.n)
+
+    def logits(self, obs: TensorObs) -> torch.Tensor:
+        """The policy's logits for ``obs``, checked to be ``[B, n]``."""
+        logits: torch.Tensor = self.policy(obs)
+        if logits.shape[-1] != self.n_actions:
+            raise PolicyError(
+                f"policy returned logits of shape {tuple(logits.shape)}, expected [B, {self.n_actions}] "
+                f"for action space {self.action_space}"
+            )
+        return logits
+
+    def __call__(self, obs: TensorObs, generator: torch.Generator) -> PolicyStep:
+        return categorical_step(self.logits(obs), generator)
+
+    def act_numpy(self, obs: TensorObs, rng: np.random.Generator) -> NumpyStep:
+        """One forward, then sampling and log-probs in numpy from ``rng``."""
+        logits = self.logits(obs).detach().cpu().numpy()
+        actions, log_probs = sample_logits(logits, rng)
+        return NumpyStep(actions, log_probs, logits)
+
+
 def make_act_function(policy: ActingPolicy, action_space: gymnasium.Space[Any]) -> ActFunction:
-    """Return the function rollouts call to act; raise PolicyError if ``policy`` fits no protocol."""
+    """Return the function rollouts call to act (a ``LogitsActFunction`` for a plain module); raise
+    PolicyError if ``policy`` fits no protocol."""
     if isinstance(policy, ActorPolicy):
         return policy.act
     if isinstance(policy, torch.nn.Module):
@@ -79,17 +142,7 @@ def make_act_function(policy: ActingPolicy, action_space: gymnasium.Space[Any]) 
                 f"action space, got {action_space}; give the policy an act(obs, generator) method "
                 f"returning rqrl.PolicyStep instead"
             )
-
-        def act(obs: TensorObs, generator: torch.Generator) -> PolicyStep:
-            logits = policy(obs)
-            if logits.shape[-1] != action_space.n:
-                raise PolicyError(
-                    f"policy returned logits of shape {tuple(logits.shape)}, expected [B, {action_space.n}] "
-                    f"for action space {action_space}"
-                )
-            return categorical_step(logits, generator)
-
-        return act
+        return LogitsActFunction(policy, action_space)
     raise PolicyError(
         f"expected a torch.nn.Module or an object with act(obs, generator), got {type(policy).__name__}"
     )

@@ -8,10 +8,8 @@ seeds and weights give the same trajectories wherever the next rollout runs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import SupportsFloat
 
 import gymnasium
 import numpy as np
@@ -20,11 +18,11 @@ import torch
 from rqrl.errors import ConfigError, EnvError, PolicyError
 
 # stack_obs, to_array and to_tensor are re-exported (rqrl.actors imports them from rollout)
-from rqrl.observations import Obs, empty_like_batch, flatten_obs, select
+from rqrl.observations import Obs, empty_like_batch, flatten_obs, map_tree, select
 from rqrl.observations import stack_obs as stack_obs
 from rqrl.observations import to_array as to_array
 from rqrl.observations import to_tensor as to_tensor
-from rqrl.policy import ActFunction
+from rqrl.policy import ActFunction, LogitsActFunction
 from rqrl.records import RecordSignature, RolloutRecord, differing_arrays, record_signature
 
 EnvFactory = Callable[[], gymnasium.Env]
@@ -40,36 +38,37 @@ def derive_seed(*parts: int) -> int:
 class RolloutSteps:
     """What stepping ``n`` envs for ``T`` steps collected, before it is split into one record per actor.
 
-    ``obs``/``actions``/``log_probs``/``logits`` are lists over steps of ``[n, ...]`` batches;
-    ``rewards``/``terminated``/``truncated`` are ``[T, n]``; ``final_obs[i]`` lists ``(step, obs)``
-    of env i's truncations and ``episodes[i]`` its finished ``(return, length)``.
+    ``obs`` is ``[T + 1, n, ...]`` (row ``T``: the observations after the last step);
+    ``actions``/``log_probs``/``logits``/``rewards``/``terminated``/``truncated`` are ``[T, n, ...]``;
+    ``final_obs[i]`` lists ``(step, obs)`` of env i's truncations and ``episodes[i]`` its finished
+    ``(return, length)``.
     """
 
-    obs: list[Obs]
-    actions: list[np.ndarray]
-    log_probs: list[np.ndarray]
-    logits: list[np.ndarray]
+    obs: Obs
+    actions: np.ndarray
+    log_probs: np.ndarray
+    logits: np.ndarray | None
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
     final_obs: list[list[tuple[int, Obs]]]
     episodes: list[list[tuple[float, int]]]
 
-    def records(self, actor_ids: Sequence[int], next_obs: Sequence[Obs], policy_version: int, rollout_id: int,
-                worker: str, continues_previous: bool) -> list[RolloutRecord]:
-        stacked_obs = stack_obs(self.obs)
+    def records(self, actor_ids: Sequence[int], policy_version: int, rollout_id: int, worker: str,
+                continues_previous: bool) -> list[RolloutRecord]:
+        n_steps = len(self.rewards)
         return [
             RolloutRecord(
-                obs=select(stacked_obs, (slice(None), index)),
-                actions=np.stack([a[index] for a in self.actions]),
+                obs=select(self.obs, (slice(0, n_steps), index)),
+                actions=self.actions[:, index].copy(),
                 rewards=self.rewards[:, index].copy(),
                 terminated=self.terminated[:, index].copy(),
                 truncated=self.truncated[:, index].copy(),
-                log_probs=np.stack([lp[index] for lp in self.log_probs]).astype(np.float32),
-                logits=np.stack([lg[index] for lg in self.logits]).astype(np.float32) if self.logits else None,
-                next_obs=next_obs[index],
+                log_probs=self.log_probs[:, index].copy(),
+                logits=self.logits[:, index].copy() if self.logits is not None else None,
+                next_obs=select(self.obs, (n_steps, index)),
                 final_obs=(stack_obs([o for _, o in self.final_obs[index]]) if self.final_obs[index]
-                           else empty_like_batch(next_obs[index])),
+                           else empty_like_batch(select(self.obs, (n_steps, index)))),
                 final_obs_steps=np.array([s for s, _ in self.final_obs[index]], dtype=np.int64),
                 episode_returns=np.array([r for r, _ in self.episodes[index]], dtype=np.float64),
                 episode_lengths=np.array([n for _, n in self.episodes[index]], dtype=np.int64),
@@ -127,56 +126,82 @@ class ActorGroup:
         """The agent's random stream for one rollout, from (agent seeds, rollout id)."""
         return torch.Generator().manual_seed(derive_seed(*self.agent_seeds, rollout_id))
 
+    def numpy_generator(self, rollout_id: int) -> np.random.Generator:
+        """The agent's numpy random stream for one rollout (``LogitsActFunction``), from (agent seeds, rollout id)."""
+        return np.random.default_rng(derive_seed(*self.agent_seeds, rollout_id))
+
     def run(
         self, act: ActFunction, rollout_id: int, policy_version: int, cut_at_end: bool, worker: str = ""
     ) -> list[RolloutRecord]:
-        """Step every env ``n_rollout_steps`` times and return one record per actor."""
+        """Step every env ``n_rollout_steps`` times and return one record per actor.
+
+        Everything lands in preallocated ``[T, n, ...]`` buffers; a ``LogitsActFunction`` samples in numpy.
+        """
         continues_previous = self.next_rollout_id == rollout_id
         if not continues_previous:
             self.reset(rollout_id)
-        generator = self.generator(rollout_id)
         n_envs, n_steps = len(self.envs), self.n_rollout_steps
-        obs_steps: list[Obs] = []
-        actions, log_probs, logits = [], [], []
+        obs = map_tree(lambda first: np.empty((n_steps + 1, n_envs, *first.shape), first.dtype), self._obs[0])
+        self._write_obs(obs, 0, self._obs)
+        buffers: dict[str, np.ndarray] = {}
         rewards = np.zeros((n_steps, n_envs), dtype=np.float32)
         terminated = np.zeros((n_steps, n_envs), dtype=bool)
         truncated = np.zeros((n_steps, n_envs), dtype=bool)
         final_obs: list[list[tuple[int, Obs]]] = [[] for _ in self.envs]
         episodes: list[list[tuple[float, int]]] = [[] for _ in self.envs]
+        act_numpy = act.act_numpy if isinstance(act, LogitsActFunction) else None
+        rng = self.numpy_generator(rollout_id) if act_numpy is not None else None
+        generator = self.generator(rollout_id) if act_numpy is None else None
         with torch.inference_mode():
             for step in range(n_steps):
-                batch = self._stack_current_obs(step)
-                obs_steps.append(batch)
-                out = act(to_tensor(batch), generator)
-                step_actions = out.actions.cpu().numpy()
-                step_log_probs = out.log_probs.cpu().numpy()
-                step_logits = out.logits.cpu().numpy() if out.logits is not None else None
+                batch = torch.from_numpy(obs[step]) if isinstance(obs, np.ndarray) else to_tensor(select(obs, step))
+                step_logits: np.ndarray | None
+                if act_numpy is not None and rng is not None:
+                    step_actions, step_log_probs, step_logits = act_numpy(batch, rng)
+                else:
+                    assert generator is not None
+                    out = act(batch, generator)
+                    step_actions = out.actions.cpu().numpy()
+                    step_log_probs = out.log_probs.cpu().numpy()
+                    step_logits = out.logits.cpu().numpy() if out.logits is not None else None
                 self._check_policy_step(step, step_actions, step_log_probs, step_logits)
-                actions.append(step_actions)
-                log_probs.append(step_log_probs)
-                if step_logits is not None:
-                    logits.append(step_logits)
-                for index, env in enumerate(self.envs):
-                    obs, reward, term, trunc, _ = env.step(step_actions[index])
-                    self._step_bookkeeping(index, step, obs, reward, term, trunc, rewards, terminated, truncated,
-                                           final_obs, episodes)
+                self._store_policy_step(buffers, rollout_id, step, step_actions, step_log_probs, step_logits)
+                self._step_envs(step, step_actions, obs, rewards, terminated, truncated, final_obs, episodes)
         if cut_at_end:
             for index in range(n_envs):
                 if not (terminated[-1, index] or truncated[-1, index]):
                     truncated[-1, index] = True
-                    final_obs[index].append((n_steps - 1, self._obs[index]))
+                    final_obs[index].append((n_steps - 1, select(obs, (n_steps, index))))
             self.next_rollout_id = None
         else:
             self.next_rollout_id = rollout_id + 1
-        steps = RolloutSteps(obs=obs_steps, actions=actions, log_probs=log_probs, logits=logits, rewards=rewards,
-                             terminated=terminated, truncated=truncated, final_obs=final_obs, episodes=episodes)
-        try:
-            records = steps.records(self.actor_ids, self._obs, policy_version, rollout_id, worker, continues_previous)
-        except ValueError as error:  # arrays of different shapes across steps
-            raise EnvError(f"observations or actions changed shape during rollout {rollout_id}; {SPACES_HINT}") \
-                from error
+        self._obs = [select(obs, (n_steps, index)) for index in range(n_envs)]
+        steps = RolloutSteps(obs=obs, actions=buffers["actions"], log_probs=buffers["log_probs"],
+                             logits=buffers.get("logits"), rewards=rewards, terminated=terminated,
+                             truncated=truncated, final_obs=final_obs, episodes=episodes)
+        records = steps.records(self.actor_ids, policy_version, rollout_id, worker, continues_previous)
         self._check_spaces_kept(records)
         return records
+
+    def _store_policy_step(self, buffers: dict[str, np.ndarray], rollout_id: int, step: int, actions: np.ndarray,
+                           log_probs: np.ndarray, logits: np.ndarray | None) -> None:
+        """Write one step's policy outputs into ``[T, n, ...]`` buffers, allocated from the first step's."""
+        n_steps = self.n_rollout_steps
+        if step == 0:
+            buffers["actions"] = np.empty((n_steps, *actions.shape), actions.dtype)
+            buffers["log_probs"] = np.empty((n_steps, *log_probs.shape), np.float32)
+            if logits is not None:
+                buffers["logits"] = np.empty((n_steps, *logits.shape), np.float32)
+        stored = buffers.get("logits")
+        if (actions.shape != buffers["actions"].shape[1:] or actions.dtype != buffers["actions"].dtype
+                or log_probs.shape != buffers["log_probs"].shape[1:] or (stored is None) != (logits is None)
+                or (stored is not None and logits is not None and logits.shape != stored.shape[1:])):
+            raise EnvError(f"actions, log-probs or logits changed shape, dtype or presence at step {step} of rollout "
+                           f"{rollout_id} (actions now {actions.dtype}{list(actions.shape)}); {SPACES_HINT}")
+        buffers["actions"][step] = actions
+        buffers["log_probs"][step] = log_probs
+        if stored is not None:
+            stored[step] = logits
 
     def _check_policy_step(self, step: int, actions: np.ndarray, log_probs: np.ndarray,
                            logits: np.ndarray | None) -> None:
@@ -200,52 +225,67 @@ class ActorGroup:
                 f"the policy's weights (a diverged update?) and the observations it got"
             )
 
-    def _stack_current_obs(self, step: int) -> Obs:
+    def _write_obs(self, obs: Obs, row: int, observations: Sequence[Obs]) -> None:
+        """Stack one observation per env into ``obs[row]``, refusing a changed shape or dtype."""
         try:
-            return stack_obs(self._obs)
-        except ValueError as error:  # observations of different shapes
-            shapes = {actor: [np.shape(value) for value in flatten_obs(obs, "obs").values()]
-                      for actor, obs in zip(self.actor_ids, self._obs, strict=True)}
-            raise EnvError(f"observations changed shape at step {step} of the rollout ({shapes}); {SPACES_HINT}") \
-                from error
+            if isinstance(obs, np.ndarray):  # Box or Discrete observations: no tree walk
+                np.stack(observations, out=obs[row], casting="no")  # type: ignore[call-overload]
+            else:
+                map_tree(lambda out, *leaves: np.stack(leaves, out=out[row], casting="no"), obs, *observations)
+        except (ValueError, TypeError, KeyError) as error:  # another shape, dtype or set of keys
+            found = {actor: [(np.shape(value), np.asarray(value).dtype.name)
+                             for value in flatten_obs(to_array(one), "obs").values()]
+                     for actor, one in zip(self.actor_ids, observations, strict=True)}
+            expected = [(array.shape[2:], array.dtype.name) for array in flatten_obs(obs, "obs").values()]
+            raise EnvError(f"observations changed shape or dtype at step {row} of the rollout ({found}, expected "
+                           f"{expected}); {SPACES_HINT}") from error
 
     def _check_spaces_kept(self, records: list[RolloutRecord]) -> None:
-        """Refuse envs whose observations or actions change shape or dtype during a run."""
-        for record in records:
-            signature = record_signature(record)
-            if self._signature is None:
-                self._signature = signature
-            elif signature != self._signature:
-                changed = differing_arrays(signature, self._signature)
-                before = [self._signature.get(name) for name in changed]
-                after = [signature.get(name) for name in changed]
-                raise EnvError(
-                    f"actor {record.actor_id}'s {changed} changed shape or dtype during the run (from {before} to "
-                    f"{after}); {SPACES_HINT}"
-                )
-
-    def _step_bookkeeping(self, index: int, step: int, env_obs: object, reward: SupportsFloat, term: bool,
-                          trunc: bool, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                          final_obs: list[list[tuple[int, Obs]]], episodes: list[list[tuple[float, int]]]) -> None:
-        obs = to_array(env_obs)
-        if not math.isfinite(reward):
+        """Refuse envs whose observations or actions change shape or dtype during a run (the records of one
+        rollout are views of the same buffers: one signature holds for all of them)."""
+        signature = record_signature(records[0])
+        if self._signature is None:
+            self._signature = signature
+        elif signature != self._signature:
+            changed = differing_arrays(signature, self._signature)
+            before = [self._signature.get(name) for name in changed]
+            after = [signature.get(name) for name in changed]
             raise EnvError(
-                f"actor {self.actor_ids[index]}'s env returned reward {reward} at step {step} of the rollout; "
-                f"rewards must be finite numbers: fix the env or wrap it to clip or replace them"
+                f"actors {self.actor_ids}' {changed} changed shape or dtype during the run (from {before} to "
+                f"{after}); {SPACES_HINT}"
             )
-        rewards[step, index] = reward
-        terminated[step, index] = term
-        truncated[step, index] = trunc and not term
-        self._returns[index] += reward
-        self._lengths[index] += 1
-        if term or trunc:
-            if trunc and not term:
-                final_obs[index].append((step, obs))
-            episodes[index].append((float(self._returns[index]), int(self._lengths[index])))
-            self._returns[index] = 0.0
-            self._lengths[index] = 0
-            obs = to_array(self.envs[index].reset()[0])
-        self._obs[index] = obs
+
+    def _step_envs(self, step: int, actions: np.ndarray, obs: Obs, rewards: np.ndarray, terminated: np.ndarray,
+                   truncated: np.ndarray, final_obs: list[list[tuple[int, Obs]]],
+                   episodes: list[list[tuple[float, int]]]) -> None:
+        """Step each env once; the bookkeeping is vectorized over the group, and ended episodes restart."""
+        results = [env.step(action) for env, action in zip(self.envs, actions, strict=True)]
+        observations: list[object] = [result[0] for result in results]
+        outcomes = np.array([(float(result[1]), result[2], result[3]) for result in results])  # [n, (r, term, trunc)]
+        step_rewards = outcomes[:, 0]
+        term = outcomes[:, 1] != 0.0
+        trunc = (outcomes[:, 2] != 0.0) & ~term
+        if not np.isfinite(step_rewards).all():
+            index = int(np.flatnonzero(~np.isfinite(step_rewards))[0])
+            raise EnvError(
+                f"actor {self.actor_ids[index]}'s env returned reward {results[index][1]} at step {step} of the "
+                f"rollout; rewards must be finite numbers: fix the env or wrap it to clip or replace them"
+            )
+        rewards[step] = step_rewards
+        terminated[step] = term
+        truncated[step] = trunc
+        self._returns += step_rewards
+        self._lengths += 1
+        done = term | trunc
+        if done.any():
+            for index in np.flatnonzero(done).tolist():
+                if trunc[index]:
+                    final_obs[index].append((step, map_tree(np.array, observations[index])))  # a copy
+                episodes[index].append((float(self._returns[index]), int(self._lengths[index])))
+                self._returns[index] = 0.0
+                self._lengths[index] = 0
+                observations[index] = self.envs[index].reset()[0]
+        self._write_obs(obs, step + 1, observations)  # type: ignore[arg-type]
 
     def close(self) -> None:
         for env in self.envs:

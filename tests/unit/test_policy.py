@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
@@ -9,10 +10,12 @@ from gymnasium import spaces
 from rqrl.errors import PolicyError
 from rqrl.policy import (
     ActorPolicy,
+    LogitsActFunction,
     PolicyStep,
     categorical_step,
     check_state_dict,
     make_act_function,
+    sample_logits,
     state_dict_of,
 )
 from tests import fixtures
@@ -168,3 +171,50 @@ def test_categorical_step_frequencies_follow_the_probabilities():
     step = categorical_step(logits, torch.Generator().manual_seed(7))
     frequencies = torch.bincount(step.actions, minlength=3).float() / 20000
     torch.testing.assert_close(frequencies, probs, atol=0.02, rtol=0)
+
+
+# ---- numpy sampling of a plain module's logits (the rollouts' fast path, issue 10) ----------------------
+
+
+def test_sample_logits_draws_from_the_softmax_and_gives_its_log_probs():
+    logits = np.tile(np.array([[0.5, 1.5, -1.0, 2.0]], np.float32), (200_000, 1))
+    actions, log_probs = sample_logits(logits, np.random.default_rng(0))
+    expected = torch.softmax(torch.from_numpy(logits[0]), dim=-1).numpy()
+    frequencies = np.bincount(actions, minlength=4) / len(actions)
+    assert np.abs(frequencies - expected).max() < 0.01  # about 10 standard deviations
+    assert actions.dtype == np.int64 and log_probs.dtype == np.float32
+    np.testing.assert_allclose(log_probs, np.log(expected)[actions], rtol=1e-5)
+
+
+def test_sample_logits_is_reproducible_from_the_seed_and_varies_with_it():
+    logits = np.random.default_rng(1).normal(size=(500, 4)).astype(np.float32)
+    first = sample_logits(logits, np.random.default_rng(42))
+    again = sample_logits(logits, np.random.default_rng(42))
+    other = sample_logits(logits, np.random.default_rng(43))
+    assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])
+    assert not np.array_equal(first[0], other[0])
+
+
+@pytest.mark.parametrize("masked", [[0], [1, 2], [3], [0, 3]])
+def test_sample_logits_never_draws_a_masked_action(masked):
+    logits = np.zeros((20_000, 4), np.float32)
+    logits[:, masked] = -np.inf
+    actions, log_probs = sample_logits(logits, np.random.default_rng(0))
+    assert not np.isin(actions, masked).any()
+    assert set(actions.tolist()) == set(range(4)) - set(masked)
+    np.testing.assert_allclose(log_probs, -np.log(4 - len(masked)), rtol=1e-6)
+
+
+def test_a_plain_module_acts_through_numpy_with_its_own_logits():
+    policy = fixtures.mlp_policy(obs_size=4, n_actions=3, seed=0)
+    act = make_act_function(policy, spaces.Discrete(3))
+    assert isinstance(act, LogitsActFunction)
+    obs = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        step = act.act_numpy(obs, np.random.default_rng(0))
+        np.testing.assert_array_equal(step.logits, policy(obs).numpy())
+        torch_step = act(obs, torch.Generator().manual_seed(0))  # the ActFunction protocol still samples in torch
+    assert step.actions.shape == (6,) and step.actions.dtype == np.int64
+    assert torch_step.actions.shape == (6,)
+    np.testing.assert_allclose(step.log_probs, torch.log_softmax(torch.from_numpy(step.logits), -1).numpy()[
+        np.arange(6), step.actions], rtol=1e-5)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
 
 from rqrl.errors import ConfigError, PolicyError
-from rqrl.policy import make_act_function
+from rqrl.policy import categorical_step, make_act_function
 from rqrl.rollout import ActorGroup, derive_seed
 from tests import fixtures
 
@@ -311,3 +312,94 @@ def test_masked_actions_with_minus_infinite_logits_are_fine():
     records = group.run(make_act_function(Masked(), group.action_space), rollout_id=0, policy_version=1,
                         cut_at_end=False)
     assert all((record.actions == 0).all() for record in records)
+
+
+# ---- the preallocated buffers and the Box fast path keep every record field (issue 10) ---------------------
+
+
+def _short_cartpole():
+    return gymnasium.make("CartPole-v1", max_episode_steps=12)  # truncations inside every rollout
+
+
+class _AsDict(gymnasium.ObservationWrapper):
+    """CartPole's Box observation as {"x": obs}: the tree path of the same env."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.observation_space = gymnasium.spaces.Dict({"x": env.observation_space})
+
+    def observation(self, observation):
+        return {"x": observation}
+
+
+class _EitherObsPolicy(torch.nn.Module):
+    """One MLP's logits for a Box batch or for {"x": batch}; with ``sample_in_act`` it samples itself (torch)."""
+
+    def __init__(self, sample_in_act: bool):
+        super().__init__()
+        self.inner = fixtures.mlp_policy(seed=3)
+        if sample_in_act:
+            self.act = lambda obs, generator: categorical_step(self(obs), generator)
+
+    def forward(self, obs):
+        return self.inner(obs["x"] if isinstance(obs, dict) else obs)
+
+
+@pytest.mark.parametrize("sample_in_act", [False, True], ids=["logits-numpy", "act-torch"])
+def test_box_observations_give_the_records_of_the_same_env_behind_a_dict(sample_in_act):
+    runs = {}
+    for name, factory in (("box", _short_cartpole), ("dict", lambda: _AsDict(_short_cartpole()))):
+        group, act = group_and_act(factory, 3, 16, policy=_EitherObsPolicy(sample_in_act))
+        runs[name] = [group.run(act, rollout_id, 1, cut_at_end=rollout_id == 1) for rollout_id in range(3)]
+    assert any(len(record.final_obs_steps) for records in runs["box"] for record in records)
+    for box_records, dict_records in zip(runs["box"], runs["dict"], strict=True):
+        for box, tree in zip(box_records, dict_records, strict=True):
+            for name in ("obs", "next_obs", "final_obs"):
+                np.testing.assert_array_equal(getattr(box, name), getattr(tree, name)["x"])
+                assert getattr(box, name).dtype == getattr(tree, name)["x"].dtype == np.float32
+            for name in ("actions", "rewards", "terminated", "truncated", "log_probs", "logits", "final_obs_steps",
+                         "episode_returns", "episode_lengths"):
+                np.testing.assert_array_equal(getattr(box, name), getattr(tree, name))
+                assert getattr(box, name).dtype == getattr(tree, name).dtype
+            assert box.continues_previous == tree.continues_previous
+
+
+def test_records_do_not_share_memory_with_the_next_rollout():
+    group, act = group_and_act(_short_cartpole, 2, 10)
+    first = group.run(act, 0, 1, cut_at_end=False)
+    saved = [(record.obs.copy(), record.next_obs.copy(), record.actions.copy()) for record in first]
+    group.run(act, 1, 1, cut_at_end=False)
+    for record, (obs, next_obs, actions) in zip(first, saved, strict=True):
+        np.testing.assert_array_equal(record.obs, obs)
+        np.testing.assert_array_equal(record.next_obs, next_obs)
+        np.testing.assert_array_equal(record.actions, actions)
+
+
+def test_the_numpy_sampled_actions_follow_the_policy():
+    class Biased(torch.nn.Module):
+        def forward(self, obs):
+            return torch.tensor([[0.0, 2.0]]).expand(obs.shape[0], 2)  # p(action 1) = 0.881
+
+    group, _ = group_and_act(fixtures.make_cartpole, 8, 250)
+    records = group.run(make_act_function(Biased(), group.action_space), 0, 1, cut_at_end=False)
+    actions = np.concatenate([record.actions for record in records])
+    assert abs(actions.mean() - 1 / (1 + np.exp(-2.0))) < 0.03  # 2,000 draws: about 4 standard deviations
+    np.testing.assert_allclose(np.concatenate([record.log_probs for record in records]),
+                               np.where(actions == 1, -np.log1p(np.exp(-2.0)), -np.log1p(np.exp(2.0))), rtol=1e-5)
+
+
+class _DtypeSwitchingEnv(fixtures.CountingEnv):
+    """Returns float64 observations from its 3rd step on (the space says float32)."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return (obs.astype(np.float64) if self.count >= 3 else obs), reward, terminated, truncated, info
+
+
+def test_an_env_that_changes_its_observation_dtype_mid_rollout_is_refused_with_the_fix():
+    from rqrl.errors import EnvError
+
+    group = ActorGroup(lambda: _DtypeSwitchingEnv(length=50), [0], [1], [2], 8)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    with pytest.raises(EnvError, match=r"changed shape or dtype at step 3 .*float64.* fix the env factory"):
+        group.run(act, 0, 1, cut_at_end=False)
