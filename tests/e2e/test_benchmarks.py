@@ -29,3 +29,13 @@ def test_actors_throughput_prints_rqrl_reference_and_loop_for_each_configuration
     for row in rows:
         rates = [cell.strip().replace(",", "") for cell in row.strip("|").split("|")][2:4]
         assert all(float(rate) > 0 for rate in rates), row
+
+
+@pytest.mark.timeout(200)
+def test_rollout_loop_prints_loop_and_reference_per_env() -> None:
+    out = run_benchmark("rollout_loop.py", "--envs", "2", "--env-ids", "CartPole-v1", "--steps", "8",
+                        "--rollouts", "3", "--rounds", "1")
+    rows = [line for line in out.splitlines() if line.startswith("| CartPole-v1 | 2 |")]
+    assert len(rows) == 1, out
+    cells = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
+    assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[4]) > 0, rows[0]
