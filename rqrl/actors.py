@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import secrets
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -40,7 +39,7 @@ from rqrl.inbox import Inbox, probe_spec
 from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
 from rqrl.observations import stack_obs, to_array, to_tensor
-from rqrl.options import DEFAULTS, RunOptions
+from rqrl.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
 from rqrl.policy import Policy, as_state_dict, check_state_dict, make_act_function, state_dict_of
 from rqrl.process import ProcessContext
 from rqrl.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
@@ -148,69 +147,22 @@ class RedisDistributedActors(DistributedActors):
         options: RunOptions | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
-        given = RunOptions(redis_url=redis_url, run_name=run_name, queue_name=queue_name,
-                           n_local_workers=n_local_workers, actors_per_job=actors_per_job, start_method=start_method,
-                           collect_timeout=collect_timeout, no_worker_timeout=no_worker_timeout,
-                           min_job_seconds=min_job_seconds, max_job_seconds=max_job_seconds, secret=secret,
-                           hang_seconds=hang_seconds, resume=resume, redis_outage_seconds=redis_outage_seconds,
-                           worker_redis_url=worker_redis_url, redis_server=redis_server)
-        if options is None:
-            options = given
-        else:
-            both = sorted(spec.name for spec in dataclasses.fields(RunOptions)
-                          if getattr(given, spec.name) != getattr(DEFAULTS, spec.name))
-            if both:
-                raise ConfigError(f"got options= and the keyword options {both}; pass them inside options= "
-                                  f"(dataclasses.replace(options, ...)) or leave options= out")
-        bound = queue_bound(batch_size, queue_out_of_sync_factor)
+        options = choose_options(options, RunOptions(
+            redis_url=redis_url, run_name=run_name, queue_name=queue_name, n_local_workers=n_local_workers,
+            actors_per_job=actors_per_job, start_method=start_method, collect_timeout=collect_timeout,
+            no_worker_timeout=no_worker_timeout, min_job_seconds=min_job_seconds, max_job_seconds=max_job_seconds,
+            secret=secret, hang_seconds=hang_seconds, resume=resume, redis_outage_seconds=redis_outage_seconds,
+            worker_redis_url=worker_redis_url, redis_server=redis_server))
         self.queue_out_of_sync_factor = queue_out_of_sync_factor
         self.actor_env_seeds = check_seeds("actor_env_seeds", actor_env_seeds, n_actors, 0)
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
-        url = options.redis_url
-        if url is None and connection is None and self._honours_redis_url_variable:
-            url = os.environ.get("REDIS_URL")
-        self.redis_url = url
+        self.redis_url = self._redis_url(options, connection)
         self.embedded = connection is None and not self.redis_url
-        secret = options.secret or (secrets.token_hex(32) if self.embedded else None)
-        if not secret:
-            raise ConfigError(
-                "an external Redis needs a shared secret to sign the env factory and policy that workers unpickle: "
-                "pass secret=... (e.g. secret=os.environ[\"RQRL_SECRET\"]) and start the workers with the same "
-                "RQRL_SECRET"
-            )
-        self.secret: str | bytes = secret
-        n_local_workers = options.n_local_workers
-        if n_local_workers is None:
-            n_local_workers = min(n_actors, os.cpu_count() or 1) if self.embedded else 0
-        actors_per_job = options.actors_per_job
-        if actors_per_job is None:
-            actors_per_job = math.ceil(n_actors / n_local_workers) if n_local_workers else 1
-        if not 1 <= actors_per_job <= n_actors:
-            raise ConfigError(f"expected 1 <= actors_per_job <= n_actors ({n_actors}), got {actors_per_job}")
-        if options.worker_redis_url and self.embedded:
-            raise ConfigError("worker_redis_url is for an external Redis; pass redis_url too, or leave both out "
-                              "to use an embedded Redis")
-        if n_local_workers and not (self.embedded or self.redis_url or options.worker_redis_url):
-            raise ConfigError(f"n_local_workers={n_local_workers} needs a URL for the workers to connect to, and an "
-                              f"injected connection has none; pass redis_url (or worker_redis_url) too")
-        self.options = dataclasses.replace(options, n_local_workers=n_local_workers, actors_per_job=actors_per_job)
-        self.config = RunConfig(
-            run_name=options.run_name or f"run-{uuid.uuid4().hex[:8]}",
-            run_id=uuid.uuid4().hex,
-            queue_name=options.queue_name,
-            n_rollout_steps=n_rollout_steps,
-            n_actors=n_actors,
-            batch_size=batch_size,
-            queue_bound=bound,
-            actor_env_seeds=self.actor_env_seeds,
-            actor_agent_seeds=self.actor_agent_seeds,
-            actor_groups=split_actors(n_actors, actors_per_job),
-            min_job_seconds=options.min_job_seconds,
-            max_job_seconds=options.max_job_seconds,
-            hang_seconds=options.hang_seconds,
-        )
+        self.secret: str | bytes = run_secret(options, self.embedded)
+        self.options = resolve_workers(options, n_actors, self.embedded, bool(self.redis_url))
+        self.config = self._run_config(queue_bound(batch_size, queue_out_of_sync_factor))
         self.keys = RunKeys(self.config.run_name)
-        self.n_local_workers = n_local_workers
+        self.n_local_workers: int = self.options.n_local_workers or 0
         self.connection = connection
         self.local_workers = LocalWorkers(options.start_method, options.redis_server)
         self._policy_state = state_dict_of(policy)
@@ -222,6 +174,24 @@ class RedisDistributedActors(DistributedActors):
         self._last_state_dict: Mapping[str, torch.Tensor] | None = None
         self._supervisor: Supervisor | None = None
         self._transport: tuple[WeightStore, TrajectoryQueue, Queue, RunStore] | None = None
+
+    def _redis_url(self, options: RunOptions, connection: redis.Redis | None) -> str | None:
+        """The URL given, else (without an injected connection) REDIS_URL, the ecosystem's convention."""
+        if options.redis_url is None and connection is None and self._honours_redis_url_variable:
+            return os.environ.get("REDIS_URL")
+        return options.redis_url
+
+    def _run_config(self, bound: int) -> RunConfig:
+        """What the learner writes to Redis once and every worker reads."""
+        options = self.options
+        assert options.actors_per_job is not None, "resolve_workers fills in actors_per_job"
+        return RunConfig(
+            run_name=options.run_name or f"run-{uuid.uuid4().hex[:8]}", run_id=uuid.uuid4().hex,
+            queue_name=options.queue_name, n_rollout_steps=self.n_rollout_steps, n_actors=self.n_actors,
+            batch_size=self.batch_size, queue_bound=bound, actor_env_seeds=self.actor_env_seeds,
+            actor_agent_seeds=self.actor_agent_seeds, actor_groups=split_actors(self.n_actors, options.actors_per_job),
+            min_job_seconds=options.min_job_seconds, max_job_seconds=options.max_job_seconds,
+            hang_seconds=options.hang_seconds)
 
     @property
     def run_name(self) -> str:

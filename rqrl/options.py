@@ -9,7 +9,10 @@ rqrl.errors.ConfigError: expected collect_timeout > 0, got 0
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+import secrets
 from dataclasses import dataclass, field
 
 from rqrl.errors import ConfigError
@@ -82,3 +85,47 @@ def _check_positive(name: str, value: object) -> None:
 
 DEFAULTS = RunOptions()
 """The defaults, for signatures that spell the options out (``collect_timeout=DEFAULTS.collect_timeout``)."""
+
+
+def choose_options(options: RunOptions | None, keywords: RunOptions) -> RunOptions:
+    """``options=`` or the options given one by one as keywords, never a mix of both."""
+    if options is None:
+        return keywords
+    both = sorted(spec.name for spec in dataclasses.fields(RunOptions)
+                  if getattr(keywords, spec.name) != getattr(DEFAULTS, spec.name))
+    if both:
+        raise ConfigError(f"got options= and the keyword options {both}; pass them inside options= "
+                          f"(dataclasses.replace(options, ...)) or leave options= out")
+    return options
+
+
+def run_secret(options: RunOptions, embedded: bool) -> str | bytes:
+    """The secret that signs the run's payloads: the given one, else a fresh one for an embedded Redis."""
+    secret = options.secret or (secrets.token_hex(32) if embedded else None)
+    if not secret:
+        raise ConfigError(
+            "an external Redis needs a shared secret to sign the env factory and policy that workers unpickle: "
+            "pass secret=... (e.g. secret=os.environ[\"RQRL_SECRET\"]) and start the workers with the same "
+            "RQRL_SECRET"
+        )
+    return secret
+
+
+def resolve_workers(options: RunOptions, n_actors: int, embedded: bool, has_url: bool) -> RunOptions:
+    """``options`` with n_local_workers (one per core with an embedded Redis, else none) and actors_per_job
+    (actors spread evenly over the local workers, else one per job) filled in and checked against the run."""
+    n_local_workers = options.n_local_workers
+    if n_local_workers is None:
+        n_local_workers = min(n_actors, os.cpu_count() or 1) if embedded else 0
+    actors_per_job = options.actors_per_job
+    if actors_per_job is None:
+        actors_per_job = math.ceil(n_actors / n_local_workers) if n_local_workers else 1
+    if not 1 <= actors_per_job <= n_actors:
+        raise ConfigError(f"expected 1 <= actors_per_job <= n_actors ({n_actors}), got {actors_per_job}")
+    if options.worker_redis_url and embedded:
+        raise ConfigError("worker_redis_url is for an external Redis; pass redis_url too, or leave both out "
+                          "to use an embedded Redis")
+    if n_local_workers and not (embedded or has_url or options.worker_redis_url):
+        raise ConfigError(f"n_local_workers={n_local_workers} needs a URL for the workers to connect to, and an "
+                          f"injected connection has none; pass redis_url (or worker_redis_url) too")
+    return dataclasses.replace(options, n_local_workers=n_local_workers, actors_per_job=actors_per_job)
