@@ -27,7 +27,7 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from rqrl.codec import loads_object, records_key, secret_bytes, weights_key
-from rqrl.errors import LeaseLostError, RecordError, RunStoppedError, SignatureError
+from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError, SignatureError
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder, recorded_progress, start_rollout
 from rqrl.policy import ActFunction, Policy, make_act_function
@@ -258,6 +258,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
     lease: GroupLease | None = None
     try:
         config = read_config(connection, run_name)
+        _check_job_arguments(config, group_id, rollout_id)
         token = uuid.uuid4().hex  # this job run's pushes: tells a retried push from another job's rollout
         # the lease first: unpickling and building envs can take a while, and the reaper must not
         # mistake a job that is still starting for a dead one
@@ -318,6 +319,8 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
     except RunStoppedError:
         _drop_context(run_name)
         return {"rollouts": rollout_id - first_rollout, "stopped": True}
+    except ForbiddenJobError:
+        raise  # a job rqrl did not enqueue: into RQ's failed registry, never reported as the run's failure
     except LeaseLostError:
         log.warning("job %s lost actor group %d to another job; stopping", job.id, group_id)
         # its envs may be ahead of what was pushed: whoever runs the group here next starts afresh
@@ -333,6 +336,16 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
     finally:
         if lease is not None:
             lease.release()
+
+
+def _check_job_arguments(config: RunConfig, group_id: object, rollout_id: object) -> None:
+    """Refuse job arguments no learner enqueues (job data is anyone's who can write to Redis): a group id
+    outside the run's groups (-1 would alias the last group under another lease) or a negative rollout id."""
+    if not (type(group_id) is int and 0 <= group_id < len(config.actor_groups)):
+        raise ForbiddenJobError(f"refusing a job for actor group {group_id!r}: run {config.run_name!r} has groups "
+                                f"0..{len(config.actor_groups) - 1}")
+    if not (type(rollout_id) is int and rollout_id >= 0):
+        raise ForbiddenJobError(f"refusing a job starting at rollout {rollout_id!r}: expected an int >= 0")
 
 
 def _drop_group(run_name: str, group_id: int) -> None:

@@ -15,7 +15,7 @@ import redis
 import torch
 
 from rqrl import ActorFailedError, CollectTimeoutError, NoWorkersError, RedisDistributedActors, RolloutEvents
-from rqrl.rq_safety import rollout_queue
+from rqrl.rq_safety import failed_registry, rollout_queue
 from tests import fixtures
 from tests.conftest import TEST_SECRET
 from tests.processes import WorkerProcesses
@@ -168,6 +168,28 @@ def test_a_job_that_asks_for_rollout_ten_to_the_nine_starts_from_the_recorded_pr
             collect(actors, 1, delivered)  # the running job yields to it within min_job_seconds
         collect(actors, 6, delivered)
     assert max(r for _, r, _ in delivered) < 1000
+    assert_contiguous(delivered)
+
+
+@pytest.mark.parametrize("group_id, rollout_id", [(-1, 0), ("0", 0), (0, -5)],
+                         ids=["group-minus-one", "group-as-text", "negative-rollout"])
+def test_a_job_with_arguments_no_learner_enqueues_is_refused_and_not_reported(connection, redis_url, run_name,
+                                                                              workers, group_id, rollout_id):
+    one_worker(workers, connection)
+    delivered: list[tuple[int, int, bool]] = []
+    with actors_on_workers(redis_url, run_name, min_job_seconds=0.2) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        collect(actors, 2, delivered)
+        forged = rollout_queue("rqrl", connection).enqueue("rqrl.jobs.run_actor_group", run_name, group_id,
+                                                           rollout_id, job_id=f"forged-{run_name}", result_ttl=0)
+        failed = failed_registry("rqrl", connection)
+        deadline = time.monotonic() + 30
+        while forged.id not in failed.get_job_ids():
+            assert time.monotonic() < deadline, "the forged job never failed"
+            collect(actors, 1, delivered)  # no ActorFailedError: the refusal is not the run's failure
+        collect(actors, 3, delivered)
+        assert "ForbiddenJobError" in (forged.fetch(forged.id, connection).exc_info or "")
+        assert not connection.exists(actors.keys.lease(-1))
     assert_contiguous(delivered)
 
 
