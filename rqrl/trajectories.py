@@ -83,14 +83,16 @@ redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', rollout - 1))
 return string.format('%d', marker)
 """
 
-# An acknowledged counter that is no integer >= 0 (no rqrl process writes one) makes the list's
-# indices unknown: both keys are deleted, nothing is popped, and {-1} tells the caller to realign.
+# An acknowledged counter that is no plain integer >= 0 of at most 15 digits (no rqrl process writes
+# another; tonumber would take 'inf' or '1e300', which Redis turns into -2^63) makes the list's indices
+# unknown: both keys are deleted, nothing is popped, and {-1} tells the caller to realign.
 _POP_UNACKNOWLEDGED = """
-local head = tonumber(redis.call('GET', KEYS[3]) or '0')
-if head == nil or head < 0 or head ~= math.floor(head) then
+local raw = redis.call('GET', KEYS[3]) or '0'
+if not string.match(raw, '^%d+$') or #raw > 15 then
   redis.call('DEL', KEYS[2], KEYS[3])
   return {-1}
 end
+local head = tonumber(raw)
 local done = tonumber(ARGV[2])
 if done < 0 then
   done = head + redis.call('LLEN', KEYS[2])

@@ -346,3 +346,20 @@ def test_rollouts_over_the_value_limit_together_are_pushed_in_several_calls(conn
     report = queue.push([rollout(0, 0), rollout(1, 0), rollout(2, 0)], never_stopped)  # 5 bytes each
     assert report.duplicates == ()
     assert queue.pop_available(10) == [b"a0-r0", b"a1-r0", b"a2-r0"]
+
+
+@pytest.mark.parametrize("junk", ["abc", "inf", "1e300", "99999999999999999999", "-1", "1.5"])
+def test_an_acknowledged_counter_that_is_no_index_resets_the_list_instead_of_growing_it(connection, run_name, junk):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=5)
+    queue.try_push([rollout(0, 0)])
+    queue.pop(1)
+    connection.set(keys.acknowledged, junk)
+    with pytest.raises(QueueIndicesLost):
+        queue.pop(1, done_below=1)
+    assert not connection.exists(keys.acknowledged) and not connection.exists(keys.unacknowledged)
+    queue.try_push([rollout(0, 1)])
+    again = queue.pop(1)  # indices restart at 0 and the list is trimmed as before
+    assert (again.entries, again.first_index) == ([b"a0-r1"], 0)
+    queue.pop(0, done_below=1)
+    assert connection.llen(keys.unacknowledged) == 0
