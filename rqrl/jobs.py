@@ -327,11 +327,14 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         _drop_group(run_name, group_id)
         return {"rollouts": rollout_id - first_rollout, "lost": True}
     except Exception as error:
-        if lease is not None:
-            lease.mark_failed()
-            lease = None
+        still_ours = lease is None or lease.mark_failed()
+        lease = None
         _drop_group(run_name, group_id)  # the group's envs may be mid-step: rebuild them next time
-        _report_failure(connection, keys, job.id, group_id, rollout_id, error)
+        if still_ours:
+            _report_failure(connection, keys, job.id, group_id, rollout_id, error)
+        else:  # this job hung past its lease and another runs the group now: its failure is not the run's
+            log.warning("job %s failed after actor group %d moved to another job; not reporting: %s", job.id,
+                        group_id, error)
         raise
     finally:
         if lease is not None:

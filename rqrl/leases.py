@@ -56,6 +56,12 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[4])
 return 1
 """
+# KEYS[1] = lease; ARGV[1] = holder, ARGV[2] = the failed mark
+_MARK_FAILED = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""
 FAILED_PREFIX = "failed:"
 _TTL_SLACK_MS = 1000  # a lease's TTL may exceed lease_seconds by this much (clock and round-trip noise)
 
@@ -78,6 +84,7 @@ class GroupLease:
         self._stop = threading.Event()
         self._refresh = connection.register_script(_REFRESH)
         self._release = connection.register_script(_RELEASE)
+        self._mark_failed = connection.register_script(_MARK_FAILED)
         self._thread: threading.Thread | None = None
         self._next_rollout_id: int | None = None
 
@@ -122,10 +129,17 @@ class GroupLease:
         if self.lost:
             raise LeaseLostError(f"group {self.group_id} was taken over by another job; {self.holder} stops")
 
-    def mark_failed(self) -> None:
-        """Keep the group from being re-run after its job failed: the learner reports the failure instead."""
+    def mark_failed(self) -> bool:
+        """Keep the group from being re-run after its job failed (the learner reports the failure instead),
+        if the lease is still this job's; False when another job took the group over meanwhile (this one
+        had hung past its lease), which then runs on untouched."""
         self._stop.set()
-        self.connection.set(self.keys.lease(self.group_id), f"{FAILED_PREFIX}{self.holder}")
+        try:
+            return bool(self._mark_failed(keys=[self.keys.lease(self.group_id)],
+                                          args=[self.holder, f"{FAILED_PREFIX}{self.holder}"]))
+        except redis.RedisError as error:  # the failure is still reported; the reaper may re-run the group
+            log.warning("could not mark group %d failed: %s", self.group_id, error)
+            return True
 
     def release(self) -> None:
         self._stop.set()

@@ -119,12 +119,22 @@ def test_touch_keeps_a_waiting_job_from_being_judged_hung(connection, keys, leas
 def test_mark_failed_keeps_the_group_from_the_reaper(connection, keys, leases):
     lease = leases(connection, keys, lease_seconds=0.4)
     lease.acquire()
-    lease.mark_failed()
+    assert lease.mark_failed()
     time.sleep(1.0)  # the point: past the TTL, a failed group keeps its marker, with no TTL
     assert connection.get(keys.lease(0)) == b"failed:job-a"
     assert connection.pttl(keys.lease(0)) == -1
     reaper = Reaper(connection, keys, 1, min_interval=0.0)
     assert reaper.orphaned_groups("rq:queue:none") == [] and reaper.orphaned_groups("rq:queue:none") == []
+
+
+def test_a_job_that_failed_after_losing_its_group_leaves_the_new_holder_alone(connection, keys, leases):
+    hung = leases(connection, keys, holder="job-hung")
+    hung.acquire()
+    rescuer = leases(connection, keys, holder="job-rescuer")
+    rescuer.acquire()  # the reaper gave the group to another job while the first one hung
+    assert not hung.mark_failed()
+    assert connection.get(keys.lease(0)) == b"job-rescuer"
+    rescuer.record_progress(1)  # the rescuer's fence still holds: no LeaseLostError
 
 
 # ---- the protocol's functions -------------------------------------------------------------------------
