@@ -206,3 +206,22 @@ def test_a_gap_in_an_actors_rollout_ids_is_counted_and_the_rollout_after_it_cont
     assert inbox.rollouts_lost == 2
     assert inbox.stats.get_stats_value(RolloutEvents.rollouts_lost, name="sum") == 2
     assert [record.continues_previous for record in records] == [False, True, False, True]
+
+
+def test_an_actor_whose_tagged_rollouts_keep_arriving_past_the_bound_is_followed_after_three(run_name):
+    """A forged progress makes a worker with the secret carry on from a far rollout id: the first
+    tagged records past the bound are refused, then the actor's base follows them and the skip is
+    counted as lost, so the actor is not starved for good."""
+    inbox = new_inbox(run_name, max_rollout_gap=100)
+    inbox.accept([encoded(0, 0), encoded(0, 1)], first_index=0)
+    inbox.accept([encoded(0, 10_000 + step) for step in range(4)], first_index=2)
+    assert ids(inbox.peek(10)) == [(0, 0), (0, 1), (0, 10_002), (0, 10_003)]
+    assert inbox.rejected_by_reason["invalid"] == 2
+    assert inbox.rollouts_lost == 10_000
+
+
+def test_a_single_far_rollout_between_real_ones_stays_refused(run_name):
+    inbox = new_inbox(run_name, max_rollout_gap=100)
+    inbox.accept([encoded(0, 0), encoded(0, 10_000), encoded(0, 1), encoded(0, 10_001), encoded(0, 2)], first_index=0)
+    assert ids(inbox.peek(10)) == [(0, 0), (0, 1), (0, 2)]
+    assert inbox.rejected_by_reason["invalid"] == 2 and inbox.rollouts_lost == 0
