@@ -308,7 +308,7 @@ class RedisDistributedActors(DistributedActors):
             self.config = config
             self._transport = None  # its weights are signed under the adopted run id's key
             self._inbox = self._new_inbox(resumed=True)
-            self._inbox.published_version = self._weights.last_published()
+            self.policy_version = self._inbox.published_version = self._weights.last_published()
         self._supervisor = None
         self._started = True
         try:

@@ -172,6 +172,7 @@ def test_a_restarted_learner_takes_over_its_run_and_workers_never_notice(connect
                message=f"the worker filling the queue to its bound {bound}")
 
     with actors_on_workers(redis_url, run_name, n_actors=2, batch_size=resumed_batch_size, resume=True) as second:
+        assert second.policy_version == version_before, "the resumed learner counts lag from the run's version"
         second.broadcast_updated_policy(second.policy.state_dict())
         assert second.policy_version == version_before + 1
         after = [second.collect_outputs("cpu").record for _ in range(8 // resumed_batch_size)]
