@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -114,6 +115,10 @@ if count > 0 and before > 0 then
 end
 return {before, popped, before - #popped, head, first}
 """
+
+
+# proto-max-bulk-len per server connection (a worker asks once, not once per job)
+_value_limits: weakref.WeakKeyDictionary[redis.ConnectionPool, int] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -240,11 +245,16 @@ class TrajectoryQueue:
     def _value_limit(self) -> int:
         """The largest value the server takes in one command (proto-max-bulk-len; 512 MB if not readable)."""
         if self.max_value_bytes is None:
-            try:
-                reply = self.connection.config_get("proto-max-bulk-len")
-                self.max_value_bytes = int(next(iter(reply.values())) or "")
-            except (redis.ResponseError, StopIteration, ValueError, TypeError):  # e.g. an ACL without CONFIG
-                self.max_value_bytes = REDIS_MAX_VALUE_BYTES
+            pool = self.connection.connection_pool  # asked once per server connection, not once per job
+            limit = _value_limits.get(pool)
+            if limit is None:
+                try:
+                    reply = self.connection.config_get("proto-max-bulk-len")
+                    limit = int(next(iter(reply.values())) or "")
+                except (redis.ResponseError, StopIteration, ValueError, TypeError):  # e.g. an ACL without CONFIG
+                    limit = REDIS_MAX_VALUE_BYTES
+                _value_limits[pool] = limit
+            self.max_value_bytes = limit
         return self.max_value_bytes
 
     def _chunks(self, rollouts: Sequence[PendingRollout]) -> int:

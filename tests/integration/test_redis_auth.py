@@ -46,7 +46,7 @@ WORKER_RULES = (
 LEARNER_RULES = (
     "resetkeys ~rq:* ~rqrl:* resetchannels -@all "
     "+ping +info +multi +exec "
-    "+get +set +mget +exists +del +expire +scan "
+    "+get +set +mget +exists +del +expire +pttl +scan "
     "+hget +hgetall +hset +sadd +smembers "
     "+llen +lrange +ltrim +rpush +lpop +lrem +blmove "
     "+zrange +zrangebyscore +zremrangebyscore +zrem +evalsha +script|load"
@@ -60,7 +60,7 @@ ACL_PASSWORDS = {"worker": "worker-pw-1", "learner": "learner-pw-2", "dashboard"
                  "admin": "admin-pw-0"}
 # denials the rules accept on purpose: RQ's worker reads CLIENT LIST (an @admin command that lists every
 # client of the server) only to show its own address; denied, RQ warns once and shows 'unknown'
-EXPECTED_DENIALS = {("worker", "client|list")}
+EXPECTED_DENIALS = {("worker", "client|list"), ("worker", "config|get")}
 
 # a password with characters that must be percent-encoded in a URL
 REQUIREPASS = "rq@rl/pass:word"
