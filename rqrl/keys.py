@@ -78,6 +78,12 @@ class RunKeys:
         return self._key("trajectories")
 
     @property
+    def doorbell(self) -> str:
+        """A one-entry list that says a rollout may wait: set by pushes, cleared by pops, so the learner
+        blocks on it instead of on the queue (whose BLMOVE would carry a whole rollout back)."""
+        return self._key("doorbell")
+
+    @property
     def unacknowledged(self) -> str:
         """Rollouts the learner popped but has not finished with: re-delivered if it dies."""
         return self._key("unacknowledged")
