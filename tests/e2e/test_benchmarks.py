@@ -39,3 +39,26 @@ def test_rollout_loop_prints_loop_and_reference_per_env() -> None:
     assert len(rows) == 1, out
     cells = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
     assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[4]) > 0, rows[0]
+
+
+@pytest.mark.timeout(300)
+def test_scale_prints_linear_ratio_and_redis_cost_per_worker_count() -> None:
+    out = run_benchmark("scale.py", "--workers", "1", "2", "--seconds", "0.5", "--warmup", "0",
+                        "--rollout-steps", "8", "--actors-per-worker", "2", "--step-ms", "1")
+    for workers in ("1", "2"):
+        rows = [line for line in out.splitlines() if line.startswith(f"| {workers} |")]
+        assert len(rows) == 2, out  # the scaling row and the Redis-cost row
+        scaling = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
+        assert float(scaling[1]) > 0 and float(scaling[2]) > 0, rows[0]
+        cost = [cell.strip().replace(",", "") for cell in rows[1].strip("|").split("|")]
+        assert float(cost[1]) > 0 and "evalsha" in cost[-1], rows[1]
+
+
+@pytest.mark.timeout(300)
+def test_image_obs_prints_rates_and_bytes_per_step() -> None:
+    out = run_benchmark("image_obs.py", "--envs", "2", "--seconds", "0.5", "--warmup", "0", "--rollout-steps", "8")
+    rows = [line for line in out.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 1, out
+    cells = [float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")]
+    assert cells[1] > 0 and cells[2] > 0, rows[0]
+    assert cells[5] >= 1.0, rows[0]  # every observation crosses into Redis at least once
