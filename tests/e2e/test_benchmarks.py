@@ -62,3 +62,12 @@ def test_image_obs_prints_rates_and_bytes_per_step() -> None:
     cells = [float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")]
     assert cells[1] > 0 and cells[2] > 0, rows[0]
     assert cells[5] >= 1.0, rows[0]  # every observation crosses into Redis at least once
+
+
+@pytest.mark.timeout(200)
+def test_record_cost_prints_each_stage_per_record() -> None:
+    out = run_benchmark("record_cost.py", "--envs", "2", "--steps", "8", "--repeats", "1")
+    rows = [line for line in out.splitlines() if line.startswith("| this tree |")]
+    assert len(rows) == 1, out
+    cells = [float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")[1:]]
+    assert len(cells) == 7 and all(value > 0 for value in cells), rows[0]
