@@ -166,6 +166,7 @@ class RedisDistributedActors(DistributedActors):
         self.connection = connection
         self.local_workers = LocalWorkers(options.start_method, options.redis_server)
         self._policy_state = state_dict_of(policy)
+        _check_fork(options.start_method, self._policy_state)
         self._record_spec = RecordSpec(n_steps=n_rollout_steps, n_actors=n_actors)  # start() probes the rest
         self._inbox = self._new_inbox()
         self._started = False
@@ -196,6 +197,12 @@ class RedisDistributedActors(DistributedActors):
     @property
     def run_name(self) -> str:
         return self.config.run_name
+
+    @property
+    def max_queue_size(self) -> int:
+        """Maze's name for the out-of-sync queue's bound: ``int(batch_size * queue_out_of_sync_factor)`` rollouts
+        (below batch_size when the factor is below 1: collect_outputs then takes rollouts as they arrive)."""
+        return self.config.queue_bound
 
     @property
     def records_rejected(self) -> int:
@@ -291,7 +298,7 @@ class RedisDistributedActors(DistributedActors):
                 close()
 
     def get_multiprocessing_context(self, start_method: str | None) -> ProcessContext:
-        """Maze's choice: the given method if this platform has it, else forkserver, else spawn."""
+        """Maze's choice: the given method (ConfigError if this platform lacks it); None: forkserver, else spawn."""
         return multiprocessing_context(start_method)
 
     def start(self) -> None:
@@ -462,6 +469,14 @@ class RedisDistributedActors(DistributedActors):
                     self.connection.close()
                     self.local_workers.stop_redis()
                     self.connection = None
+
+
+def _check_fork(start_method: str | None, policy_state: Mapping[str, torch.Tensor]) -> None:
+    """Maze's rule: 'fork' only with a policy on the CPU (a forked child cannot use the parent's CUDA context)."""
+    devices = sorted({str(tensor.device) for tensor in policy_state.values() if tensor.device.type != "cpu"})
+    if start_method == "fork" and devices:
+        raise ConfigError(f"start_method 'fork' needs a policy on the CPU, and this one has tensors on {devices}; "
+                          f"use start_method 'forkserver' or 'spawn', or move the policy to the CPU (policy.cpu())")
 
 
 class SubprocDistributedActors(RedisDistributedActors):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ class RunOptions:
     actors_per_job: int | None = None
     """Actors stepped together by one job (one batched policy call per step); None: spread evenly."""
     start_method: str | None = None
-    """multiprocessing start method of local workers; None or unknown: forkserver, else spawn."""
+    """multiprocessing start method of local workers, one of multiprocessing.get_all_start_methods() (ConfigError
+    otherwise); None: forkserver where available, else spawn. 'fork' needs a policy on the CPU."""
     collect_timeout: float = 120.0
     """Seconds collect_outputs waits for a batch before CollectTimeoutError."""
     no_worker_timeout: float = 30.0
@@ -72,6 +74,10 @@ class RunOptions:
             raise ConfigError(f"expected queue_name to be a non-empty string, got {self.queue_name!r}")
         if self.run_name is not None:
             check_run_name(self.run_name)
+        methods = multiprocessing.get_all_start_methods()
+        if self.start_method is not None and self.start_method not in methods:
+            raise ConfigError(f"unknown start_method {self.start_method!r}; choose one of "
+                              f"multiprocessing.get_all_start_methods() = {methods}, or None for the default")
 
 
 def _is_int(value: object) -> bool:
