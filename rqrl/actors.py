@@ -40,7 +40,7 @@ from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
 from rqrl.observations import stack_obs, to_array, to_tensor
 from rqrl.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
-from rqrl.policy import Policy, as_state_dict, check_state_dict, make_act_function, state_dict_of
+from rqrl.policy import Policy, check_state_dict, make_act_function, select_policy_state, state_dict_of
 from rqrl.process import ProcessContext
 from rqrl.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory
@@ -80,8 +80,9 @@ class DistributedActors(StatsReader, abc.ABC):
         """Stop the actors and release everything the run owns."""
 
     @abc.abstractmethod
-    def broadcast_updated_policy(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Make ``state_dict`` the policy version every actor uses from its next rollout on."""
+    def broadcast_updated_policy(self, state_dict: Mapping[str, Any]) -> None:
+        """Make ``state_dict`` the policy version every actor uses from its next rollout on. It may carry other
+        modules' keys (a critic's: see ``rqrl.policy.select_policy_state``); only the policy's are shipped."""
 
     @abc.abstractmethod
     def collect_outputs(self, learner_device: str) -> CollectedOutputs:
@@ -338,9 +339,9 @@ class RedisDistributedActors(DistributedActors):
 
     # ---- learner API --------------------------------------------------------------------
 
-    def broadcast_updated_policy(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def broadcast_updated_policy(self, state_dict: Mapping[str, Any]) -> None:
         """Publish ``state_dict`` as a new weights version; refused here if it does not fit the policy."""
-        state_dict = as_state_dict(state_dict)
+        state_dict = select_policy_state(self._policy_state, state_dict)  # drops a critic's keys, etc.
         check_state_dict(self._policy_state, state_dict)
         with self._redis_errors():
             self.policy_version = self._inbox.published_version = self._weights.publish(state_dict)

@@ -18,13 +18,11 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterable, Mapping
-from typing import SupportsIndex
-
-import torch
+from typing import Any, SupportsIndex
 
 from rqrl.actors import DistributedActors
 from rqrl.errors import RqrlError
-from rqrl.policy import ActFunction, Policy, as_state_dict, check_state_dict, make_act_function, state_dict_of
+from rqrl.policy import ActFunction, Policy, check_state_dict, make_act_function, select_policy_state, state_dict_of
 from rqrl.records import CollectedOutputs, RolloutRecord, batch_records
 from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import check_seeds
@@ -75,8 +73,8 @@ class SerialDistributedActors(DistributedActors):
             group.close()
         self.groups = []
 
-    def broadcast_updated_policy(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        state_dict = as_state_dict(state_dict)
+    def broadcast_updated_policy(self, state_dict: Mapping[str, Any]) -> None:
+        state_dict = select_policy_state(self._policy_state, state_dict)  # drops a critic's keys, etc.
         check_state_dict(self._policy_state, state_dict)
         self.actor_policy.load_state_dict(state_dict)
         self.policy_version += 1

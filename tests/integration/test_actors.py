@@ -133,6 +133,31 @@ def test_a_queue_smaller_than_a_batch_fills_batches_as_rollouts_arrive(connectio
     assert sum(len(rollouts) for rollouts in delivered.values()) == 24
 
 
+class MazeImpalaEvents:
+    def estimated_queue_sizes(self, before, after):
+        """Maze's IMPALA event of that name"""
+
+
+def test_a_maze_shaped_learner_step_runs_on_workers(connection, redis_url, run_name):
+    """What a Maze IMPALA learner does with its actors: broadcast its actor-critic's nested state dict (only the
+    policy's part reaches the workers), read record.dones, record its own events on the stats aggregator and
+    read the episode reward by Maze's names."""
+    from rqrl import BaseEnvEvents, LogStatsLevel
+
+    critic = torch.nn.Linear(4, 1)
+    with local_actors(redis_url, run_name, policy=fixtures.WeightRevealingPolicy(), n_rollout_steps=64) as actors:
+        events = actors.get_epoch_stats_aggregator().create_event_topic(MazeImpalaEvents)
+        actors.broadcast_updated_policy({"policy": fixtures.revealing_state(4.0), "critic": critic.state_dict()})
+        record, before, after, _ = actors.collect_outputs("cpu")
+        events.estimated_queue_sizes(before=before, after=after)
+        assert torch.all(record.log_probs == 4.0)  # the policy's weights, not the critic's, reached the workers
+        assert torch.equal(record.dones, record.terminated | record.truncated) and bool(record.dones.any())
+        assert actors.get_stats_value(MazeImpalaEvents.estimated_queue_sizes, LogStatsLevel.EPOCH,
+                                      name="before") == before
+        assert actors.get_stats_value(BaseEnvEvents.reward, LogStatsLevel.EPOCH, name="mean") == pytest.approx(
+            float(record.episode_returns.double().mean()))
+
+
 def test_same_seeds_and_weights_give_identical_trajectories(connection, redis_url):
     def collect(run_name, agent_seeds):
         policy = fixtures.mlp_policy(seed=3)
