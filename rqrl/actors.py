@@ -105,7 +105,8 @@ class RedisDistributedActors(DistributedActors):
     worker processes started here (default: one per core with an embedded Redis, none with an
     external one); ``actors_per_job`` actors stepped together by one job (one batched policy call
     per step); ``collect_timeout`` seconds before collect_outputs gives up;
-    ``min_job_seconds``/``max_job_seconds`` bound a job's slice before it yields its worker;
+    ``min_job_seconds`` is how long a job runs before it yields its worker to a waiting job (a job yields
+    only then, or when its worker shuts down: ``max_job_seconds`` no longer ends one by itself);
     ``worker_redis_url`` is the URL local workers connect with (default: the learner's), for a
     Redis whose ACLs give workers a user of their own; ``secret`` signs the env factory and policy
     (needed with an external Redis: the workers' RQRL_SECRET); ``redis_server`` is the binary of

@@ -42,9 +42,10 @@ class RunOptions:
     no_worker_timeout: float = 30.0
     """Seconds without a live worker before NoWorkersError."""
     min_job_seconds: float = 1.0
-    """A job yields its worker to a waiting job only after this long."""
+    """A job yields its worker to a waiting job only after this long (and checks for one this often)."""
     max_job_seconds: float = 60.0
-    """A job yields its worker after this long in any case."""
+    """Length of a slice; past it, a job with no job waiting starts a new slice in place, its episodes uncut
+    (before issue 12 it yielded here in any case, cutting every episode)."""
     secret: str | bytes | None = field(default=None, repr=False)
     """Signs the env factory and policy; needed with an external Redis (the workers' RQRL_SECRET)."""
     hang_seconds: float = 60.0
