@@ -209,8 +209,9 @@ class EventTopic:
     is recorded as event ``"policy_loss[step_key=0]"`` (``"policy_loss"`` without other arguments).
     Without one, every argument is a value of its own: ``estimated_queue_sizes(before=3, after=1)`` records
     ``"estimated_queue_sizes.before"`` and ``".after"``, and ``get_stats_value(event, name="before")``
-    reads their epoch mean (Maze's IMPALA events reduce with ``np.nanmean``). Values must be real numbers;
-    anything else, an unknown method or arguments that do not fit raise ConfigError.
+    reads their epoch mean (Maze's IMPALA events reduce with ``np.nanmean``). Maze's decorators are not
+    read. A value that is no real number, or arguments that do not fit, raise ConfigError; an event the
+    interface lacks, AttributeError naming those it has.
     """
 
     def __init__(self, aggregator: EpochStatsAggregator, interface: type):
@@ -231,7 +232,8 @@ class EventTopic:
     def __getattr__(self, name: str) -> Callable[..., None]:
         signatures = self.__dict__.get("_signatures", {})
         if name not in signatures:
-            raise AttributeError(f"event interface {self._interface.__name__} has no event {name!r}; its events: "
+            interface = self.__dict__.get("_interface", type(self))
+            raise AttributeError(f"event interface {interface.__name__} has no event {name!r}; its events: "
                                  f"{sorted(signatures)}")
         return lambda *args, **kwargs: self._record(name, signatures[name], args, kwargs)
 
