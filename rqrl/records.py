@@ -304,6 +304,12 @@ class BatchedRecord:
     def batch_size(self) -> int:
         return int(self.rewards.shape[1])
 
+    @property
+    def dones(self) -> torch.Tensor:
+        """Maze's ``dones``: ``terminated | truncated`` ``[T, B]`` (a new tensor; keep the two apart to bootstrap
+        on truncations, which a ``dones`` mask cannot tell from terminations)."""
+        return self.terminated | self.truncated
+
 
 class CollectedOutputs(NamedTuple):
     """What collect_outputs returns; unpacks like Maze's 4-tuple."""

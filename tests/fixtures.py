@@ -76,6 +76,16 @@ def make_slow_env() -> gymnasium.Env:
     return CountingEnv(length=50, step_sleep=0.5)
 
 
+def make_endless_env() -> gymnasium.Env:
+    """Never terminates or truncates: its observation is the number of steps since its last reset."""
+    return CountingEnv(length=2**62)
+
+
+def make_minute_long_episode_env() -> gymnasium.Env:
+    """Episodes of 1300 steps of 50 ms each: 65 s, longer than the default max_job_seconds (60 s)."""
+    return CountingEnv(length=1300, step_sleep=0.05)
+
+
 class DictObsEnv(gymnasium.Env):
     """Dict observations (a Box and a Discrete), random start seeded by reset(seed)."""
 
