@@ -26,6 +26,7 @@ from rqrl.errors import (
 )
 from rqrl.policy import ActorPolicy, Policy, PolicyStep, StatefulActorPolicy
 from rqrl.records import BatchedRecord, CollectedOutputs, RolloutRecord
+from rqrl.sampler import MultiprocessingSampler, RQSampler
 from rqrl.sampler_worker import EnvUpdate, ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate, WorkerFactory
 from rqrl.serial import SerialDistributedActors
 from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
@@ -53,11 +54,13 @@ __all__ = [
     "LeaseLostError",
     "LogStatsLevel",
     "MissingStatsError",
+    "MultiprocessingSampler",
     "NewEnvUpdate",
     "NoWorkersError",
     "Policy",
     "PolicyError",
     "PolicyStep",
+    "RQSampler",
     "RecordError",
     "RedisDistributedActors",
     "RedisRefusedError",

@@ -281,6 +281,11 @@ class LogicalWorker:
         self._clear_episode()
 
     @property
+    def seed(self) -> int | None:
+        """``seed + worker_number``, or None for an unseeded worker."""
+        return self._worker_seed
+
+    @property
     def worker_number(self) -> int:
         """This worker's index among the sampler's n_workers."""
         return self._worker_number
