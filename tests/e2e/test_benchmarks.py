@@ -39,3 +39,14 @@ def test_rollout_loop_prints_loop_and_reference_per_env() -> None:
     assert len(rows) == 1, out
     cells = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
     assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[4]) > 0, rows[0]
+
+
+@pytest.mark.timeout(200)
+def test_sampler_throughput_prints_rqrl_and_plain_for_each_process_count() -> None:
+    out = run_benchmark("sampler_throughput.py", "--processes", "1", "--workers", "2", "--num-samples", "100",
+                        "--iterations", "1", "--max-episode-length", "50")
+    assert "| processes | logical workers | rqrl steps/s | plain steps/s | rqrl / plain |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 1 | 2 |")]
+    assert len(rows) == 1, out
+    cells = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
+    assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[4]) > 0, rows[0]
