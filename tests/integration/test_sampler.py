@@ -253,3 +253,13 @@ def test_a_killed_worker_process_loses_no_episode(connection, redis_url, workers
     assert rerun >= 1
     assert killed.lengths.tolist() == reference.lengths.tolist() == [10] * 24
     np.testing.assert_array_equal(killed.observations, reference.observations)
+
+
+def test_the_progress_bar_shows_by_default_and_switches_off(connection, redis_url, capsys):
+    with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2,
+                      progress=True) as sampler:
+        sampler.obtain_samples(0, 30, None)
+        assert "Sampling" in capsys.readouterr().err
+        sampler.progress = False
+        sampler.obtain_exact_episodes(1, None)
+        assert "Sampling" not in capsys.readouterr().err
