@@ -24,6 +24,7 @@ from rqrl.errors import (
     SignatureError,
     VectorEnvError,
 )
+from rqrl.local_sampler import LocalSampler
 from rqrl.policy import ActorPolicy, Policy, PolicyStep, StatefulActorPolicy
 from rqrl.records import BatchedRecord, CollectedOutputs, RolloutRecord
 from rqrl.sampler import MultiprocessingSampler, RQSampler
@@ -52,6 +53,7 @@ __all__ = [
     "ExistingEnvUpdate",
     "ForbiddenJobError",
     "LeaseLostError",
+    "LocalSampler",
     "LogStatsLevel",
     "MissingStatsError",
     "MultiprocessingSampler",

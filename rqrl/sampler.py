@@ -63,7 +63,8 @@ from rqrl.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
-_MISSING: Any = object()
+NOT_GIVEN: Any = object()
+"""The default of ``agents``/``envs``: told apart from None, which garage allows."""
 _POP_BATCH = 256
 
 
@@ -81,7 +82,7 @@ class MultiprocessingSampler:
     ``obtain_*`` call (or ``start_worker()``) and stop at ``shutdown_worker()``.
     """
 
-    def __init__(self, *args: Any, agents: Any = _MISSING, envs: Any = _MISSING,
+    def __init__(self, *args: Any, agents: Any = NOT_GIVEN, envs: Any = NOT_GIVEN,
                  worker_factory: WorkerFactory | None = None, max_episode_length: int | None = None,
                  is_tf_worker: bool = False, seed: int | None = None, n_workers: int | None = None,
                  worker_class: type | None = None, worker_args: dict[str, Any] | None = None,
@@ -94,7 +95,7 @@ class MultiprocessingSampler:
                  secret: str | bytes | None = None, hang_seconds: float = DEFAULTS.hang_seconds,
                  redis_outage_seconds: float = DEFAULTS.redis_outage_seconds, worker_redis_url: str | None = None,
                  redis_server: str | None = None, options: RunOptions | None = None, progress: bool = True):
-        factory, agents, envs = _call_form(args, agents, envs, worker_factory)
+        factory, agents, envs = call_form(args, agents, envs, worker_factory)
         if factory is None:
             if max_episode_length is None:
                 raise TypeError("Must construct a sampler from WorkerFactory or parameters (at least "
@@ -142,13 +143,13 @@ class MultiprocessingSampler:
     def obtain_samples(self, itr: int, num_samples: int, agent_update: Any, env_update: Any = None) -> EpisodeBatch:
         """Whole episodes, all under this call's updates, with at least ``num_samples`` steps in all: the
         shortest round-robin prefix over the logical workers (``itr`` is ignored, as in garage)."""
-        _check_count("num_samples", num_samples)
+        check_count("num_samples", num_samples)
         return self._obtain(SAMPLES, num_samples, agent_update, env_update)
 
     def obtain_exact_episodes(self, n_eps_per_worker: int, agent_update: Any, env_update: Any = None) -> EpisodeBatch:
         """Exactly ``n_eps_per_worker`` episodes of every logical worker, in worker order (all of worker 0's,
         then worker 1's, ...), each worker's in the order it ran them."""
-        _check_count("n_eps_per_worker", n_eps_per_worker)
+        check_count("n_eps_per_worker", n_eps_per_worker)
         return self._obtain(EXACT, n_eps_per_worker, agent_update, env_update)
 
     def shutdown_worker(self) -> None:
@@ -417,7 +418,7 @@ class _Order:
         return [(position % self.n_workers, position // self.n_workers) for position in range(self._cursor)]
 
 
-def _call_form(args: tuple[Any, ...], agents: Any, envs: Any,
+def call_form(args: tuple[Any, ...], agents: Any, envs: Any,
                worker_factory: WorkerFactory | None) -> tuple[WorkerFactory | None, Any, Any]:
     """(factory, agents, envs) from either call form: ``(worker_factory, agents, envs)`` or ``(agents, envs)``."""
     positional = list(args)
@@ -429,13 +430,13 @@ def _call_form(args: tuple[Any, ...], agents: Any, envs: Any,
         raise TypeError(f"expected (worker_factory, agents, envs) or (agents, envs), got {len(args)} positional "
                         f"arguments")
     for name, value in zip(("agents", "envs"), positional, strict=False):
-        if (agents if name == "agents" else envs) is not _MISSING:
+        if (agents if name == "agents" else envs) is not NOT_GIVEN:
             raise TypeError(f"got {name} both positionally and as {name}=")
         if name == "agents":
             agents = value
         else:
             envs = value
-    missing = [name for name, value in (("agents", agents), ("envs", envs)) if value is _MISSING]
+    missing = [name for name, value in (("agents", agents), ("envs", envs)) if value is NOT_GIVEN]
     if missing:
         raise TypeError(f"MultiprocessingSampler() missing {missing}: pass (agents, envs) or "
                         f"(worker_factory, agents, envs)")
@@ -444,7 +445,7 @@ def _call_form(args: tuple[Any, ...], agents: Any, envs: Any,
     return worker_factory, agents, envs
 
 
-def _check_count(name: str, value: object) -> None:
+def check_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected {name} >= 1 (an int), got {value!r}")
 

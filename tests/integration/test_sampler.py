@@ -16,6 +16,7 @@ import torch
 from rqrl import (
     ActorFailedError,
     ConfigError,
+    LocalSampler,
     MultiprocessingSampler,
     NoWorkersError,
     RQSampler,
@@ -263,3 +264,20 @@ def test_the_progress_bar_shows_by_default_and_switches_off(connection, redis_ur
         sampler.progress = False
         sampler.obtain_exact_episodes(1, None)
         assert "Sampling" not in capsys.readouterr().err
+
+
+def test_the_local_sampler_returns_exactly_the_episodes_of_the_distributed_one(connection, redis_url):
+    distributed = collect_seeded(redis_url, n_local_workers=2, workers_per_job=1)
+    policy = fixtures.mlp_policy(seed=3)
+    sampler = LocalSampler(policy, fixtures.make_cartpole(), n_workers=4, seed=11, max_episode_length=60)
+    first = sampler.obtain_samples(0, 300, policy.state_dict())
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.mul_(1.5)
+    local = [first, sampler.obtain_samples(0, 300, policy.state_dict()), sampler.obtain_exact_episodes(2, None)]
+    sampler.shutdown_worker()
+    for a, b in zip(distributed, local, strict=True):
+        np.testing.assert_array_equal(a.lengths, b.lengths)
+        np.testing.assert_array_equal(a.observations, b.observations)
+        np.testing.assert_array_equal(a.actions, b.actions)
+    assert sampler.total_env_steps == sum(int(batch.lengths.sum()) for batch in local)
