@@ -267,25 +267,12 @@ class MultiprocessingSampler:
         agent_chains = [list(chain) for chain in self._agent_chains]
         env_chains = [list(chain) for chain in self._env_chains]
         blobs: dict[str, bytes] = {}
-        updates = [(AGENT, agent_messages, agent_spread, agent_chains, agent_kind),
-                   (ENV, env_messages, env_spread, env_chains, env_kind)]
         if version == 1:  # the constructor's agents and envs, as version 0
             initial_agents, initial_envs = self._initial
-            updates = [(AGENT, initial_agents, type(self._agents) is list, agent_chains, agent_kind),
-                       (ENV, initial_envs, type(self._envs) is list, env_chains, env_kind), *updates]
-        for index, (role, messages, spread, chains, kind_of) in enumerate(updates):
-            at = 0 if version == 1 and index < 2 else version
-            for worker, message in enumerate(messages):
-                kind = kind_of(message)
-                if kind is None:
-                    continue
-                scope = worker if spread else -1
-                key = self.keys.sampler_update(at, role, scope)
-                if key not in blobs:
-                    blobs[key] = encode_update(message, self._secret, self._weights_key)
-                chains[worker] = extend_chain(chains[worker], (at, scope, kind))
-            if role == ENV:
-                self._learn_env_spec(messages)
+            self._add_update(blobs, agent_chains, AGENT, 0, initial_agents, type(self._agents) is list)
+            self._add_update(blobs, env_chains, ENV, 0, initial_envs, type(self._envs) is list)
+        self._add_update(blobs, agent_chains, AGENT, version, agent_messages, agent_spread)
+        self._add_update(blobs, env_chains, ENV, version, env_messages, env_spread)
         call = SamplerCall(mode=mode, count=count, agent_chains=agent_chains, env_chains=env_chains)
         self._store.begin(version, call, blobs)
         self._version, self._agent_chains, self._env_chains = version, agent_chains, env_chains
@@ -298,6 +285,23 @@ class MultiprocessingSampler:
         for group_id in range(len(self.config.actor_groups)):
             enqueue_sampler_group(self._connection, self.config, group_id, version)
         return version
+
+    def _add_update(self, blobs: dict[str, bytes], chains: list[list[ChainEntry]], role: str, version: int,
+                    messages: list[Any], spread: bool) -> None:
+        """Encode one call's agent or env messages into ``blobs`` (once if not ``spread``) and extend each
+        worker's chain with its message (None: no change)."""
+        kind_of = agent_kind if role == AGENT else env_kind
+        for worker, message in enumerate(messages):
+            kind = kind_of(message)
+            if kind is None:
+                continue
+            scope = worker if spread else -1
+            key = self.keys.sampler_update(version, role, scope)
+            if key not in blobs:
+                blobs[key] = encode_update(message, self._secret, self._weights_key)
+            chains[worker] = extend_chain(chains[worker], (version, scope, kind))
+        if role == ENV:
+            self._learn_env_spec(messages)
 
     def _learn_env_spec(self, env_messages: list[Any]) -> None:
         """The spaces episodes are decoded against: from the first env or env update, then from any env sent."""
