@@ -281,3 +281,17 @@ def test_the_local_sampler_returns_exactly_the_episodes_of_the_distributed_one(c
         np.testing.assert_array_equal(a.observations, b.observations)
         np.testing.assert_array_equal(a.actions, b.actions)
     assert sampler.total_env_steps == sum(int(batch.lengths.sum()) for batch in local)
+
+
+def test_one_rqrl_worker_serves_actors_and_samplers(connection, redis_url, workers):
+    from tests.factories import redis_actors
+
+    workers.start("both")
+    workers.wait_registered(connection, 1)
+    with redis_actors(redis_url, n_local_workers=0) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        assert actors.collect_outputs("cpu").record.rewards.shape == (16, 2)
+    with make_sampler(redis_url, fixtures.VersionPolicy(4), fixtures.make_echo_env(), n_workers=3,
+                      n_local_workers=0) as sampler:
+        batch = sampler.obtain_exact_episodes(2, None)
+    assert batch.lengths.tolist() == [10] * 6 and set(batch.actions.tolist()) == {4}
