@@ -25,6 +25,7 @@ from rqrl import (
     WorkerFactory,
 )
 from rqrl.keys import RunKeys
+from rqrl.rq_safety import failed_registry, rollout_queue
 from tests import fixtures
 from tests.conftest import TEST_SECRET
 from tests.polling import wait_until
@@ -295,3 +296,38 @@ def test_one_rqrl_worker_serves_actors_and_samplers(connection, redis_url, worke
                       n_local_workers=0) as sampler:
         batch = sampler.obtain_exact_episodes(2, None)
     assert batch.lengths.tolist() == [10] * 6 and set(batch.actions.tolist()) == {4}
+
+
+@pytest.mark.parametrize("group_id, version", [(5, 1), (-1, 1), ("0", 1), (0, 0)],
+                         ids=["group-outside", "group-minus-one", "group-as-text", "version-zero"])
+def test_a_sampler_job_no_sampler_enqueues_is_refused_and_not_reported(connection, redis_url, run_name, group_id,
+                                                                       version):
+    with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2,
+                      run_name=run_name) as sampler:
+        sampler.obtain_exact_episodes(1, None)
+        forged = rollout_queue("rqrl", connection).enqueue("rqrl.sampler_jobs.run_sampler_group", run_name,
+                                                           group_id, version, job_id=f"forged-{run_name}",
+                                                           result_ttl=0)
+        failed = failed_registry("rqrl", connection)
+        wait_until(lambda: forged.id in failed.get_job_ids(), 30, message="the forged job failing")
+        assert "ForbiddenJobError" in (forged.fetch(forged.id, connection).exc_info or "")
+        batch = sampler.obtain_exact_episodes(1, None)  # no ActorFailedError: the refusal is not the run's failure
+    assert batch.lengths.tolist() == [10, 10]
+
+
+def test_a_sampler_job_for_a_run_that_is_no_sampler_is_refused(connection, redis_url, run_name):
+    from tests.factories import redis_actors
+
+    with redis_actors(redis_url, run_name, n_local_workers=1, start_method="fork") as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        actors.collect_outputs("cpu")
+        forged = rollout_queue("rqrl", connection).enqueue("rqrl.sampler_jobs.run_sampler_group", run_name, 0, 1,
+                                                           job_id=f"forged-{run_name}", result_ttl=0)
+        failed = failed_registry("rqrl", connection)
+
+        def refused() -> bool:
+            actors.collect_outputs("cpu")  # the running actor job yields to the forged one within min_job_seconds
+            return forged.id in failed.get_job_ids()
+
+        wait_until(refused, 30, message="the forged job failing")
+        assert "not a sampler run" in (forged.fetch(forged.id, connection).exc_info or "")
