@@ -33,6 +33,7 @@ from typing import Any, Self
 
 import gymnasium
 import redis
+from rq.job import Job
 
 from rqrl.codec import RECORD_MAGIC, records_key, verify, weights_key
 from rqrl.connection import connect, redis_errors
@@ -282,9 +283,19 @@ class MultiprocessingSampler:
         unused, self._blob_keys = self._blob_keys - used, self._blob_keys & used
         if version > 1 or unused:
             self.dropped_episodes += self._store.forget(version - 1, sorted(unused))
+        self._remove_queued_jobs(version)
         for group_id in range(len(self.config.actor_groups)):
             enqueue_sampler_group(self._connection, self.config, group_id, version)
         return version
+
+    def _remove_queued_jobs(self, version: int) -> None:
+        """Take the run's jobs of earlier calls (continuations, re-runs) out of the queue: they would only
+        start, see the call is over and return."""
+        current = f"_v{version}_"
+        for job_id in self._rq_queue.get_job_ids():
+            if job_id.startswith(self.keys.job_id_prefix) and current not in job_id:
+                self._rq_queue.remove(job_id)
+                self._connection.delete(Job.key_for(job_id))
 
     def _add_update(self, blobs: dict[str, bytes], chains: list[list[ChainEntry]], role: str, version: int,
                     messages: list[Any], spread: bool) -> None:

@@ -190,10 +190,12 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
         config = read_config(connection, run_name)
         _check_job_arguments(config, group_id, version)
         members = config.actor_groups[group_id]
+        store = SamplerStore(connection, keys)
+        if store.current_version() != version:  # a job left queued by an earlier call: leave the lease alone
+            return {"episodes": 0, "stale": True}
         held = lease = GroupLease(connection, keys, group_id, lease_holder(job.id, uuid.uuid4().hex),
                                   config.lease_seconds, config.hang_seconds)
         held.acquire()
-        store = SamplerStore(connection, keys)
         call = store.read_call(version, config.n_actors)
         if call is None or store.current_version() != version:
             return {"episodes": 0, "stale": True}
