@@ -223,7 +223,7 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
                 worker = workers[w]
                 if getattr(worker, "seed", None) is not None:
                     worker.reseed(((version - 1) << 32) | k)
-                batch = worker.rollout()
+                batch = worker.rollout(on_step=held.touch)  # a long episode is not a hung job
                 length = int(batch.lengths.sum())
                 blob = sign(encode_episodes(batch, {"worker": str(w), "episode": str(k), "version": str(version)}),
                             context.records_key, RECORD_MAGIC)

@@ -399,12 +399,14 @@ class LogicalWorker:
             self._clear_episode()
         return batch
 
-    def rollout(self) -> EpisodeBatch:
-        """Run one whole episode under the current agent and env, and return it."""
+    def rollout(self, on_step: Callable[[], None] | None = None) -> EpisodeBatch:
+        """Run one whole episode under the current agent and env, and return it; ``on_step()`` after each step
+        (the sampler's job keeps its lease alive with it through long episodes)."""
         with self._own_rngs():
             self._start_episode()
             while not self._step_episode():
-                pass
+                if on_step is not None:
+                    on_step()
         return self.collect_episode()
 
     def shutdown(self) -> None:

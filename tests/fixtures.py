@@ -242,3 +242,7 @@ def make_echo_env() -> gymnasium.Env:
 
 def make_slow_echo_env() -> gymnasium.Env:
     return EchoEnv(length=10, step_sleep=0.01)
+
+
+def make_very_slow_echo_env() -> gymnasium.Env:
+    return EchoEnv(length=8, step_sleep=0.25)

@@ -331,3 +331,13 @@ def test_a_sampler_job_for_a_run_that_is_no_sampler_is_refused(connection, redis
 
         wait_until(refused, 30, message="the forged job failing")
         assert "not a sampler run" in (forged.fetch(forged.id, connection).exc_info or "")
+
+
+def test_an_episode_longer_than_hang_seconds_is_not_taken_for_a_hung_job(connection, redis_url):
+    """Episodes of 2 s against hang_seconds=1: the job touches its lease at every step, so no re-run (touched
+    only per episode, the lease would lapse and the reaper re-run the group within the call's 10 s)."""
+    with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_very_slow_echo_env(), n_workers=1,
+                      hang_seconds=1.0) as sampler:
+        batch = sampler.obtain_exact_episodes(5, None)
+        assert sampler.groups_rerun == 0
+    assert batch.lengths.tolist() == [8] * 5
