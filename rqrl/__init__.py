@@ -24,8 +24,10 @@ from rqrl.errors import (
     SignatureError,
     VectorEnvError,
 )
+from rqrl.local_sampler import LocalSampler
 from rqrl.policy import ActorPolicy, Policy, PolicyStep, StatefulActorPolicy
 from rqrl.records import BatchedRecord, CollectedOutputs, RolloutRecord
+from rqrl.sampler import MultiprocessingSampler, RQSampler
 from rqrl.sampler_worker import EnvUpdate, ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate, WorkerFactory
 from rqrl.serial import SerialDistributedActors
 from rqrl.stats import BaseEnvEvents, EpochStatsAggregator, EventTopic, LogStatsLevel, RolloutEvents
@@ -53,13 +55,16 @@ __all__ = [
     "ExistingEnvUpdate",
     "ForbiddenJobError",
     "LeaseLostError",
+    "LocalSampler",
     "LogStatsLevel",
     "MissingStatsError",
+    "MultiprocessingSampler",
     "NewEnvUpdate",
     "NoWorkersError",
     "Policy",
     "PolicyError",
     "PolicyStep",
+    "RQSampler",
     "RecordError",
     "RedisDistributedActors",
     "RedisRefusedError",

@@ -44,6 +44,7 @@ from rqrl.weights import WeightStore
 log = logging.getLogger(__name__)
 
 JOB_FUNCTION = "rqrl.jobs.run_actor_group"
+SAMPLER_JOB_FUNCTION = "rqrl.sampler_jobs.run_sampler_group"  # the garage sampler's job (rqrl.sampler_jobs)
 HEARTBEAT_SECONDS = 5.0
 LIVENESS_SECONDS = 4 * HEARTBEAT_SECONDS  # no heartbeat for this long: the worker is gone
 STOP_CHECK_SECONDS = 0.1
@@ -126,7 +127,7 @@ class RunContext:
 
 _CONTEXTS: dict[str, RunContext] = {}
 _MAX_CONTEXTS = 4
-ALLOWED_JOB_FUNCTIONS = frozenset({JOB_FUNCTION})
+ALLOWED_JOB_FUNCTIONS = frozenset({JOB_FUNCTION, SAMPLER_JOB_FUNCTION})
 _secret: bytes | None = None
 _heartbeat_hook: Callable[[], None] | None = None
 _stop_requested_hook: Callable[[], bool] | None = None
@@ -160,6 +161,9 @@ def _require_secret() -> bytes:
             "start it with RQRL_SECRET set to the learner's secret"
         )
     return _secret
+
+
+require_secret = _require_secret  # public for the sampler's job (rqrl.sampler_jobs)
 
 
 def read_config(connection: redis.Redis, run_name: str) -> RunConfig:
@@ -254,6 +258,9 @@ class _Slice:
         self.last_heartbeat = now
         if _heartbeat_hook is not None:
             _heartbeat_hook()
+
+
+JobSlice = _Slice  # public for the sampler's job (rqrl.sampler_jobs), which slices the same way
 
 
 def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Callable[[], bool],

@@ -71,3 +71,23 @@ def test_record_cost_prints_each_stage_per_record() -> None:
     assert len(rows) == 1, out
     cells = [float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")[1:]]
     assert len(cells) == 7 and all(value > 0 for value in cells), rows[0]
+
+
+@pytest.mark.timeout(200)
+def test_sampler_throughput_prints_rqrl_and_plain_for_each_process_count() -> None:
+    out = run_benchmark("sampler_throughput.py", "--processes", "1", "--workers", "2", "--num-samples", "100",
+                        "--iterations", "1", "--max-episode-length", "50")
+    assert "| processes | logical workers | rqrl steps/s | plain steps/s | rqrl / plain |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 1 | 2 |")]
+    assert len(rows) == 1, out
+    cells = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
+    assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[4]) > 0, rows[0]
+
+
+@pytest.mark.slow  # about 30 s: two trainings (Redis and workers, then in-process), however tiny
+@pytest.mark.timeout(200)
+def test_train_cartpole_prints_ppo_next_to_its_single_process_baseline() -> None:
+    out = run_benchmark("train_cartpole.py", "--env", "tests.fixtures:RqrlGuessSign-v0", "--variants", "ppo",
+                        "ppo-baseline", "--seeds", "0", "--budget", "500")
+    assert "| learner and sampling | solved |" in out
+    assert len([line for line in out.splitlines() if line.startswith("| PPO, ")]) == 2, out
