@@ -194,7 +194,9 @@ class MultiprocessingSampler:
         return messages
 
     def _redis_errors(self) -> Any:
-        return redis_errors(getattr(self, "redis_url", None), self.options.redis_outage_seconds)
+        # the first call starts the run inside this block: name the URL it is given until it has one
+        url = getattr(self, "redis_url", None) or self.options.redis_url
+        return redis_errors(url, self.options.redis_outage_seconds)
 
     def _start(self) -> None:
         options = self.options
