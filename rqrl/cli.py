@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
     from rqrl.actors import RedisDistributedActors
+    from rqrl.progress import Progress
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
@@ -137,6 +138,7 @@ def _train_command() -> click.Command:
         from rqrl.errors import RqrlError
 
         logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.captureWarnings(True)  # warnings as log records: they never break into the progress bar
         if env_alias:
             options["env_id"] = env_alias
         if options["redis_url"] is None:
@@ -204,15 +206,22 @@ def _demo_policy(obs_size: int, n_actions: int) -> torch.nn.Sequential:
 @click.option("--seconds", default=20.0, show_default=True, help="How long to collect.")
 @click.option("--redis-url", envvar="REDIS_URL", default=None,
               help="Redis to use (env: REDIS_URL); default: an embedded private redis-server.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Show progress on stderr: a live bar on a terminal, else a plain line every --progress-seconds; "
+                   "the final summary always prints.")
+@click.option("--progress-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between two progress lines when stderr is not a terminal.")
 def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batch_size: int, seconds: float,
-         redis_url: str | None) -> None:
+         redis_url: str | None, progress: bool, progress_seconds: float) -> None:
     """Collect rollouts with a random-init policy and print throughput and episode stats."""
     import gymnasium
 
     from rqrl.actors import RedisDistributedActors
     from rqrl.errors import RqrlError
+    from rqrl.progress import Progress
 
     logging.basicConfig(level=logging.WARNING)
+    logging.captureWarnings(True)
     env_factory = functools.partial(gymnasium.make, env_id)
     probe = env_factory()
     observation_space, action_space = probe.observation_space, probe.action_space
@@ -231,28 +240,25 @@ def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batc
                                     secret=secret_from_env(), redis_server=redis_server_from_env()) as run:
             run.broadcast_updated_policy(policy.state_dict())
             click.echo(f"run {run.run_name}: {run.n_local_workers} local worker(s), Redis {redact_url(run.redis_url)}")
-            _collect_with_progress(run, seconds)
+            _collect_with_progress(run, seconds, Progress(f"demo {env_id}", enabled=progress,
+                                                          interval=progress_seconds))
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
 
 
-def _collect_with_progress(run: RedisDistributedActors, seconds: float) -> None:
-    started = last_print = time.monotonic()
+def _collect_with_progress(run: RedisDistributedActors, seconds: float, progress: Progress) -> None:
+    started = time.monotonic()
     total_steps = 0
     returns: list[float] = []
-    while time.monotonic() - started < seconds:
-        record, size_before, _, _ = run.collect_outputs("cpu")
-        total_steps += record.rewards.numel()
-        returns.extend(record.episode_returns.tolist())
-        now = time.monotonic()
-        if now - last_print >= 1.0 or now - started >= seconds:
-            last_print = now
-            mean_return = sum(returns[-100:]) / max(1, len(returns[-100:]))
-            click.echo(
-                f"  {now - started:5.1f}s  steps {total_steps:>9,}  steps/s {total_steps / (now - started):>9,.0f}  "
-                f"return(last 100) {mean_return:6.1f}  episodes {len(returns):>6}  queue {size_before:>3}  "
-                f"workers {run.workers_alive()}"
-            )
+    with progress:
+        while time.monotonic() - started < seconds:
+            record, size_before, _, _ = run.collect_outputs("cpu")
+            total_steps += record.rewards.numel()
+            returns.extend(record.episode_returns.tolist())
+            lags = (run.policy_version - record.policy_version).float()
+            progress.update(total_steps, mean_return=sum(returns[-100:]) / len(returns[-100:]) if returns else None,
+                            lag=float(lags.mean()), lag_max=float(lags.max()), queue=size_before,
+                            queue_bound=run.config.queue_bound, workers=run.workers_alive())
     stats = run.get_epoch_stats_aggregator().reduce()
     elapsed = time.monotonic() - started
     click.echo(f"done: {total_steps:,} env steps in {elapsed:.1f} s = {total_steps / elapsed:,.0f} steps/s; "

@@ -38,6 +38,7 @@ from rqrl.connection import redact_url
 from rqrl.errors import ConfigError
 from rqrl.metrics import MetricsWriter, plot_learning_curve
 from rqrl.observations import TensorObs, map_tree
+from rqrl.progress import Progress
 from rqrl.records import BatchedRecord
 
 log = logging.getLogger(__name__)
@@ -85,11 +86,15 @@ class ImpalaConfig:
     run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
     resume: str | None = field(default=None, metadata={"help": "Run folder or checkpoint file to continue from."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
-    progress: bool = field(default=True, metadata={"help": "Show a live progress bar."})
+    progress: bool = field(default=True, metadata={
+        "help": "Show progress: a live bar on a terminal, else a plain line every --progress-seconds (a file, a "
+                "pipe, a container log); --no-progress shows neither, the final summary always prints."})
+    progress_seconds: float = field(default=10.0, metadata={
+        "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
-                    "learner_threads")
+                    "learner_threads", "progress_seconds")
         for name in (*positive, "rho_bar", "c_bar", "pg_rho_bar", "max_grad_norm", "queue_out_of_sync_factor"):
             if not getattr(self, name) > 0:  # also refuses NaN
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
@@ -398,7 +403,8 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
     actors = actors if actors is not None else make_actors(config, learner.model, secret=secret,
                                                            redis_server=redis_server)
     metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS)
-    progress = _progress_bar(config, learner.env_steps)
+    progress = Progress(f"IMPALA {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
+                        enabled=config.progress, interval=config.progress_seconds)
     started, last_checkpoint, interrupted = time.monotonic(), time.monotonic(), False
     try:
         with actors:
@@ -434,7 +440,9 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                     learner.checkpoint(seconds)
                     metrics.flush()
                     last_checkpoint = time.monotonic()
-                progress.update(learner.env_steps, learner.mean_return, float(lags.mean()), queue_size, seconds)
+                progress.update(learner.env_steps, mean_return=learner.mean_return, lag=float(lags.mean()),
+                                lag_max=float(lags.max()), queue=queue_size, queue_bound=_queue_bound(actors),
+                                workers=_workers_alive(actors))
                 if learner.updates % 100 == 0:  # epochs of 100 updates keep the actors' statistics bounded
                     actors.get_epoch_stats_aggregator().reduce()
     except KeyboardInterrupt:
@@ -463,31 +471,13 @@ def _plot(learner: Learner) -> None:
         log.exception("could not plot the learning curve")
 
 
-class _progress_bar:
-    """tqdm bar over env steps with return, lag, queue depth and steps/s (silent if disabled)."""
+def _workers_alive(actors: DistributedActors) -> int | None:
+    """Live workers of Redis actors (re-read at most once a second), else None."""
+    return actors.workers_alive() if isinstance(actors, RedisDistributedActors) else None
 
-    def __init__(self, config: ImpalaConfig, initial: int):
-        self.bar = None
-        if config.progress:
-            from tqdm import tqdm
 
-            self.bar = tqdm(total=config.total_env_steps, initial=initial, unit="step", unit_scale=True,
-                            desc=f"IMPALA {config.env_id}", dynamic_ncols=True)
-        self.last = 0.0
-
-    def update(self, env_steps: int, mean_return: float | None, lag: float, queue: int, seconds: float) -> None:
-        if self.bar is None or time.monotonic() - self.last < 0.5:
-            return
-        self.last = time.monotonic()
-        self.bar.n = min(env_steps, self.bar.total)
-        self.bar.set_postfix_str(
-            f"return {mean_return if mean_return is not None else float('nan'):.1f} lag {lag:.1f} queue {queue}",
-            refresh=False)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+def _queue_bound(actors: DistributedActors) -> int | None:
+    return actors.config.queue_bound if isinstance(actors, RedisDistributedActors) else None
 
 
 def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dict[str, Any]]:

@@ -10,10 +10,20 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_demo_collects_rollouts_with_an_embedded_redis_and_shows_progress():
-    result = run_rqrl("demo", "--seconds", "3", "--actors", "4")
+    result = run_rqrl("demo", "--seconds", "3", "--actors", "4", "--progress-seconds", "1")
     assert result.returncode == 0, result.stderr
-    progress = [line for line in result.stdout.splitlines() if "steps/s" in line]
-    assert len(progress) >= 2, result.stdout
+    # stderr is a pipe here, not a terminal: plain lines, never a redrawn bar
+    progress = [line for line in result.stderr.splitlines() if "steps/s" in line]
+    assert len(progress) >= 2, result.stderr
+    assert "\r" not in result.stderr and all(len(line) < 300 for line in progress), result.stderr
+    assert all("workers " in line and "queue " in line and "lag " in line for line in progress), progress
+    assert "done:" in result.stdout
+
+
+def test_demo_without_progress_prints_only_the_summary():
+    result = run_rqrl("demo", "--seconds", "1", "--actors", "2", "--no-progress", "--progress-seconds", "0.1")
+    assert result.returncode == 0, result.stderr
+    assert "steps/s" not in result.stderr, result.stderr
     assert "done:" in result.stdout
     steps = int(result.stdout.split("done: ")[1].split(" env steps")[0].replace(",", ""))
     assert steps > 0
