@@ -34,7 +34,7 @@ from rq import Queue
 
 from rqrl.codec import records_key, weights_key
 from rqrl.connection import connect, redis_errors
-from rqrl.errors import CollectTimeoutError, ConfigError, RqrlError
+from rqrl.errors import CollectTimeoutError, ConfigError, RqrlError, RunStoppedError
 from rqrl.inbox import Inbox, probe_spec
 from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
@@ -144,6 +144,7 @@ class RedisDistributedActors(DistributedActors):
         redis_outage_seconds: float = DEFAULTS.redis_outage_seconds,
         worker_redis_url: str | None = None,
         redis_server: str | None = None,
+        learner_timeout: float = DEFAULTS.learner_timeout,
         options: RunOptions | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
@@ -152,7 +153,7 @@ class RedisDistributedActors(DistributedActors):
             actors_per_job=actors_per_job, start_method=start_method, collect_timeout=collect_timeout,
             no_worker_timeout=no_worker_timeout, min_job_seconds=min_job_seconds, max_job_seconds=max_job_seconds,
             secret=secret, hang_seconds=hang_seconds, resume=resume, redis_outage_seconds=redis_outage_seconds,
-            worker_redis_url=worker_redis_url, redis_server=redis_server))
+            worker_redis_url=worker_redis_url, redis_server=redis_server, learner_timeout=learner_timeout))
         self.queue_out_of_sync_factor = queue_out_of_sync_factor
         self.actor_env_seeds = check_seeds("actor_env_seeds", actor_env_seeds, n_actors, 0)
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
@@ -311,6 +312,7 @@ class RedisDistributedActors(DistributedActors):
             self.policy_version = self._inbox.published_version = self._weights.last_published()
         self._supervisor = None
         self._started = True
+        self._run_store.check_in(self.options.learner_timeout)
         try:
             if self.n_local_workers:
                 worker_url = self.options.worker_redis_url or self.redis_url
@@ -404,12 +406,16 @@ class RedisDistributedActors(DistributedActors):
             return self._inbox.pop(self._queue, count)
 
     def _reap(self) -> None:
-        """Store the run again if Redis lost it; re-enqueue actor groups whose job died or hung."""
+        """Beat the learner's heartbeat; store the run again if Redis lost it; RunStoppedError if it was
+        stopped from outside (``rqrl stop``); re-enqueue actor groups whose job died or hung."""
         now = time.monotonic()
         if now - self._last_run_check > 1.0:
             self._last_run_check = now
-            if not self._run_store.exists():
+            exists, stopped = self._run_store.check_in(self.options.learner_timeout)
+            if not exists:
                 self._reseed()
+            elif stopped:
+                raise RunStoppedError(f"run {self.run_name!r} was stopped from outside this learner (rqrl stop)")
         rerun = self.supervisor.rerun_orphaned_groups(self._delivered_next)
         if rerun:
             self.epoch_stats.add(RolloutEvents.groups_rerun, len(rerun))

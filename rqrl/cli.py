@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
 REDIS_URL_HELP = "Redis to connect to, e.g. redis://host:6379/0 (env: REDIS_URL)."
+INTERRUPTED_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
+"""Exit codes of a run cut short by a signal (128 + the signal's number, the shells' convention); a run ended
+by `rqrl stop` exits with 0, like one that ran to its end."""
 
 
 def secret_from_env() -> str | None:
@@ -76,11 +79,75 @@ def worker(redis_url: str, queues: tuple[str, ...], name: str | None, burst: boo
     run_worker(redis_url, list(queues), name=name, burst=burst, logging_level=log_level)
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
+@main.command()
+@click.argument("run_name")
 @click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
-@click.argument("dashboard_args", nargs=-1, type=click.UNPROCESSED)
-def dashboard(redis_url: str, dashboard_args: tuple[str, ...]) -> None:
-    """Run rq-dashboard set up for rqrl's JSON jobs; other arguments (--bind, --port, ...) go to it."""
+@click.option("--wait", default=60.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for the run's learner to write its checkpoint and remove the run's keys.")
+def stop(run_name: str, redis_url: str, wait: float) -> None:
+    """End run RUN_NAME from anywhere: its learner stops as on Ctrl-C (checkpoint, summary, keys removed) and
+    exits with 0, and its jobs end, freeing their workers.
+
+    A run whose learner is gone (no heartbeat within its learner_timeout) is cleaned up here instead: its jobs
+    are stopped and its keys removed; `rqrl train --resume` can still continue it from its run folder.
+    """
+    import redis
+
+    from rqrl.errors import RqrlError
+    from rqrl.jobs import learner_gone
+    from rqrl.keys import RunKeys
+    from rqrl.rq_safety import rollout_queue
+    from rqrl.run_config import RunConfig
+    from rqrl.run_store import RunStore
+
+    try:
+        keys = RunKeys(run_name)
+        connection = redis.Redis.from_url(redis_url)
+        raw_config, deadline = connection.mget([keys.config, keys.learner_deadline])
+        if raw_config is None:
+            raise click.ClickException(f"no run {run_name!r} in the Redis at {redact_url(redis_url)} (already "
+                                       f"stopped, or another Redis or database?)")
+        config = RunConfig.from_json(raw_config)
+        connection.set(keys.stopped, 1)
+        if deadline is None or learner_gone(deadline):
+            RunStore(connection, keys, b"").stop(rollout_queue(config.queue_name, connection), wait)
+            click.echo(f"run {run_name}: no live learner; stopped its jobs and removed its keys")
+            return
+        click.echo(f"run {run_name}: stop requested; waiting up to {wait:g} s for its learner to finish")
+        deadline_at = time.monotonic() + wait
+        while connection.exists(keys.config):
+            if time.monotonic() > deadline_at:
+                raise click.ClickException(f"run {run_name}: its learner has not finished within {wait:g} s; it "
+                                           f"stops at its next collect (raise --wait to wait longer)")
+            time.sleep(0.2)
+    except (redis.RedisError, RqrlError) as error:
+        raise click.ClickException(f"cannot stop run {run_name!r}: {error}") from error
+    click.echo(f"run {run_name}: stopped by its learner (checkpoint written, keys removed)")
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("-b", "--bind", default="127.0.0.1", show_default=True,
+              help="Address to listen on. 0.0.0.0 opens it to the network: set --username and --password, and put "
+                   "TLS in front (the compose file binds 0.0.0.0 inside its container and publishes the port on "
+                   "127.0.0.1 only).")
+@click.option("-p", "--port", default=9181, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
+@click.option("--url-prefix", default="", help="URL prefix, e.g. behind a reverse proxy.")
+@click.option("--username", envvar="RQ_DASHBOARD_USERNAME", default=None,
+              help="HTTP Basic Auth user (env: RQ_DASHBOARD_USERNAME); no login unless set.")
+@click.option("--password", envvar="RQ_DASHBOARD_PASSWORD", default=None,
+              help="HTTP Basic Auth password; prefer the env var RQ_DASHBOARD_PASSWORD (flags show in `ps`).")
+@click.option("--delete/--no-delete", "allow_delete", default=False, show_default=True,
+              help="Show the buttons that delete jobs and empty or compact queues and registries.")
+@click.option("--poll-interval", default=None, type=click.IntRange(min=1),
+              help="Milliseconds between the pages' refreshes (rq-dashboard's default: 2500).")
+@click.option("--debug", is_flag=True, help="Flask's debug mode (never on a network: it runs code on request).")
+def dashboard(redis_url: str, bind: str, port: int, url_prefix: str, username: str | None, password: str | None,
+              allow_delete: bool, poll_interval: int | None, debug: bool) -> None:
+    """Run rq-dashboard set up for rqrl: JSON jobs read through rqrl's classes (never pickle), the Jobs tab on
+    the rqrl queue, and a page that says a job is gone instead of an error (rqrl keeps finished jobs for 0 s,
+    failed ones for 24 h, and a run's jobs until its learner stops). Needs `pip install 'rqrl[dashboard]'`.
+    """
     try:
         import rq_dashboard.cli
         import rq_dashboard.web
@@ -88,9 +155,23 @@ def dashboard(redis_url: str, dashboard_args: tuple[str, ...]) -> None:
         raise click.ClickException("rq-dashboard is not installed: pip install 'rqrl[dashboard]'") from error
     from rqrl.rq_safety import secure_rq_dashboard
 
+    if bind not in ("127.0.0.1", "localhost", "::1") and not (username and password):
+        logging.getLogger(__name__).warning(
+            "rqrl dashboard listens on %s without a login: anyone who reaches it sees the jobs%s; set --username "
+            "and RQ_DASHBOARD_PASSWORD", bind, " and can delete them" if allow_delete else "")
     secure_rq_dashboard(rq_dashboard.web)  # JSON and rqrl's job class on every page and action: no pickle
-    rq_dashboard.cli.run.main(args=["--json", "--redis-url", redis_url, *dashboard_args],
-                              prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
+    arguments = ["--json", "--redis-url", redis_url, "--bind", bind, "--port", str(port), "--url-prefix", url_prefix]
+    if username:
+        arguments += ["--username", username]
+    if password:
+        arguments += ["--password", password]
+    if not allow_delete:
+        arguments.append("--disable-delete")
+    if poll_interval is not None:
+        arguments += ["--poll-interval", str(poll_interval)]
+    if debug:
+        arguments.append("--debug")
+    rq_dashboard.cli.run.main(args=arguments, prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
 
 
 def _config_options(config_class: type[DataclassInstance]) -> Callable[[_Command], _Command]:
@@ -136,6 +217,7 @@ def _train_command() -> click.Command:
         from rqrl.algorithms.impala import ImpalaConfig
         from rqrl.algorithms.impala import train as run_training
         from rqrl.errors import RqrlError
+        from rqrl.process import terminate_like_ctrl_c
 
         logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.captureWarnings(True)  # warnings as log records: they never break into the progress bar
@@ -143,19 +225,21 @@ def _train_command() -> click.Command:
             options["env_id"] = env_alias
         if options["redis_url"] is None:
             options["redis_url"] = os.environ.get("REDIS_URL")
+        terminate_like_ctrl_c()  # `docker stop`, `docker compose stop` and Kubernetes send SIGTERM
         try:
             config = ImpalaConfig(**options)
             result = run_training(config, secret=secret_from_env(), redis_server=redis_server_from_env())
         except RqrlError as error:
             raise click.ClickException(str(error)) from error
-        state = "solved" if result.solved else ("interrupted" if result.interrupted else "step budget reached")
+        state = ("solved" if result.solved else f"interrupted ({result.stopped_by})" if result.interrupted
+                 else "step budget reached")
         mean = f"{result.mean_return:.1f}" if result.mean_return is not None else "n/a"
         click.echo(f"{state}: {result.env_steps:,} env steps, {result.updates:,} updates in {result.seconds:.1f} s "
                    f"({result.env_steps / max(result.seconds, 1e-9):,.0f} steps/s); mean return of the last 100 "
                    f"episodes {mean} over {result.episodes:,} episodes")
         click.echo(f"run folder: {result.run_dir}")
-        if result.interrupted:
-            raise SystemExit(130)
+        if result.stopped_by in INTERRUPTED_EXIT_CODES:
+            raise SystemExit(INTERRUPTED_EXIT_CODES[result.stopped_by])
 
     return train
 
@@ -218,6 +302,7 @@ def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batc
 
     from rqrl.actors import RedisDistributedActors
     from rqrl.errors import RqrlError
+    from rqrl.process import terminate_like_ctrl_c
     from rqrl.progress import Progress
 
     logging.basicConfig(level=logging.WARNING)
@@ -234,36 +319,49 @@ def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batc
         )
     policy = _demo_policy(int(observation_space.shape[0]), int(action_space.n))
     click.echo(f"rqrl demo: {env_id}, {actors} actors, {rollout_steps}-step rollouts, batches of {batch_size}")
+    terminate_like_ctrl_c()
     try:
         with RedisDistributedActors(env_factory, policy, rollout_steps, actors, batch_size, 2.0,
                                     redis_url=redis_url, n_local_workers=workers, start_method="forkserver",
                                     secret=secret_from_env(), redis_server=redis_server_from_env()) as run:
             run.broadcast_updated_policy(policy.state_dict())
             click.echo(f"run {run.run_name}: {run.n_local_workers} local worker(s), Redis {redact_url(run.redis_url)}")
-            _collect_with_progress(run, seconds, Progress(f"demo {env_id}", enabled=progress,
-                                                          interval=progress_seconds))
+            stopped_by = _collect_with_progress(run, seconds, Progress(f"demo {env_id}", enabled=progress,
+                                                                       interval=progress_seconds))
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
+    if stopped_by is not None:
+        raise SystemExit(INTERRUPTED_EXIT_CODES[stopped_by])
 
 
-def _collect_with_progress(run: RedisDistributedActors, seconds: float, progress: Progress) -> None:
+def _collect_with_progress(run: RedisDistributedActors, seconds: float, progress: Progress) -> str | None:
+    """Collect for ``seconds`` showing progress, then print a summary; returns what cut it short (SIGINT, SIGTERM)."""
+    from rqrl.process import Terminated
+
     started = time.monotonic()
     total_steps = 0
     returns: list[float] = []
+    stopped_by = None
     with progress:
-        while time.monotonic() - started < seconds:
-            record, size_before, _, _ = run.collect_outputs("cpu")
-            total_steps += record.rewards.numel()
-            returns.extend(record.episode_returns.tolist())
-            lags = (run.policy_version - record.policy_version).float()
-            progress.update(total_steps, mean_return=sum(returns[-100:]) / len(returns[-100:]) if returns else None,
-                            lag=float(lags.mean()), lag_max=float(lags.max()), queue=size_before,
-                            queue_bound=run.config.queue_bound, workers=run.workers_alive())
+        try:
+            while time.monotonic() - started < seconds:
+                record, size_before, _, _ = run.collect_outputs("cpu")
+                total_steps += record.rewards.numel()
+                returns.extend(record.episode_returns.tolist())
+                lags = (run.policy_version - record.policy_version).float()
+                recent = returns[-100:]
+                progress.update(total_steps, mean_return=sum(recent) / len(recent) if recent else None,
+                                lag=float(lags.mean()), lag_max=float(lags.max()), queue=size_before,
+                                queue_bound=run.config.queue_bound, workers=run.workers_alive())
+        except KeyboardInterrupt as error:
+            stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
     stats = run.get_epoch_stats_aggregator().reduce()
     elapsed = time.monotonic() - started
-    click.echo(f"done: {total_steps:,} env steps in {elapsed:.1f} s = {total_steps / elapsed:,.0f} steps/s; "
+    state = f"interrupted ({stopped_by})" if stopped_by else "done"
+    click.echo(f"{state}: {total_steps:,} env steps in {elapsed:.1f} s = {total_steps / elapsed:,.0f} steps/s; "
                f"episodes {int(stats.get('episode_return', {}).get('count', 0))}, "
                f"policy lag max {stats.get('policy_lag', {}).get('max', 0):.0f}")
+    return stopped_by
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -125,12 +125,37 @@ _MAX_CONTEXTS = 4
 ALLOWED_JOB_FUNCTIONS = frozenset({JOB_FUNCTION})
 _secret: bytes | None = None
 _heartbeat_hook: Callable[[], None] | None = None
+_shutdown_hook: Callable[[], bool] | None = None
 
 
 def set_heartbeat_hook(hook: Callable[[], None] | None) -> None:
     """Let the worker layer refresh RQ's heartbeats during long slices (jobs never import it)."""
     global _heartbeat_hook
     _heartbeat_hook = hook
+
+
+def set_shutdown_hook(hook: Callable[[], bool] | None) -> None:
+    """Let the worker layer say it was asked to shut down (SIGTERM): a running job then ends its slice
+    at the next rollout and enqueues its continuation, so the worker exits within seconds."""
+    global _shutdown_hook
+    _shutdown_hook = hook
+
+
+def shutdown_requested() -> bool:
+    """Whether this worker process was asked to shut down (see set_shutdown_hook)."""
+    return _shutdown_hook is not None and _shutdown_hook()
+
+
+def learner_gone(deadline: bytes | str | None, now: float | None = None) -> bool:
+    """Whether the run's learner missed its heartbeat deadline (unix seconds; see RunKeys.learner_deadline).
+    No deadline, or one that does not parse, counts as alive: stopping a run takes a positive sign."""
+    if deadline is None:
+        return False
+    try:
+        value = float(deadline)
+    except (TypeError, ValueError):
+        return False
+    return (time.time() if now is None else now) > value
 
 
 def configure_secret(secret: str | bytes | None) -> None:
@@ -210,7 +235,7 @@ class _Slice:
         """True once the slice is long enough and another job waits, or it is at its maximum."""
         now = time.monotonic()
         elapsed = now - self.started
-        if elapsed >= self.config.max_job_seconds:
+        if elapsed >= self.config.max_job_seconds or shutdown_requested():
             return True
         if elapsed < self.config.min_job_seconds or now - self.last_check < self.config.min_job_seconds:
             return False
@@ -279,11 +304,17 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         stop_checked_at, stopped = 0.0, False
 
         def is_stopped() -> bool:
-            """Whether the learner stopped the run; asks Redis at most every STOP_CHECK_SECONDS."""
+            """Whether the run was stopped, or its learner is gone; asks Redis at most every STOP_CHECK_SECONDS."""
             nonlocal stop_checked_at, stopped
             now = time.monotonic()
-            if now - stop_checked_at >= STOP_CHECK_SECONDS:
-                stop_checked_at, stopped = now, bool(connection.exists(keys.stopped))
+            if now - stop_checked_at >= STOP_CHECK_SECONDS and not stopped:
+                stop_checked_at = now
+                flag, deadline = connection.mget([keys.stopped, keys.learner_deadline])
+                if learner_gone(deadline):
+                    log.warning("run %s: its learner has sent no heartbeat past its deadline (learner_timeout): "
+                                "job %s stops and frees this worker; a resumed learner re-runs the group", run_name,
+                                job.id)
+                stopped = flag is not None or learner_gone(deadline)
             return stopped
 
         def beat() -> None:

@@ -13,6 +13,7 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import redis
@@ -26,7 +27,7 @@ from rq.utils import now
 from rq.version import VERSION as RQ_VERSION
 
 from rqrl.connection import connect
-from rqrl.jobs import HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook
+from rqrl.jobs import HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook, set_shutdown_hook
 from rqrl.keys import DEFAULT_QUEUE
 from rqrl.process import exit_when_orphaned
 from rqrl.rq_safety import TESTED_RQ_VERSIONS, RolloutJob, RolloutQueue, as_rollout_job, clean_queue, rollout_queue
@@ -80,9 +81,19 @@ class RolloutWorker(SimpleWorker):
         # so the learner can tell live workers from killed ones (see workers_alive)
         kwargs.setdefault("worker_ttl", int(HEARTBEAT_SECONDS) + 15)
         self._check_registration = True  # off once the ACL user turns out not to allow the check
+        self.shutdown_requested = False  # SIGTERM/SIGINT: the running job ends its slice early (see jobs)
         super().__init__(queues, *args, **kwargs)
         torch.set_num_threads(1)
         configure_secret(secret or os.environ.get("RQRL_SECRET"))
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        """RQ's warm shutdown, plus a flag the running job reads: it ends its slice after the rollout in hand
+        and enqueues its continuation, so the worker exits in seconds, not after a whole slice."""
+        self.shutdown_requested = True
+        if self.get_state() == "busy":
+            log.warning("worker %s: shutting down; the running job hands its actor group back after its current "
+                        "rollout", self.name)
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's heartbeat, plus registering again if Redis lost our registration (a restart without
@@ -159,7 +170,14 @@ def send_heartbeat() -> None:
         worker.heartbeat()
 
 
+def shutdown_requested() -> bool:
+    """Whether the worker running the current job was asked to shut down."""
+    worker = _running
+    return worker is not None and worker.shutdown_requested
+
+
 set_heartbeat_hook(send_heartbeat)
+set_shutdown_hook(shutdown_requested)
 
 
 def default_worker_name() -> str:

@@ -35,9 +35,10 @@ from torch import nn
 from rqrl.actors import DistributedActors, RedisDistributedActors
 from rqrl.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
 from rqrl.connection import redact_url
-from rqrl.errors import ConfigError
+from rqrl.errors import ConfigError, RunStoppedError
 from rqrl.metrics import MetricsWriter, plot_learning_curve
 from rqrl.observations import TensorObs, map_tree
+from rqrl.process import Terminated
 from rqrl.progress import Progress
 from rqrl.records import BatchedRecord
 
@@ -89,12 +90,16 @@ class ImpalaConfig:
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every --progress-seconds (a file, a "
                 "pipe, a container log); --no-progress shows neither, the final summary always prints."})
+    learner_timeout: float = field(default=300.0, metadata={
+        "help": "Seconds after this learner's last heartbeat (it dies or hangs) at which the run's jobs stop and "
+                "free their workers; --resume re-runs them."})
     progress_seconds: float = field(default=10.0, metadata={
         "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
-                    "learner_threads", "progress_seconds")
+                    "learner_threads", "progress_seconds",
+                    "learner_timeout")
         for name in (*positive, "rho_bar", "c_bar", "pg_rho_bar", "max_grad_norm", "queue_out_of_sync_factor"):
             if not getattr(self, name) > 0:  # also refuses NaN
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
@@ -266,6 +271,8 @@ class TrainResult:
     mean_return: float | None
     best_mean_return: float | None
     episodes: int
+    stopped_by: str | None = None
+    """What interrupted the run: "SIGINT" (Ctrl-C), "SIGTERM" or "rqrl stop"; None if it ran to its end."""
 
     def summary(self) -> dict[str, Any]:
         return {**asdict(self), "run_dir": str(self.run_dir)}
@@ -311,6 +318,7 @@ def make_actors(config: ImpalaConfig, model: ActorCritic, *, secret: str | bytes
         n_local_workers=workers,
         actors_per_job=config.actors_per_job,
         start_method="forkserver", resume=config.resume is not None, secret=secret, redis_server=redis_server,
+        learner_timeout=config.learner_timeout,
     )
 
 
@@ -402,10 +410,12 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
     learner = Learner(config)
     actors = actors if actors is not None else make_actors(config, learner.model, secret=secret,
                                                            redis_server=redis_server)
-    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS)
+    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
+                            resume_step=learner.env_steps if config.resume else None)
     progress = Progress(f"IMPALA {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
                         enabled=config.progress, interval=config.progress_seconds)
-    started, last_checkpoint, interrupted = time.monotonic(), time.monotonic(), False
+    started, last_checkpoint = time.monotonic(), time.monotonic()
+    stopped_by: str | None = None
     try:
         with actors:
             actors.broadcast_updated_policy(learner.model.state_dict())
@@ -445,9 +455,12 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                                 workers=_workers_alive(actors))
                 if learner.updates % 100 == 0:  # epochs of 100 updates keep the actors' statistics bounded
                     actors.get_epoch_stats_aggregator().reduce()
-    except KeyboardInterrupt:
-        interrupted = True
-        log.warning("interrupted: writing a checkpoint; resume with --resume %s", learner.run_dir)
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
+        stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
+        log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)
+    except RunStoppedError as error:
+        stopped_by = "rqrl stop"
+        log.warning("%s: writing a checkpoint; resume with --resume %s", error, learner.run_dir)
     finally:
         progress.close()
         seconds = learner.elapsed_before + time.monotonic() - started
@@ -455,10 +468,10 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
         learner.save_weights("final")
         metrics.close()
         _plot(learner)
-    result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=interrupted,
+    result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=stopped_by is not None,
                          env_steps=learner.env_steps, updates=learner.updates, seconds=seconds,
                          mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
-                         episodes=learner.episodes)
+                         episodes=learner.episodes, stopped_by=stopped_by)
     (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
 
