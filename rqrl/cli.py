@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from rqrl.connection import redact_url
-from rqrl.worker import DEFAULT_QUEUE
+from rqrl.keys import DEFAULT_QUEUE
 
 if TYPE_CHECKING:
     import torch
@@ -172,6 +172,38 @@ def dashboard(redis_url: str, bind: str, port: int, url_prefix: str, username: s
     if debug:
         arguments.append("--debug")
     rq_dashboard.cli.run.main(args=arguments, prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--worker", "worker_prefix", is_flag=False, flag_value="", default=None,
+              help="Check that a worker of this host (default names: rqrl.HOSTNAME.*; or give a name prefix) sent "
+                   "a heartbeat in the last 20 s.")
+@click.option("--run", "run_name", default=None, help="Check that run RUN's learner is alive (its heartbeat "
+                                                       "deadline, --learner-timeout, has not passed).")
+def health(redis_url: str, worker_prefix: str | None, run_name: str | None) -> None:
+    """Exit 0 if what is checked is healthy, else print why and exit 1: a container's HEALTHCHECK."""
+    import redis
+
+    from rqrl.errors import RqrlError
+    from rqrl.health import learner_is_healthy, worker_is_healthy
+    from rqrl.worker import host_worker_prefix
+
+    if worker_prefix is None and run_name is None:
+        raise click.UsageError("give --worker, --run RUN or both")
+    try:
+        connection = redis.Redis.from_url(redis_url)
+        checks = []
+        if worker_prefix is not None:
+            checks.append(worker_is_healthy(connection, worker_prefix or host_worker_prefix()))
+        if run_name is not None:
+            checks.append(learner_is_healthy(connection, run_name))
+    except (redis.RedisError, RqrlError) as error:
+        raise click.ClickException(f"cannot check health: {error}") from error
+    for healthy, reason in checks:
+        click.echo(("healthy: " if healthy else "unhealthy: ") + reason)
+    if not all(healthy for healthy, _ in checks):
+        raise SystemExit(1)
 
 
 def _config_options(config_class: type[DataclassInstance]) -> Callable[[_Command], _Command]:

@@ -180,8 +180,13 @@ set_heartbeat_hook(send_heartbeat)
 set_shutdown_hook(shutdown_requested)
 
 
+def host_worker_prefix() -> str:
+    """What the default names of this host's workers start with (``rqrl health --worker`` looks for them)."""
+    return f"rqrl.{socket.gethostname()}."
+
+
 def default_worker_name() -> str:
-    return f"rqrl.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+    return f"{host_worker_prefix()}{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
 def run_worker(
