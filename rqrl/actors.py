@@ -42,6 +42,7 @@ from rqrl.observations import stack_obs, to_array, to_tensor
 from rqrl.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
 from rqrl.policy import Policy, as_state_dict, check_state_dict, make_act_function, state_dict_of
 from rqrl.process import ProcessContext
+from rqrl.progress import Throughput
 from rqrl.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory
 from rqrl.rq_safety import rollout_queue
@@ -175,6 +176,10 @@ class RedisDistributedActors(DistributedActors):
         self._last_state_dict: Mapping[str, torch.Tensor] | None = None
         self._supervisor: Supervisor | None = None
         self._transport: tuple[WeightStore, TrajectoryQueue, Queue, RunStore] | None = None
+        # what the learner publishes with its heartbeat, for `rqrl status`
+        self._steps_collected = 0
+        self._throughputs = (Throughput(10.0), Throughput(60.0))
+        self._last_batch: dict[str, float] = {}
 
     def _redis_url(self, options: RunOptions, connection: redis.Redis | None) -> str | None:
         """The URL given, else (without an injected connection) REDIS_URL, the ecosystem's convention."""
@@ -411,7 +416,7 @@ class RedisDistributedActors(DistributedActors):
         now = time.monotonic()
         if now - self._last_run_check > 1.0:
             self._last_run_check = now
-            exists, stopped = self._run_store.check_in(self.options.learner_timeout)
+            exists, stopped = self._run_store.check_in(self.options.learner_timeout, self._learner_facts())
             if not exists:
                 self._reseed()
             elif stopped:
@@ -434,8 +439,22 @@ class RedisDistributedActors(DistributedActors):
         """The rollout id after the last one this learner got from the group: where lost ones re-run from."""
         return max(self._inbox.last_delivered(actor) for actor in self.config.actor_groups[group_id]) + 1
 
+    def _learner_facts(self) -> dict[str, float]:
+        """What `rqrl status` shows of this learner: counters, windowed throughput, the last batch's lag and queue."""
+        rates = [throughput.rate() for throughput in self._throughputs]
+        return {"beat": time.time(), "learner_timeout": self.options.learner_timeout,
+                "policy_version": self.policy_version, "env_steps": self._steps_collected,
+                "steps_per_second_10s": rates[0] or 0.0, "steps_per_second_60s": rates[1] or 0.0,
+                "queue_bound": self.config.queue_bound, "records_rejected": self.records_rejected,
+                **self._last_batch}
+
     def _record_stats(self, records: list[RolloutRecord], size_before: int, dequeue_time: float) -> None:
         now = time.monotonic()
+        self._steps_collected += sum(record.n_steps for record in records)
+        for throughput in self._throughputs:
+            throughput.add(now, self._steps_collected)
+        lags = [self.policy_version - record.policy_version for record in records] or [0]
+        self._last_batch = {"lag_mean": sum(lags) / len(lags), "lag_max": max(lags), "queue_size": size_before}
         elapsed, self._last_collect = now - self._last_collect, now
         record_batch(self.epoch_stats, records, self.policy_version, elapsed, size_before, dequeue_time,
                      self.workers_alive())

@@ -206,6 +206,40 @@ def health(redis_url: str, worker_prefix: str | None, run_name: str | None) -> N
         raise SystemExit(1)
 
 
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--run", "run_name", default=None, help="Show only this run (default: every run on the Redis).")
+@click.option("--watch", is_flag=False, flag_value=2.0, default=None, type=click.FloatRange(min=0.5),
+              help="Refresh every WATCH seconds (default 2) until Ctrl-C.")
+def status(redis_url: str, run_name: str | None, watch: float | None) -> None:
+    """Show every run on a Redis: learner heartbeat, steps/s over 10 s and 60 s, policy version and lag, queue
+    depth against its bound, jobs queued, started and failed, recent failures, and the workers on the run's
+    queue with what each runs."""
+    import redis
+
+    from rqrl.errors import RqrlError
+    from rqrl.status import format_status, read_status
+
+    connection = redis.Redis.from_url(redis_url)
+    terminal = sys.stdout.isatty()
+    try:
+        while True:
+            try:
+                screen = format_status(read_status(connection, run_name))
+            except (redis.RedisError, RqrlError) as error:
+                raise click.ClickException(f"cannot read the status: {error}") from error
+            if watch is not None and terminal:
+                click.clear()
+            click.echo(screen)
+            if watch is None:
+                return
+            if not terminal:
+                click.echo(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}")
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return
+
+
 def _config_options(config_class: type[DataclassInstance]) -> Callable[[_Command], _Command]:
     """Decorator adding one click option per dataclass field, with the field's help text."""
     import dataclasses

@@ -112,6 +112,11 @@ class RunKeys:
         """Unix time until which the learner counts as alive (it moves it on as it runs); past it, jobs stop."""
         return self._key("learner_deadline")
 
+    @property
+    def learner(self) -> str:
+        """Hash the learner rewrites with each heartbeat: its counters and windowed throughput (``rqrl status``)."""
+        return self._key("learner")
+
     def lease(self, group_id: int) -> str:
         """Job id of the live job running an actor group, with a short TTL (see leases.py)."""
         return self._key("lease", group_id)

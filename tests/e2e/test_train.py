@@ -144,6 +144,11 @@ def test_sigterm_to_the_learner_stops_like_ctrl_c(tmp_path, connection, redis_ur
     try:
         wait_until(lambda: rows_written(run, learner) >= 5, 120, interval=0.2, message="5 rows of metrics.csv")
         assert not (run / "checkpoint.safetensors").exists(), "no checkpoint before the stop (--checkpoint-seconds)"
+        status = rqrl("status", "--redis-url", redis_url, timeout=60)
+        assert status.returncode == 0, status.stderr
+        assert "run terminated: queue rqrl, 2 actors" in status.stdout, status.stdout
+        assert "learner   alive, heartbeat" in status.stdout and "steps/s (10 s)" in status.stdout, status.stdout
+        assert "1 alive of 1 registered" in status.stdout and "steady  busy  group " in status.stdout, status.stdout
         learner.send_signal(signal.SIGTERM)  # what `docker compose stop` sends to the container's process
         stdout, stderr = learner.communicate(timeout=60)
     finally:
@@ -155,6 +160,7 @@ def test_sigterm_to_the_learner_stops_like_ctrl_c(tmp_path, connection, redis_ur
     assert summary["interrupted"] and summary["stopped_by"] == "SIGTERM"
     assert connection.keys("rqrl:terminated:*") == [] and run_jobs(connection, "terminated") == []
     assert worker.poll() is None, "the external worker outlives the learner"
+    assert rqrl("status", "--redis-url", redis_url, timeout=60).stdout.strip() == "no rqrl runs on this Redis"
     wait_until(lambda: connection.hget("rq:worker:steady", "state") == b"idle", 15,
                message="the worker to be idle again")
 
