@@ -400,7 +400,12 @@ class Learner:
 
 
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_lag_mean",
-                 "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped"]
+                 "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped",
+                 "steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
+                 "update_seconds"]
+"""metrics.csv's columns and TensorBoard's scalars: steps_per_second is the average since the start,
+steps_per_second_10s over the last 10 s; the lags are those of the rollouts trained on; dequeue_seconds is
+collect_outputs' wait, update_seconds the gradient step and broadcast."""
 
 
 def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secret: str | bytes | None = None,
@@ -420,18 +425,24 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
         with actors:
             actors.broadcast_updated_policy(learner.model.state_dict())
             while learner.env_steps < config.total_env_steps and not learner.solved:
-                record, queue_size, _, _ = actors.collect_outputs(str(learner.device))
+                record, queue_size, _, dequeue_seconds = actors.collect_outputs(str(learner.device))
                 learner_version = actors.policy_version
                 lags = (learner_version - record.policy_version).float()
                 learner.env_steps += record.n_steps * record.batch_size
                 learner.episodes += len(record.episode_returns)
                 learner.recent_returns.extend(record.episode_returns.tolist())
+                workers = _workers_alive(actors)
+                progress.update(learner.env_steps, mean_return=learner.mean_return, lag=float(lags.mean()),
+                                lag_max=float(lags.max()), queue=queue_size, queue_bound=_queue_bound(actors),
+                                workers=workers)
                 fresh = drop_stale(record, learner_version, config.max_policy_lag)
                 dropped = record.batch_size - (fresh.batch_size if fresh is not None else 0)
                 if fresh is None:
                     continue
+                update_started = time.perf_counter()
                 terms = learner.update(fresh)
                 actors.broadcast_updated_policy(learner.model.state_dict())
+                update_seconds = time.perf_counter() - update_started
                 seconds = learner.elapsed_before + time.monotonic() - started
                 trained_lag = (learner_version - fresh.policy_version).float()
                 metrics.write(learner.env_steps, {
@@ -441,6 +452,9 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                     "policy_lag_max": float(trained_lag.max()), "queue_size": queue_size,
                     "policy_loss": terms.policy, "value_loss": terms.value, "entropy": terms.entropy,
                     "mean_rho": terms.mean_rho, "dropped": dropped,
+                    "steps_per_second_10s": progress.throughput.rate(), "policy_lag_min": float(trained_lag.min()),
+                    "workers_alive": workers, "records_rejected": _records_rejected(actors),
+                    "dequeue_seconds": dequeue_seconds, "update_seconds": update_seconds,
                 })
                 if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
                         learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
@@ -450,9 +464,6 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                     learner.checkpoint(seconds)
                     metrics.flush()
                     last_checkpoint = time.monotonic()
-                progress.update(learner.env_steps, mean_return=learner.mean_return, lag=float(lags.mean()),
-                                lag_max=float(lags.max()), queue=queue_size, queue_bound=_queue_bound(actors),
-                                workers=_workers_alive(actors))
                 if learner.updates % 100 == 0:  # epochs of 100 updates keep the actors' statistics bounded
                     actors.get_epoch_stats_aggregator().reduce()
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
@@ -487,6 +498,10 @@ def _plot(learner: Learner) -> None:
 def _workers_alive(actors: DistributedActors) -> int | None:
     """Live workers of Redis actors (re-read at most once a second), else None."""
     return actors.workers_alive() if isinstance(actors, RedisDistributedActors) else None
+
+
+def _records_rejected(actors: DistributedActors) -> int | None:
+    return actors.records_rejected if isinstance(actors, RedisDistributedActors) else None
 
 
 def _queue_bound(actors: DistributedActors) -> int | None:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.polling import wait_until
 from tests.processes import REPO_ROOT, alive, descendants, processes_with_marker, run_rqrl, stop_process, worker_env
-from tests.run_files import PNG_SIGNATURE, read_rows
+from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
 
 pytestmark = pytest.mark.timeout(240)
 TRIVIAL_ENV = "tests.fixtures:RqrlGuessSign-v0"
@@ -47,6 +47,12 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
     assert (run / "learning_curve.png").read_bytes()[:8] == PNG_SIGNATURE
     rows = read_rows(run / "metrics.csv")
     assert rows and {"env_steps", "mean_return", "policy_lag_mean", "queue_size"} <= set(rows[0])
+    # windowed throughput, lag range, workers, rejected records and learner timings, in the CSV and TensorBoard
+    windowed = {"steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
+                "update_seconds"}
+    assert windowed <= set(rows[0])
+    assert float(rows[-1]["workers_alive"]) == 2 and float(rows[-1]["steps_per_second_10s"]) > 0
+    assert windowed <= {tag for _, tag, _ in tensorboard_scalars(run)}
     summary = json.loads((run / "summary.json").read_text())
     random_policy_return = 10.0  # 20 coin flips
     assert summary["mean_return"] > random_policy_return + 5, summary
