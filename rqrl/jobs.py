@@ -253,9 +253,9 @@ class _Slice:
 
 
 def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Callable[[], bool],
-                      beat: Callable[[], None]) -> int:
+                      beat: Callable[[], None]) -> int | None:
     """Load the latest weights; block until the learner has broadcast a first version (actors may start
-    before it). Returns the version loaded."""
+    before it). Returns the version loaded, or None if the worker was asked to shut down meanwhile."""
     poll = 0.01
     while True:
         fetched = store.fetch_if_newer(context.weights_version)
@@ -267,6 +267,8 @@ def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Calla
             return context.weights_version
         if is_stopped():
             raise RunStoppedError(f"run {context.keys.run_name!r} stopped before any weights were broadcast")
+        if shutdown_requested():
+            return None
         beat()
         time.sleep(poll)
         poll = min(poll * 2, 0.5)
@@ -328,6 +330,9 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             weights_version = _wait_for_weights(context, store, is_stopped, beat)
             if is_stopped():
                 return {"rollouts": rollout_id - first_rollout, "stopped": True}
+            if weights_version is None:  # the worker shuts down before any weights came: hand the group back
+                enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
+                return {"rollouts": 0, "stopped": False}
             yield_now = work.should_yield()
             records = group.run(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
             # a re-run recomputes rollouts an earlier job delivered; the first new one does not

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 
-from tests.processes import REPO_ROOT, free_port, get_json, run_rqrl, stop_process, worker_env
+from tests.polling import wait_until
+from tests.processes import (
+    REPO_ROOT,
+    alive,
+    descendants,
+    free_port,
+    get_json,
+    processes_with_marker,
+    run_rqrl,
+    stop_process,
+    worker_env,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -123,3 +136,24 @@ def test_dashboard_listens_on_localhost_opens_on_the_rqrl_queue_and_explains_gon
             assert "is no longer in Redis" in refusal.value.read().decode(), path
     finally:
         stop_process(dashboard)
+
+
+def test_sigterm_to_demo_stops_it_cleanly_with_its_summary():
+    marker = uuid.uuid4().hex
+    demo = subprocess.Popen([sys.executable, "-m", "rqrl", "demo", "--seconds", "120", "--actors", "2", "--workers",
+                             "1", "--progress-seconds", "0.5"], cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: demo.poll() is None and len(descendants(demo.pid)) >= 2, 60, interval=0.2,
+                   message="the demo's redis-server and worker")
+        children = descendants(demo.pid)
+        wait_until(lambda: demo.poll() is not None or "steps/s" in (demo.stderr.readline() or ""), 60,
+                   message="a progress line")
+        demo.send_signal(signal.SIGTERM)
+        stdout, stderr = demo.communicate(timeout=60)
+    finally:
+        stop_process(demo)
+    assert demo.returncode == 143, stderr[-3000:]
+    assert "interrupted (SIGTERM):" in stdout and "Traceback" not in stderr, stdout + stderr[-3000:]
+    wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,
+               message="the demo's processes to exit")
