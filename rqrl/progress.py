@@ -13,6 +13,7 @@ policy lag, queue depth and workers alive. Learners, ``rqrl demo`` and samplers 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections import deque
@@ -154,8 +155,15 @@ class Progress:
 
 
 def _is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal a bar can be drawn on (one that reports 0 columns, as a pty nobody sized
+    does, gets plain lines: tqdm would draw an empty bar)."""
     try:
-        return bool(stream.isatty())
+        if not stream.isatty():
+            return False
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a test's fake terminal): trust isatty
+        return True
 

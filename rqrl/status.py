@@ -100,10 +100,13 @@ def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
 def read_workers(connection: redis.Redis, queue_name: str) -> list[WorkerStatus]:
     """The workers registered on ``queue_name``, from each one's hash (state, current job, heartbeat)."""
     worker_keys = sorted(_text(key) for key in connection.smembers(WORKERS_BY_QUEUE_KEY % queue_name))
+    fields = ("state", "current_job", "last_heartbeat")
     with connection.pipeline(transaction=False) as pipe:
         for key in worker_keys:
-            pipe.hmget(key, ["state", "current_job", "last_heartbeat"])
-        rows = pipe.execute()
+            for name in fields:  # HGET, not HMGET: the learner's ACL user (docs/redis-security.md) has only HGET
+                pipe.hget(key, name)
+        values = pipe.execute()
+    rows = [values[index:index + len(fields)] for index in range(0, len(values), len(fields))]
     now = datetime.datetime.now(datetime.UTC)
     workers = []
     for key, (state, current_job, heartbeat) in zip(worker_keys, rows, strict=True):
