@@ -245,3 +245,27 @@ def test_sigterm_to_a_busy_worker_hands_its_job_back_within_seconds(tmp_path, co
     assert "Traceback" not in stderr and "lost its job" not in stderr, stderr[-3000:]
     env_steps = [int(row["env_steps"]) for row in read_rows(run / "metrics.csv")]
     assert env_steps == sorted(env_steps)
+
+
+def test_a_resumed_learner_re_runs_the_groups_its_dead_predecessors_workers_dropped(tmp_path, connection, redis_url,
+                                                                                     workers):
+    workers.start("steady")
+    workers.wait_registered(connection, 1)
+    learner = start_learner(tmp_path, redis_url, "revived", "--learner-timeout", "2", "--checkpoint-seconds", "0.5")
+    run = tmp_path / "revived"
+    try:
+        wait_until(lambda: (run / "checkpoint.safetensors").is_file() and rows_written(run, learner) >= 3, 120,
+                   interval=0.2, message="a checkpoint and 3 rows of metrics.csv")
+        learner.send_signal(signal.SIGKILL)
+        learner.wait(timeout=10)
+    finally:
+        stop_process(learner)
+    wait_until(lambda: connection.hget("rq:worker:steady", "state") == b"idle" and not connection.zcard("rq:wip:rqrl"),
+               30, interval=0.2, message="the worker to drop the orphaned run's job")
+    steps_before = int(read_rows(run / "metrics.csv")[-1]["env_steps"])
+    resumed = rqrl("train", "--resume", str(run), "--env", TRIVIAL_ENV, "--n-actors", "2", "--batch-size", "2",
+                   "--n-rollout-steps", "20", "--workers", "0", "--redis-url", redis_url, "--run-dir", str(tmp_path),
+                   "--run-name", "revived", "--target-return", "1000", "--total-env-steps", str(steps_before + 2000))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["env_steps"] >= steps_before + 2000
+    assert connection.keys("rqrl:revived:*") == []
