@@ -34,7 +34,7 @@ from rq import Queue
 
 from rqrl.codec import records_key, weights_key
 from rqrl.connection import connect, redis_errors
-from rqrl.errors import CollectTimeoutError, ConfigError, RqrlError
+from rqrl.errors import CollectTimeoutError, ConfigError, RqrlError, RunStoppedError
 from rqrl.inbox import Inbox, probe_spec
 from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
@@ -42,6 +42,7 @@ from rqrl.observations import stack_obs, to_array, to_tensor
 from rqrl.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
 from rqrl.policy import Policy, check_state_dict, make_act_function, select_policy_state, state_dict_of
 from rqrl.process import ProcessContext
+from rqrl.progress import Throughput
 from rqrl.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory
 from rqrl.rq_safety import rollout_queue
@@ -146,6 +147,7 @@ class RedisDistributedActors(DistributedActors):
         redis_outage_seconds: float = DEFAULTS.redis_outage_seconds,
         worker_redis_url: str | None = None,
         redis_server: str | None = None,
+        learner_timeout: float = DEFAULTS.learner_timeout,
         options: RunOptions | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
@@ -154,7 +156,7 @@ class RedisDistributedActors(DistributedActors):
             actors_per_job=actors_per_job, start_method=start_method, collect_timeout=collect_timeout,
             no_worker_timeout=no_worker_timeout, min_job_seconds=min_job_seconds, max_job_seconds=max_job_seconds,
             secret=secret, hang_seconds=hang_seconds, resume=resume, redis_outage_seconds=redis_outage_seconds,
-            worker_redis_url=worker_redis_url, redis_server=redis_server))
+            worker_redis_url=worker_redis_url, redis_server=redis_server, learner_timeout=learner_timeout))
         self.queue_out_of_sync_factor = queue_out_of_sync_factor
         self.actor_env_seeds = check_seeds("actor_env_seeds", actor_env_seeds, n_actors, 0)
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
@@ -177,6 +179,10 @@ class RedisDistributedActors(DistributedActors):
         self._last_state_dict: Mapping[str, torch.Tensor] | None = None
         self._supervisor: Supervisor | None = None
         self._transport: tuple[WeightStore, TrajectoryQueue, Queue, RunStore] | None = None
+        # what the learner publishes with its heartbeat, for `rqrl status`
+        self._steps_collected = 0
+        self._throughputs = (Throughput(10.0), Throughput(60.0))
+        self._last_batch: dict[str, float] = {}
 
     def _redis_url(self, options: RunOptions, connection: redis.Redis | None) -> str | None:
         """The URL given, else (without an injected connection) REDIS_URL, the ecosystem's convention."""
@@ -320,6 +326,7 @@ class RedisDistributedActors(DistributedActors):
             self.policy_version = self._inbox.published_version = self._weights.last_published()
         self._supervisor = None
         self._started = True
+        self._run_store.check_in(self.options.learner_timeout)
         try:
             if self.n_local_workers:
                 worker_url = self.options.worker_redis_url or self.redis_url
@@ -413,12 +420,16 @@ class RedisDistributedActors(DistributedActors):
             return self._inbox.pop(self._queue, count)
 
     def _reap(self) -> None:
-        """Store the run again if Redis lost it; re-enqueue actor groups whose job died or hung."""
+        """Beat the learner's heartbeat; store the run again if Redis lost it; RunStoppedError if it was
+        stopped from outside (``rqrl stop``); re-enqueue actor groups whose job died or hung."""
         now = time.monotonic()
         if now - self._last_run_check > 1.0:
             self._last_run_check = now
-            if not self._run_store.exists():
+            exists, stopped = self._run_store.check_in(self.options.learner_timeout, self._learner_facts())
+            if not exists:
                 self._reseed()
+            elif stopped:
+                raise RunStoppedError(f"run {self.run_name!r} was stopped from outside this learner (rqrl stop)")
         rerun = self.supervisor.rerun_orphaned_groups(self._delivered_next)
         if rerun:
             self.epoch_stats.add(RolloutEvents.groups_rerun, len(rerun))
@@ -437,8 +448,22 @@ class RedisDistributedActors(DistributedActors):
         """The rollout id after the last one this learner got from the group: where lost ones re-run from."""
         return max(self._inbox.last_delivered(actor) for actor in self.config.actor_groups[group_id]) + 1
 
+    def _learner_facts(self) -> dict[str, float]:
+        """What `rqrl status` shows of this learner: counters, windowed throughput, the last batch's lag and queue."""
+        rates = [throughput.rate() for throughput in self._throughputs]
+        return {"beat": time.time(), "learner_timeout": self.options.learner_timeout,
+                "policy_version": self.policy_version, "env_steps": self._steps_collected,
+                "steps_per_second_10s": rates[0] or 0.0, "steps_per_second_60s": rates[1] or 0.0,
+                "queue_bound": self.config.queue_bound, "records_rejected": self.records_rejected,
+                **self._last_batch}
+
     def _record_stats(self, records: list[RolloutRecord], size_before: int, dequeue_time: float) -> None:
         now = time.monotonic()
+        self._steps_collected += sum(record.n_steps for record in records)
+        for throughput in self._throughputs:
+            throughput.add(now, self._steps_collected)
+        lags = [self.policy_version - record.policy_version for record in records] or [0]
+        self._last_batch = {"lag_mean": sum(lags) / len(lags), "lag_max": max(lags), "queue_size": size_before}
         elapsed, self._last_collect = now - self._last_collect, now
         record_batch(self.epoch_stats, records, self.policy_version, elapsed, size_before, dequeue_time,
                      self.workers_alive())

@@ -14,17 +14,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from rqrl.connection import redact_url
-from rqrl.worker import DEFAULT_QUEUE
+from rqrl.keys import DEFAULT_QUEUE
 
 if TYPE_CHECKING:
     import torch
     from _typeshed import DataclassInstance
 
     from rqrl.actors import RedisDistributedActors
+    from rqrl.progress import Progress
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
 REDIS_URL_HELP = "Redis to connect to, e.g. redis://host:6379/0 (env: REDIS_URL)."
+INTERRUPTED_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
+"""Exit codes of a run cut short by a signal (128 + the signal's number, the shells' convention); a run ended
+by `rqrl stop` exits with 0, like one that ran to its end."""
 
 
 def secret_from_env() -> str | None:
@@ -75,11 +79,75 @@ def worker(redis_url: str, queues: tuple[str, ...], name: str | None, burst: boo
     run_worker(redis_url, list(queues), name=name, burst=burst, logging_level=log_level)
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
+@main.command()
+@click.argument("run_name")
 @click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
-@click.argument("dashboard_args", nargs=-1, type=click.UNPROCESSED)
-def dashboard(redis_url: str, dashboard_args: tuple[str, ...]) -> None:
-    """Run rq-dashboard set up for rqrl's JSON jobs; other arguments (--bind, --port, ...) go to it."""
+@click.option("--wait", default=60.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for the run's learner to write its checkpoint and remove the run's keys.")
+def stop(run_name: str, redis_url: str, wait: float) -> None:
+    """End run RUN_NAME from anywhere: its learner stops as on Ctrl-C (checkpoint, summary, keys removed) and
+    exits with 0, and its jobs end, freeing their workers.
+
+    A run whose learner is gone (no heartbeat within its learner_timeout) is cleaned up here instead: its jobs
+    are stopped and its keys removed; `rqrl train --resume` can still continue it from its run folder.
+    """
+    import redis
+
+    from rqrl.errors import RqrlError
+    from rqrl.jobs import learner_gone
+    from rqrl.keys import RunKeys
+    from rqrl.rq_safety import rollout_queue
+    from rqrl.run_config import RunConfig
+    from rqrl.run_store import RunStore
+
+    try:
+        keys = RunKeys(run_name)
+        connection = redis.Redis.from_url(redis_url)
+        raw_config, deadline = connection.mget([keys.config, keys.learner_deadline])
+        if raw_config is None:
+            raise click.ClickException(f"no run {run_name!r} in the Redis at {redact_url(redis_url)} (already "
+                                       f"stopped, or another Redis or database?)")
+        config = RunConfig.from_json(raw_config)
+        connection.set(keys.stopped, 1)
+        if deadline is None or learner_gone(deadline):
+            RunStore(connection, keys, b"").stop(rollout_queue(config.queue_name, connection), wait)
+            click.echo(f"run {run_name}: no live learner; stopped its jobs and removed its keys")
+            return
+        click.echo(f"run {run_name}: stop requested; waiting up to {wait:g} s for its learner to finish")
+        deadline_at = time.monotonic() + wait
+        while connection.exists(keys.config):
+            if time.monotonic() > deadline_at:
+                raise click.ClickException(f"run {run_name}: its learner has not finished within {wait:g} s; it "
+                                           f"stops at its next collect (raise --wait to wait longer)")
+            time.sleep(0.2)
+    except (redis.RedisError, RqrlError) as error:
+        raise click.ClickException(f"cannot stop run {run_name!r}: {error}") from error
+    click.echo(f"run {run_name}: stopped by its learner (checkpoint written, keys removed)")
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("-b", "--bind", default="127.0.0.1", show_default=True,
+              help="Address to listen on. 0.0.0.0 opens it to the network: set --username and --password, and put "
+                   "TLS in front (the compose file binds 0.0.0.0 inside its container and publishes the port on "
+                   "127.0.0.1 only).")
+@click.option("-p", "--port", default=9181, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
+@click.option("--url-prefix", default="", help="URL prefix, e.g. behind a reverse proxy.")
+@click.option("--username", envvar="RQ_DASHBOARD_USERNAME", default=None,
+              help="HTTP Basic Auth user (env: RQ_DASHBOARD_USERNAME); no login unless set.")
+@click.option("--password", envvar="RQ_DASHBOARD_PASSWORD", default=None,
+              help="HTTP Basic Auth password; prefer the env var RQ_DASHBOARD_PASSWORD (flags show in `ps`).")
+@click.option("--delete/--no-delete", "allow_delete", default=False, show_default=True,
+              help="Show the buttons that delete jobs and empty or compact queues and registries.")
+@click.option("--poll-interval", default=None, type=click.IntRange(min=1),
+              help="Milliseconds between the pages' refreshes (rq-dashboard's default: 2500).")
+@click.option("--debug", is_flag=True, help="Flask's debug mode (never on a network: it runs code on request).")
+def dashboard(redis_url: str, bind: str, port: int, url_prefix: str, username: str | None, password: str | None,
+              allow_delete: bool, poll_interval: int | None, debug: bool) -> None:
+    """Run rq-dashboard set up for rqrl: JSON jobs read through rqrl's classes (never pickle), the Jobs tab on
+    the rqrl queue, and a page that says a job is gone instead of an error (rqrl keeps finished jobs for 0 s,
+    failed ones for 24 h, and a run's jobs until its learner stops). Needs `pip install 'rqrl[dashboard]'`.
+    """
     try:
         import rq_dashboard.cli
         import rq_dashboard.web
@@ -87,9 +155,89 @@ def dashboard(redis_url: str, dashboard_args: tuple[str, ...]) -> None:
         raise click.ClickException("rq-dashboard is not installed: pip install 'rqrl[dashboard]'") from error
     from rqrl.rq_safety import secure_rq_dashboard
 
+    if bind not in ("127.0.0.1", "localhost", "::1") and not (username and password):
+        logging.getLogger(__name__).warning(
+            "rqrl dashboard listens on %s without a login: anyone who reaches it sees the jobs%s; set --username "
+            "and RQ_DASHBOARD_PASSWORD", bind, " and can delete them" if allow_delete else "")
     secure_rq_dashboard(rq_dashboard.web)  # JSON and rqrl's job class on every page and action: no pickle
-    rq_dashboard.cli.run.main(args=["--json", "--redis-url", redis_url, *dashboard_args],
-                              prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
+    arguments = ["--json", "--redis-url", redis_url, "--bind", bind, "--port", str(port), "--url-prefix", url_prefix]
+    if username:
+        arguments += ["--username", username]
+    if password:
+        arguments += ["--password", password]
+    if not allow_delete:
+        arguments.append("--disable-delete")
+    if poll_interval is not None:
+        arguments += ["--poll-interval", str(poll_interval)]
+    if debug:
+        arguments.append("--debug")
+    rq_dashboard.cli.run.main(args=arguments, prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--worker", "worker_prefix", is_flag=False, flag_value="", default=None,
+              help="Check that a worker of this host (default names: rqrl.HOSTNAME.*; or give a name prefix) sent "
+                   "a heartbeat in the last 20 s.")
+@click.option("--run", "run_name", default=None, help="Check that run RUN's learner is alive (its heartbeat "
+                                                       "deadline, --learner-timeout, has not passed).")
+def health(redis_url: str, worker_prefix: str | None, run_name: str | None) -> None:
+    """Exit 0 if what is checked is healthy, else print why and exit 1: a container's HEALTHCHECK."""
+    import redis
+
+    from rqrl.errors import RqrlError
+    from rqrl.health import learner_is_healthy, worker_is_healthy
+    from rqrl.worker import host_worker_prefix
+
+    if worker_prefix is None and run_name is None:
+        raise click.UsageError("give --worker, --run RUN or both")
+    try:
+        connection = redis.Redis.from_url(redis_url)
+        checks = []
+        if worker_prefix is not None:
+            checks.append(worker_is_healthy(connection, worker_prefix or host_worker_prefix()))
+        if run_name is not None:
+            checks.append(learner_is_healthy(connection, run_name))
+    except (redis.RedisError, RqrlError) as error:
+        raise click.ClickException(f"cannot check health: {error}") from error
+    for healthy, reason in checks:
+        click.echo(("healthy: " if healthy else "unhealthy: ") + reason)
+    if not all(healthy for healthy, _ in checks):
+        raise SystemExit(1)
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--run", "run_name", default=None, help="Show only this run (default: every run on the Redis).")
+@click.option("--watch", is_flag=False, flag_value=2.0, default=None, type=click.FloatRange(min=0.5),
+              help="Refresh every WATCH seconds (default 2) until Ctrl-C.")
+def status(redis_url: str, run_name: str | None, watch: float | None) -> None:
+    """Show every run on a Redis: learner heartbeat, steps/s over 10 s and 60 s, policy version and lag, queue
+    depth against its bound, jobs queued, started and failed, recent failures, and the workers on the run's
+    queue with what each runs."""
+    import redis
+
+    from rqrl.errors import RqrlError
+    from rqrl.status import format_status, read_status
+
+    connection = redis.Redis.from_url(redis_url)
+    terminal = sys.stdout.isatty()
+    try:
+        while True:
+            try:
+                screen = format_status(read_status(connection, run_name))
+            except (redis.RedisError, RqrlError) as error:
+                raise click.ClickException(f"cannot read the status: {error}") from error
+            if watch is not None and terminal:
+                click.clear()
+            click.echo(screen)
+            if watch is None:
+                return
+            if not terminal:
+                click.echo(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}")
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return
 
 
 def _config_options(config_class: type[DataclassInstance], exclude: frozenset[str] = frozenset(),
@@ -148,6 +296,7 @@ def _train_command() -> click.Command:
         """
         from rqrl.algorithms import impala, ppo
         from rqrl.errors import RqrlError
+        from rqrl.process import terminate_like_ctrl_c
 
         logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         context = click.get_current_context()
@@ -160,10 +309,12 @@ def _train_command() -> click.Command:
         # PPO takes only the flags given: the defaults shown are IMPALA's
         options = {name: value for name, value in options.items()
                    if name in own and (algo == "impala" or name in given)}
+        logging.captureWarnings(True)  # warnings as log records: they never break into the progress bar
         if env_alias:
             options["env_id"] = env_alias
         if options.get("redis_url") is None:
             options["redis_url"] = os.environ.get("REDIS_URL")
+        terminate_like_ctrl_c()  # `docker stop`, `docker compose stop` and Kubernetes send SIGTERM
         try:
             if algo == "ppo":
                 result = ppo.train(ppo.PpoConfig(**options), secret=secret_from_env(),
@@ -173,14 +324,15 @@ def _train_command() -> click.Command:
                                       redis_server=redis_server_from_env())
         except RqrlError as error:
             raise click.ClickException(str(error)) from error
-        state = "solved" if result.solved else ("interrupted" if result.interrupted else "step budget reached")
+        state = ("solved" if result.solved else f"interrupted ({result.stopped_by})" if result.interrupted
+                 else "step budget reached")
         mean = f"{result.mean_return:.1f}" if result.mean_return is not None else "n/a"
         click.echo(f"{state}: {result.env_steps:,} env steps, {result.updates:,} updates in {result.seconds:.1f} s "
                    f"({result.env_steps / max(result.seconds, 1e-9):,.0f} steps/s); mean return of the last 100 "
                    f"episodes {mean} over {result.episodes:,} episodes")
         click.echo(f"run folder: {result.run_dir}")
-        if result.interrupted:
-            raise SystemExit(130)
+        if result.stopped_by in INTERRUPTED_EXIT_CODES:
+            raise SystemExit(INTERRUPTED_EXIT_CODES[result.stopped_by])
 
     return train
 
@@ -231,15 +383,23 @@ def _demo_policy(obs_size: int, n_actions: int) -> torch.nn.Sequential:
 @click.option("--seconds", default=20.0, show_default=True, help="How long to collect.")
 @click.option("--redis-url", envvar="REDIS_URL", default=None,
               help="Redis to use (env: REDIS_URL); default: an embedded private redis-server.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Show progress on stderr: a live bar on a terminal, else a plain line every --progress-seconds; "
+                   "the final summary always prints.")
+@click.option("--progress-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between two progress lines when stderr is not a terminal.")
 def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batch_size: int, seconds: float,
-         redis_url: str | None) -> None:
+         redis_url: str | None, progress: bool, progress_seconds: float) -> None:
     """Collect rollouts with a random-init policy and print throughput and episode stats."""
     import gymnasium
 
     from rqrl.actors import RedisDistributedActors
     from rqrl.errors import RqrlError
+    from rqrl.process import terminate_like_ctrl_c
+    from rqrl.progress import Progress
 
     logging.basicConfig(level=logging.WARNING)
+    logging.captureWarnings(True)
     env_factory = functools.partial(gymnasium.make, env_id)
     probe = env_factory()
     observation_space, action_space = probe.observation_space, probe.action_space
@@ -252,39 +412,49 @@ def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batc
         )
     policy = _demo_policy(int(observation_space.shape[0]), int(action_space.n))
     click.echo(f"rqrl demo: {env_id}, {actors} actors, {rollout_steps}-step rollouts, batches of {batch_size}")
+    terminate_like_ctrl_c()
     try:
         with RedisDistributedActors(env_factory, policy, rollout_steps, actors, batch_size, 2.0,
                                     redis_url=redis_url, n_local_workers=workers, start_method="forkserver",
                                     secret=secret_from_env(), redis_server=redis_server_from_env()) as run:
             run.broadcast_updated_policy(policy.state_dict())
             click.echo(f"run {run.run_name}: {run.n_local_workers} local worker(s), Redis {redact_url(run.redis_url)}")
-            _collect_with_progress(run, seconds)
+            stopped_by = _collect_with_progress(run, seconds, Progress(f"demo {env_id}", enabled=progress,
+                                                                       interval=progress_seconds))
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
+    if stopped_by is not None:
+        raise SystemExit(INTERRUPTED_EXIT_CODES[stopped_by])
 
 
-def _collect_with_progress(run: RedisDistributedActors, seconds: float) -> None:
-    started = last_print = time.monotonic()
+def _collect_with_progress(run: RedisDistributedActors, seconds: float, progress: Progress) -> str | None:
+    """Collect for ``seconds`` showing progress, then print a summary; returns what cut it short (SIGINT, SIGTERM)."""
+    from rqrl.process import Terminated
+
+    started = time.monotonic()
     total_steps = 0
     returns: list[float] = []
-    while time.monotonic() - started < seconds:
-        record, size_before, _, _ = run.collect_outputs("cpu")
-        total_steps += record.rewards.numel()
-        returns.extend(record.episode_returns.tolist())
-        now = time.monotonic()
-        if now - last_print >= 1.0 or now - started >= seconds:
-            last_print = now
-            mean_return = sum(returns[-100:]) / max(1, len(returns[-100:]))
-            click.echo(
-                f"  {now - started:5.1f}s  steps {total_steps:>9,}  steps/s {total_steps / (now - started):>9,.0f}  "
-                f"return(last 100) {mean_return:6.1f}  episodes {len(returns):>6}  queue {size_before:>3}  "
-                f"workers {run.workers_alive()}"
-            )
+    stopped_by = None
+    with progress:
+        try:
+            while time.monotonic() - started < seconds:
+                record, size_before, _, _ = run.collect_outputs("cpu")
+                total_steps += record.rewards.numel()
+                returns.extend(record.episode_returns.tolist())
+                lags = (run.policy_version - record.policy_version).float()
+                recent = returns[-100:]
+                progress.update(total_steps, mean_return=sum(recent) / len(recent) if recent else None,
+                                lag=float(lags.mean()), lag_max=float(lags.max()), queue=size_before,
+                                queue_bound=run.config.queue_bound, workers=run.workers_alive())
+        except KeyboardInterrupt as error:
+            stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
     stats = run.get_epoch_stats_aggregator().reduce()
     elapsed = time.monotonic() - started
-    click.echo(f"done: {total_steps:,} env steps in {elapsed:.1f} s = {total_steps / elapsed:,.0f} steps/s; "
+    state = f"interrupted ({stopped_by})" if stopped_by else "done"
+    click.echo(f"{state}: {total_steps:,} env steps in {elapsed:.1f} s = {total_steps / elapsed:,.0f} steps/s; "
                f"episodes {int(stats.get('episode_return', {}).get('count', 0))}, "
                f"policy lag max {stats.get('policy_lag', {}).get('max', 0):.0f}")
+    return stopped_by
 
 
 if __name__ == "__main__":  # pragma: no cover

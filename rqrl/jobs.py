@@ -147,6 +147,23 @@ def set_worker_hooks(stop_requested: Callable[[], bool] | None, queue_keys: Call
     _stop_requested_hook, _queue_keys_hook = stop_requested, queue_keys
 
 
+def shutdown_requested() -> bool:
+    """Whether this worker process was asked to shut down (SIGTERM/SIGINT; see set_worker_hooks)."""
+    return _stop_requested_hook is not None and _stop_requested_hook()
+
+
+def learner_gone(deadline: bytes | str | None, now: float | None = None) -> bool:
+    """Whether the run's learner missed its heartbeat deadline (unix seconds; see RunKeys.learner_deadline).
+    No deadline, or one that does not parse, counts as alive: stopping a run takes a positive sign."""
+    if deadline is None:
+        return False
+    try:
+        value = float(deadline)
+    except (TypeError, ValueError):
+        return False
+    return (time.time() if now is None else now) > value
+
+
 def configure_secret(secret: str | bytes | None) -> None:
     """Set the shared secret this worker process verifies pickled payloads with."""
     global _secret
@@ -264,9 +281,9 @@ JobSlice = _Slice  # public for the sampler's job (rqrl.sampler_jobs), which sli
 
 
 def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Callable[[], bool],
-                      beat: Callable[[], None]) -> int:
+                      beat: Callable[[], None]) -> int | None:
     """Load the latest weights; block until the learner has broadcast a first version (actors may start
-    before it). Returns the version loaded."""
+    before it). Returns the version loaded, or None if the worker was asked to shut down meanwhile."""
     poll = 0.01
     while True:
         fetched = store.fetch_if_newer(context.weights_version)
@@ -278,6 +295,8 @@ def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Calla
             return context.weights_version
         if is_stopped():
             raise RunStoppedError(f"run {context.keys.run_name!r} stopped before any weights were broadcast")
+        if shutdown_requested():
+            return None
         beat()
         time.sleep(poll)
         poll = min(poll * 2, 0.5)
@@ -315,11 +334,17 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         stop_checked_at, stopped = 0.0, False
 
         def is_stopped() -> bool:
-            """Whether the learner stopped the run; asks Redis at most every STOP_CHECK_SECONDS."""
+            """Whether the run was stopped, or its learner is gone; asks Redis at most every STOP_CHECK_SECONDS."""
             nonlocal stop_checked_at, stopped
             now = time.monotonic()
-            if now - stop_checked_at >= STOP_CHECK_SECONDS:
-                stop_checked_at, stopped = now, bool(connection.exists(keys.stopped))
+            if now - stop_checked_at >= STOP_CHECK_SECONDS and not stopped:
+                stop_checked_at = now
+                flag, deadline = connection.mget([keys.stopped, keys.learner_deadline])
+                if learner_gone(deadline):
+                    log.warning("run %s: its learner has sent no heartbeat past its deadline (learner_timeout): "
+                                "job %s stops and frees this worker; a resumed learner re-runs the group", run_name,
+                                job.id)
+                stopped = flag is not None or learner_gone(deadline)
             return stopped
 
         def beat() -> None:
@@ -333,6 +358,9 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             weights_version = _wait_for_weights(context, store, is_stopped, beat)
             if is_stopped():
                 return {"rollouts": rollout_id - first_rollout, "stopped": True}
+            if weights_version is None:  # the worker shuts down before any weights came: hand the group back
+                enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
+                return {"rollouts": 0, "stopped": False}
             yield_now = work.should_yield()
             records = group.run(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
             # a re-run recomputes rollouts an earlier job delivered; the first new one does not

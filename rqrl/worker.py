@@ -13,6 +13,7 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import redis
@@ -80,9 +81,19 @@ class RolloutWorker(SimpleWorker):
         # so the learner can tell live workers from killed ones (see workers_alive)
         kwargs.setdefault("worker_ttl", int(HEARTBEAT_SECONDS) + 15)
         self._check_registration = True  # off once the ACL user turns out not to allow the check
+        self.shutdown_requested = False  # SIGTERM/SIGINT: the running job ends its slice early (see jobs)
         super().__init__(queues, *args, **kwargs)
         torch.set_num_threads(1)
         configure_secret(secret or os.environ.get("RQRL_SECRET"))
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        """RQ's warm shutdown, plus a flag the running job reads: it ends its slice after the rollout in hand
+        and enqueues its continuation, so the worker exits in seconds, not after a whole slice."""
+        self.shutdown_requested = True
+        if self.get_state() == "busy":
+            log.warning("worker %s: shutting down; the running job hands its actor group back after its current "
+                        "rollout", self.name)
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's heartbeat, plus registering again if Redis lost our registration (a restart without
@@ -161,9 +172,9 @@ def send_heartbeat() -> None:
 
 def stop_requested() -> bool:
     """Whether the running worker was asked for a warm shutdown (SIGTERM/SIGINT while busy): its job then
-    hands its group on instead of keeping the worker (RQ waits for the job to end)."""
+    hands its group on at the next rollout instead of keeping the worker (RQ waits for the job to end)."""
     worker = _running
-    return worker is not None and bool(getattr(worker, "_stop_requested", False))
+    return worker is not None and worker.shutdown_requested
 
 
 def served_queue_keys() -> list[str]:
@@ -176,8 +187,13 @@ set_heartbeat_hook(send_heartbeat)
 set_worker_hooks(stop_requested, served_queue_keys)
 
 
+def host_worker_prefix() -> str:
+    """What the default names of this host's workers start with (``rqrl health --worker`` looks for them)."""
+    return f"rqrl.{socket.gethostname()}."
+
+
 def default_worker_name() -> str:
-    return f"rqrl.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+    return f"{host_worker_prefix()}{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
 def run_worker(

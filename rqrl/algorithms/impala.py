@@ -35,9 +35,11 @@ from torch import nn
 from rqrl.actors import DistributedActors, RedisDistributedActors
 from rqrl.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
 from rqrl.connection import redact_url
-from rqrl.errors import ConfigError
+from rqrl.errors import ConfigError, RunStoppedError
 from rqrl.metrics import MetricsWriter, plot_learning_curve
 from rqrl.observations import TensorObs, map_tree
+from rqrl.process import Terminated
+from rqrl.progress import Progress
 from rqrl.records import BatchedRecord
 
 log = logging.getLogger(__name__)
@@ -85,11 +87,19 @@ class ImpalaConfig:
     run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
     resume: str | None = field(default=None, metadata={"help": "Run folder or checkpoint file to continue from."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
-    progress: bool = field(default=True, metadata={"help": "Show a live progress bar."})
+    progress: bool = field(default=True, metadata={
+        "help": "Show progress: a live bar on a terminal, else a plain line every --progress-seconds (a file, a "
+                "pipe, a container log); --no-progress shows neither, the final summary always prints."})
+    learner_timeout: float = field(default=300.0, metadata={
+        "help": "Seconds after this learner's last heartbeat (it dies or hangs) at which the run's jobs stop and "
+                "free their workers; --resume re-runs them."})
+    progress_seconds: float = field(default=10.0, metadata={
+        "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
-                    "learner_threads")
+                    "learner_threads", "progress_seconds",
+                    "learner_timeout")
         for name in (*positive, "rho_bar", "c_bar", "pg_rho_bar", "max_grad_norm", "queue_out_of_sync_factor"):
             if not getattr(self, name) > 0:  # also refuses NaN
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
@@ -261,6 +271,8 @@ class TrainResult:
     mean_return: float | None
     best_mean_return: float | None
     episodes: int
+    stopped_by: str | None = None
+    """What interrupted the run: "SIGINT" (Ctrl-C), "SIGTERM" or "rqrl stop"; None if it ran to its end."""
 
     def summary(self) -> dict[str, Any]:
         return {**asdict(self), "run_dir": str(self.run_dir)}
@@ -306,6 +318,7 @@ def make_actors(config: ImpalaConfig, model: ActorCritic, *, secret: str | bytes
         n_local_workers=workers,
         actors_per_job=config.actors_per_job,
         start_method="forkserver", resume=config.resume is not None, secret=secret, redis_server=redis_server,
+        learner_timeout=config.learner_timeout,
     )
 
 
@@ -387,7 +400,12 @@ class Learner:
 
 
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_lag_mean",
-                 "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped"]
+                 "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped",
+                 "steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
+                 "update_seconds"]
+"""metrics.csv's columns and TensorBoard's scalars: steps_per_second is the average since the start,
+steps_per_second_10s over the last 10 s; the lags are those of the rollouts trained on; dequeue_seconds is
+collect_outputs' wait, update_seconds the gradient step and broadcast."""
 
 
 def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secret: str | bytes | None = None,
@@ -397,25 +415,34 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
     learner = Learner(config)
     actors = actors if actors is not None else make_actors(config, learner.model, secret=secret,
                                                            redis_server=redis_server)
-    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS)
-    progress = _progress_bar(config, learner.env_steps)
-    started, last_checkpoint, interrupted = time.monotonic(), time.monotonic(), False
+    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
+                            resume_step=learner.env_steps if config.resume else None)
+    progress = Progress(f"IMPALA {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
+                        enabled=config.progress, interval=config.progress_seconds)
+    started, last_checkpoint = time.monotonic(), time.monotonic()
+    stopped_by: str | None = None
     try:
         with actors:
             actors.broadcast_updated_policy(learner.model.state_dict())
             while learner.env_steps < config.total_env_steps and not learner.solved:
-                record, queue_size, _, _ = actors.collect_outputs(str(learner.device))
+                record, queue_size, _, dequeue_seconds = actors.collect_outputs(str(learner.device))
                 learner_version = actors.policy_version
                 lags = (learner_version - record.policy_version).float()
                 learner.env_steps += record.n_steps * record.batch_size
                 learner.episodes += len(record.episode_returns)
                 learner.recent_returns.extend(record.episode_returns.tolist())
+                workers = _workers_alive(actors)
+                progress.update(learner.env_steps, mean_return=learner.mean_return, lag=float(lags.mean()),
+                                lag_max=float(lags.max()), queue=queue_size, queue_bound=_queue_bound(actors),
+                                workers=workers)
                 fresh = drop_stale(record, learner_version, config.max_policy_lag)
                 dropped = record.batch_size - (fresh.batch_size if fresh is not None else 0)
                 if fresh is None:
                     continue
+                update_started = time.perf_counter()
                 terms = learner.update(fresh)
                 actors.broadcast_updated_policy(learner.model.state_dict())
+                update_seconds = time.perf_counter() - update_started
                 seconds = learner.elapsed_before + time.monotonic() - started
                 trained_lag = (learner_version - fresh.policy_version).float()
                 metrics.write(learner.env_steps, {
@@ -425,6 +452,9 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                     "policy_lag_max": float(trained_lag.max()), "queue_size": queue_size,
                     "policy_loss": terms.policy, "value_loss": terms.value, "entropy": terms.entropy,
                     "mean_rho": terms.mean_rho, "dropped": dropped,
+                    "steps_per_second_10s": progress.throughput.rate(), "policy_lag_min": float(trained_lag.min()),
+                    "workers_alive": workers, "records_rejected": _records_rejected(actors),
+                    "dequeue_seconds": dequeue_seconds, "update_seconds": update_seconds,
                 })
                 if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
                         learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
@@ -434,12 +464,14 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                     learner.checkpoint(seconds)
                     metrics.flush()
                     last_checkpoint = time.monotonic()
-                progress.update(learner.env_steps, learner.mean_return, float(lags.mean()), queue_size, seconds)
                 if learner.updates % 100 == 0:  # epochs of 100 updates keep the actors' statistics bounded
                     actors.get_epoch_stats_aggregator().reduce()
-    except KeyboardInterrupt:
-        interrupted = True
-        log.warning("interrupted: writing a checkpoint; resume with --resume %s", learner.run_dir)
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
+        stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
+        log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)
+    except RunStoppedError as error:
+        stopped_by = "rqrl stop"
+        log.warning("%s: writing a checkpoint; resume with --resume %s", error, learner.run_dir)
     finally:
         progress.close()
         seconds = learner.elapsed_before + time.monotonic() - started
@@ -447,10 +479,10 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
         learner.save_weights("final")
         metrics.close()
         _plot(learner)
-    result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=interrupted,
+    result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=stopped_by is not None,
                          env_steps=learner.env_steps, updates=learner.updates, seconds=seconds,
                          mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
-                         episodes=learner.episodes)
+                         episodes=learner.episodes, stopped_by=stopped_by)
     (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
 
@@ -463,31 +495,17 @@ def _plot(learner: Learner) -> None:
         log.exception("could not plot the learning curve")
 
 
-class _progress_bar:
-    """tqdm bar over env steps with return, lag, queue depth and steps/s (silent if disabled)."""
+def _workers_alive(actors: DistributedActors) -> int | None:
+    """Live workers of Redis actors (re-read at most once a second), else None."""
+    return actors.workers_alive() if isinstance(actors, RedisDistributedActors) else None
 
-    def __init__(self, config: ImpalaConfig, initial: int):
-        self.bar = None
-        if config.progress:
-            from tqdm import tqdm
 
-            self.bar = tqdm(total=config.total_env_steps, initial=initial, unit="step", unit_scale=True,
-                            desc=f"IMPALA {config.env_id}", dynamic_ncols=True)
-        self.last = 0.0
+def _records_rejected(actors: DistributedActors) -> int | None:
+    return actors.records_rejected if isinstance(actors, RedisDistributedActors) else None
 
-    def update(self, env_steps: int, mean_return: float | None, lag: float, queue: int, seconds: float) -> None:
-        if self.bar is None or time.monotonic() - self.last < 0.5:
-            return
-        self.last = time.monotonic()
-        self.bar.n = min(env_steps, self.bar.total)
-        self.bar.set_postfix_str(
-            f"return {mean_return if mean_return is not None else float('nan'):.1f} lag {lag:.1f} queue {queue}",
-            refresh=False)
-        self.bar.refresh()
 
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+def _queue_bound(actors: DistributedActors) -> int | None:
+    return actors.config.queue_bound if isinstance(actors, RedisDistributedActors) else None
 
 
 def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dict[str, Any]]:

@@ -2,18 +2,46 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+
 import pytest
 
-from tests.processes import run_rqrl, worker_env
+from tests.polling import wait_until
+from tests.processes import (
+    REPO_ROOT,
+    alive,
+    descendants,
+    free_port,
+    get_json,
+    processes_with_marker,
+    run_rqrl,
+    stop_process,
+    worker_env,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_demo_collects_rollouts_with_an_embedded_redis_and_shows_progress():
-    result = run_rqrl("demo", "--seconds", "3", "--actors", "4")
+    result = run_rqrl("demo", "--seconds", "3", "--actors", "4", "--progress-seconds", "1")
     assert result.returncode == 0, result.stderr
-    progress = [line for line in result.stdout.splitlines() if "steps/s" in line]
-    assert len(progress) >= 2, result.stdout
+    # stderr is a pipe here, not a terminal: plain lines, never a redrawn bar
+    progress = [line for line in result.stderr.splitlines() if "steps/s" in line]
+    assert len(progress) >= 2, result.stderr
+    assert "\r" not in result.stderr and all(len(line) < 300 for line in progress), result.stderr
+    assert all("workers " in line and "queue " in line and "lag " in line for line in progress), progress
+    assert "done:" in result.stdout
+
+
+def test_demo_without_progress_prints_only_the_summary():
+    result = run_rqrl("demo", "--seconds", "1", "--actors", "2", "--no-progress", "--progress-seconds", "0.1")
+    assert result.returncode == 0, result.stderr
+    assert "steps/s" not in result.stderr, result.stderr
     assert "done:" in result.stdout
     steps = int(result.stdout.split("done: ")[1].split(" env steps")[0].replace(",", ""))
     assert steps > 0
@@ -56,3 +84,76 @@ def test_worker_requires_a_redis_url():
 def test_worker_burst_exits_when_the_queue_is_empty(redis_url, connection):
     result = run_rqrl("worker", "--redis-url", redis_url, "--burst", timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_stop_of_a_run_that_is_not_there_says_so(redis_url, connection):
+    result = run_rqrl("stop", "nothing-here", "--redis-url", redis_url, timeout=60)
+    assert result.returncode == 1
+    assert "no run 'nothing-here'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dashboard_help_documents_its_options():
+    result = run_rqrl("dashboard", "--help", timeout=60)
+    assert result.returncode == 0, result.stderr
+    for option in ("--bind", "--port", "--url-prefix", "--username", "--password", "--delete / --no-delete"):
+        assert option in result.stdout, option
+    assert "default: 127.0.0.1" in " ".join(result.stdout.split())
+
+
+def listening_addresses(port: int) -> list[str]:
+    """Local addresses (hex, as /proc/net/tcp writes them) listening on ``port``."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as file:
+            for line in file.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.append(address)
+    return found
+
+
+def test_dashboard_listens_on_localhost_opens_on_the_rqrl_queue_and_explains_gone_jobs(redis_url, connection,
+                                                                                    tmp_path):
+    port = free_port()
+    log_file = tmp_path / "dashboard.log"
+    with open(log_file, "wb") as log:
+        dashboard = subprocess.Popen([sys.executable, "-m", "rqrl", "dashboard", "--redis-url", redis_url, "--port",
+                                      str(port)], cwd=REPO_ROOT, env=worker_env(), stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        get_json(f"{base}/0/data/queues.json", dashboard, log_file, timeout=60)
+        assert listening_addresses(port) == ["0100007F"], "listens on 127.0.0.1 only"
+        with urllib.request.urlopen(f"{base}/0/view/jobs", timeout=10) as reply:
+            page = reply.read().decode()
+        assert 'id="select-queue" title="Queue name" value="rqrl"' in page
+        assert 'id="empty-btn"' not in page, "delete buttons are off unless --delete"
+        for path in ("/0/view/job/rqrl_gone_g0_r7", "/0/data/job/rqrl_gone_g0_r7.json"):
+            with pytest.raises(urllib.error.HTTPError) as refusal:
+                urllib.request.urlopen(base + path, timeout=10)
+            assert refusal.value.code == 404, path
+            assert "is no longer in Redis" in refusal.value.read().decode(), path
+    finally:
+        stop_process(dashboard)
+
+
+def test_sigterm_to_demo_stops_it_cleanly_with_its_summary():
+    marker = uuid.uuid4().hex
+    demo = subprocess.Popen([sys.executable, "-m", "rqrl", "demo", "--seconds", "120", "--actors", "2", "--workers",
+                             "1", "--progress-seconds", "0.5"], cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: demo.poll() is None and len(descendants(demo.pid)) >= 2, 60, interval=0.2,
+                   message="the demo's redis-server and worker")
+        children = descendants(demo.pid)
+        wait_until(lambda: demo.poll() is not None or "steps/s" in (demo.stderr.readline() or ""), 60,
+                   message="a progress line")
+        demo.send_signal(signal.SIGTERM)
+        stdout, stderr = demo.communicate(timeout=60)
+    finally:
+        stop_process(demo)
+    assert demo.returncode == 143, stderr[-3000:]
+    assert "interrupted (SIGTERM):" in stdout and "Traceback" not in stderr, stdout + stderr[-3000:]
+    wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,
+               message="the demo's processes to exit")

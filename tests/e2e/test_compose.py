@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.conftest import TEST_SECRET
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, free_port, get_json, run_rqrl, stop_process, worker_env
+from tests.processes import REPO_ROOT, alive, free_port, get_json, run_rqrl, stop_process, worker_env
+from tests.run_files import read_rows
 
 pytestmark = pytest.mark.timeout(180)
 COMPOSE_URL = "redis://redis:6379/0"
+_VARIABLE = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +28,44 @@ def compose() -> dict:
     return yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())
 
 
-def rqrl_arguments(service: dict, redis_url: str) -> list[str]:
-    """The arguments of the service's `rqrl` command, with the test Redis for the compose one."""
-    command = [redis_url if part == COMPOSE_URL else part for part in service["command"]]
+def interpolate(text: str, variables: dict[str, str]) -> str:
+    """Compose's ${NAME}, ${NAME:-default} and ${NAME:?error} with ``variables``."""
+
+    def value(match: re.Match) -> str:
+        name, kind, rest = match.groups()
+        if variables.get(name):
+            return variables[name]
+        if kind == "-":
+            return rest
+        raise AssertionError(f"compose needs {name}: {rest}")
+
+    return _VARIABLE.sub(value, text)
+
+
+def rqrl_arguments(service: dict, redis_url: str, volumes: dict[str, Path] | None = None,
+                   variables: dict[str, str] | None = None) -> list[str]:
+    """The arguments of the service's `rqrl` command as compose runs it: variables interpolated, the test Redis
+    for the compose one, and each mounted volume's path (``volumes``: compose volume name -> local folder)."""
+    mounts = {spec.split(":")[1]: str(volumes[spec.split(":")[0]]) for spec in service.get("volumes", [])
+              if volumes and spec.split(":")[0] in volumes}
+    command = [interpolate(part, variables or {}) for part in service["command"]]
+    command = [redis_url if part == COMPOSE_URL else mounts.get(part, part) for part in command]
     assert command[0] == "rqrl", f"expected an rqrl command, got {command}"
     return command[1:]
+
+
+def service_env(service: dict) -> dict[str, str]:
+    """The service's environment as compose sets it (with the test secret), on top of the test's own."""
+    variables = {"RQRL_SECRET": TEST_SECRET}
+    return worker_env(**{name: interpolate(str(value), variables)
+                         for name, value in service.get("environment", {}).items()})
+
+
+def grace_seconds(service: dict) -> float:
+    """The service's stop_grace_period (compose's default: 10 s)."""
+    period = str(service.get("stop_grace_period", "10s"))
+    assert period.endswith("s") and period[:-1].isdigit(), period
+    return float(period[:-1])
 
 
 def test_compose_file_is_well_formed(compose):
@@ -40,6 +80,31 @@ def test_compose_file_is_well_formed(compose):
     assert (REPO_ROOT / build["context"] / build["dockerfile"]).is_file()
     dockerfile = (REPO_ROOT / build["dockerfile"]).read_text()
     assert "torch==2.13.0" in dockerfile and "download.pytorch.org/whl/cpu" in dockerfile
+    assert "ARG EXTRA_PACKAGES" in dockerfile and "ARG TORCH_INDEX" in dockerfile
+
+
+def test_the_learner_trains_into_a_named_volume_its_user_owns(compose):
+    learner = compose["services"]["learner"]
+    assert learner["command"][:2] == ["rqrl", "train"]
+    assert learner["command"][learner["command"].index("--workers") + 1] == "0"
+    run_dir = learner["command"][learner["command"].index("--run-dir") + 1]
+    volume, path = learner["volumes"][0].split(":")[:2]
+    assert path == run_dir and volume in compose["volumes"], "run folders go to a named volume"
+    dockerfile = (REPO_ROOT / "workers" / "Dockerfile").read_text()
+    assert f"chown rqrl:rqrl {run_dir}" in dockerfile, "the volume starts owned by the image's non-root user"
+    assert dockerfile.index(f"chown rqrl:rqrl {run_dir}") < dockerfile.index("USER rqrl")
+
+
+def test_services_have_healthchecks_restart_policies_and_rotated_logs(compose):
+    services = compose["services"]
+    for name in ("worker", "learner"):
+        test = services[name]["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "rqrl", "health"], name
+        assert services[name].get("init") is True, f"{name}: SIGTERM must reach the rqrl process (and zombies reaped)"
+    assert services["redis"]["restart"] == "unless-stopped"
+    for name, service in services.items():
+        options = service["logging"]["options"]
+        assert service["logging"]["driver"] == "json-file" and options["max-size"] and options["max-file"], name
 
 
 def test_workers_and_learner_share_a_required_secret(compose):
@@ -59,15 +124,73 @@ def test_worker_service_command_runs(compose, redis_url, connection):
     assert result.returncode == 0, result.stderr
 
 
-def test_learner_service_command_runs_against_the_worker_service(compose, redis_url, connection, workers):
+def test_learner_service_command_trains_against_the_worker_service(compose, redis_url, connection, workers,
+                                                                    tmp_path):
     worker_command = compose["services"]["worker"]["command"]
     workers.start("compose-worker", queue=worker_command[worker_command.index("--queue") + 1])
     workers.wait_registered(connection, 1)
-    arguments = rqrl_arguments(compose["services"]["learner"], redis_url)
-    arguments[arguments.index("--seconds") + 1] = "2"
-    result = run_rqrl(*arguments, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "done:" in result.stdout
+    volume = tmp_path / "runs"
+    volume.mkdir()
+    learner = compose["services"]["learner"]
+    arguments = rqrl_arguments(learner, redis_url, {"runs": volume})
+    result = subprocess.run([sys.executable, "-m", "rqrl", *arguments, "--total-env-steps", "2000",
+                             "--n-actors", "2", "--batch-size", "2"], cwd=volume, env=service_env(learner),
+                            capture_output=True, text=True, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((volume / "compose" / "summary.json").read_text())
+    assert summary["env_steps"] >= 2000
+    health = run_rqrl(*rqrl_arguments({"command": learner["healthcheck"]["test"][1:]}, redis_url), timeout=60)
+    assert health.returncode == 1 and "no run 'compose'" in health.stdout, "the run ended: no learner"
+
+
+def start_service(service: dict, redis_url: str, volume: Path, *extra: str) -> subprocess.Popen:
+    """The service's command as a local process, as compose runs it (env, working directory, volume)."""
+    return subprocess.Popen([sys.executable, "-m", "rqrl", *rqrl_arguments(service, redis_url, {"runs": volume}),
+                             *extra], cwd=volume, env=service_env(service), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow  # four workers and a learner on a small machine: about a minute
+@pytest.mark.timeout(400)
+def test_compose_services_train_with_four_workers_and_stop_within_their_grace_periods(compose, redis_url,
+                                                                                       connection, tmp_path):
+    services = compose["services"]
+    volume = tmp_path / "runs"
+    volume.mkdir()
+    workers = [start_service(services["worker"], redis_url, volume, "--name", f"compose-{index}")
+               for index in range(4)]
+    learner = None
+    try:
+        wait_until(lambda: connection.scard("rq:workers:rqrl") >= 4, 60, message="4 workers")
+        health = run_rqrl(*rqrl_arguments({"command": services["worker"]["healthcheck"]["test"][1:]}, redis_url),
+                          "compose-", timeout=60)  # in a container, --worker alone finds its host's worker
+        assert health.returncode == 0, health.stdout + health.stderr
+        learner = start_service(services["learner"], redis_url, volume, "--n-actors", "4", "--batch-size", "4",
+                                "--progress-seconds", "1")
+        metrics = volume / "compose" / "metrics.csv"
+        wait_until(lambda: learner.poll() is None and metrics.is_file() and len(read_rows(metrics)) >= 20, 120,
+                   interval=0.5, message=lambda: f"training progress (learner exit code {learner.poll()})")
+        health = run_rqrl(*rqrl_arguments({"command": services["learner"]["healthcheck"]["test"][1:]}, redis_url),
+                          timeout=60)
+        assert health.returncode == 0, health.stdout + health.stderr
+        # `docker compose stop`: the learner first (it depends on the workers), then the workers
+        for service, processes in (("learner", [learner]), ("worker", workers)):
+            sent = time.monotonic()
+            for process in processes:
+                process.send_signal(signal.SIGTERM)
+            for process in processes:
+                process.wait(timeout=grace_seconds(services[service]) + 30)
+                took = time.monotonic() - sent
+                assert took < grace_seconds(services[service]), f"{service} took {took:.0f} s after SIGTERM"
+        stdout, stderr = learner.communicate()
+        assert learner.returncode == 143 and "interrupted (SIGTERM)" in stdout, stderr[-3000:]
+        assert all(worker.returncode == 0 for worker in workers)
+    finally:
+        for process in [*workers, *([learner] if learner else [])]:
+            stop_process(process)
+    assert (volume / "compose" / "checkpoint.safetensors").is_file()
+    assert connection.keys("rqrl:*") == [] and connection.keys("rq:job:*") == []
+    assert not any(alive(process.pid) for process in [*workers, learner])
 
 
 def test_dashboard_service_shows_queues_and_busy_workers(compose, redis_url, connection, workers, tmp_path: Path):

@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 from tests.polling import wait_until
 from tests.processes import REPO_ROOT, alive, descendants, processes_with_marker, run_rqrl, stop_process, worker_env
-from tests.run_files import PNG_SIGNATURE, read_rows
+from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
 
 pytestmark = pytest.mark.timeout(240)
 TRIVIAL_ENV = "tests.fixtures:RqrlGuessSign-v0"
@@ -46,10 +47,20 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
     assert (run / "learning_curve.png").read_bytes()[:8] == PNG_SIGNATURE
     rows = read_rows(run / "metrics.csv")
     assert rows and {"env_steps", "mean_return", "policy_lag_mean", "queue_size"} <= set(rows[0])
+    # windowed throughput, lag range, workers, rejected records and learner timings, in the CSV and TensorBoard
+    windowed = {"steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
+                "update_seconds"}
+    assert windowed <= set(rows[0])
+    assert float(rows[-1]["workers_alive"]) == 2 and float(rows[-1]["steps_per_second_10s"]) > 0
+    assert windowed <= {tag for _, tag, _ in tensorboard_scalars(run)}
     summary = json.loads((run / "summary.json").read_text())
     random_policy_return = 10.0  # 20 coin flips
     assert summary["mean_return"] > random_policy_return + 5, summary
-    assert "step/s" in result.stderr and "lag" in result.stderr and "queue" in result.stderr  # progress bar
+    # stderr is a pipe: plain progress lines (one at the start, every 10 s, one at the end), never a redrawn bar
+    progress = [line for line in result.stderr.splitlines() if line.startswith(f"IMPALA {TRIVIAL_ENV}:")]
+    assert progress and "\r" not in result.stderr, result.stderr[-3000:]
+    assert all("steps/s (last 10 s)" in line and "lag" in line and "queue" in line and "workers" in line
+               for line in progress), progress
     evaluation = rqrl("evaluate", str(run), "--episodes", "5")
     assert evaluation.returncode == 0, evaluation.stderr
     mean = float(evaluation.stdout.split("return ")[1].split(" ")[0])
@@ -111,6 +122,8 @@ def test_a_sigkilled_learner_resumes_its_run_on_the_same_redis_and_workers_never
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (f"re-delivering {held} rollout(s)" in resumed.stderr) == (held > 0), resumed.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["env_steps"] >= steps_before + 4000
+    env_steps = [int(row["env_steps"]) for row in read_rows(run / "metrics.csv")]
+    assert env_steps == sorted(set(env_steps)), "metrics.csv went back in history after --resume"
     assert worker.poll() is None, "the worker noticed the learner's death"
     assert connection.keys("rqrl:killed:*") == [], "the resumed learner's stop() cleans the run up"
 
@@ -157,3 +170,146 @@ def test_train_ppo_resumes_where_it_stopped(tmp_path):
     summary = json.loads((tmp_path / "p" / "summary.json").read_text())
     assert summary["env_steps"] >= 1600 and summary["updates"] > 2 and steps >= 800
     assert int(float(read_rows(tmp_path / "p" / "metrics.csv")[-1]["env_steps"])) == summary["env_steps"]
+
+
+def start_learner(tmp_path, redis_url: str, run_name: str, *extra: str) -> subprocess.Popen:
+    """`rqrl train` on ``redis_url`` with external workers only, until stopped."""
+    command = [sys.executable, "-m", "rqrl", "train", "--env", TRIVIAL_ENV, "--n-actors", "2", "--batch-size", "2",
+               "--n-rollout-steps", "20", "--workers", "0", "--redis-url", redis_url, "--run-dir", str(tmp_path),
+               "--run-name", run_name, "--target-return", "1000", "--total-env-steps", "100000000", *extra]
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def run_jobs(connection, run_name: str) -> list[bytes]:
+    """RQ job hashes of a run still in Redis."""
+    return connection.keys(f"rq:job:rqrl_{run_name}_*")
+
+
+def test_sigterm_to_the_learner_stops_like_ctrl_c(tmp_path, connection, redis_url, workers):
+    worker = workers.start("steady")
+    workers.wait_registered(connection, 1)
+    learner = start_learner(tmp_path, redis_url, "terminated", "--checkpoint-seconds", "1000")
+    run = tmp_path / "terminated"
+    try:
+        wait_until(lambda: rows_written(run, learner) >= 5, 120, interval=0.2, message="5 rows of metrics.csv")
+        assert not (run / "checkpoint.safetensors").exists(), "no checkpoint before the stop (--checkpoint-seconds)"
+        status = rqrl("status", "--redis-url", redis_url, timeout=60)
+        assert status.returncode == 0, status.stderr
+        assert "run terminated: queue rqrl, 2 actors" in status.stdout, status.stdout
+        assert "learner   alive, heartbeat" in status.stdout and "steps/s (10 s)" in status.stdout, status.stdout
+        assert "1 alive of 1 registered" in status.stdout and "steady  busy  group " in status.stdout, status.stdout
+        learner.send_signal(signal.SIGTERM)  # what `docker compose stop` sends to the container's process
+        stdout, stderr = learner.communicate(timeout=60)
+    finally:
+        stop_process(learner)
+    assert learner.returncode == 143, stderr[-3000:]
+    assert "interrupted (SIGTERM)" in stdout, stdout
+    assert (run / "checkpoint.safetensors").is_file() and (run / "final.safetensors").is_file()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] and summary["stopped_by"] == "SIGTERM"
+    assert connection.keys("rqrl:terminated:*") == [] and run_jobs(connection, "terminated") == []
+    assert worker.poll() is None, "the external worker outlives the learner"
+    assert rqrl("status", "--redis-url", redis_url, timeout=60).stdout.strip() == "no rqrl runs on this Redis"
+    wait_until(lambda: connection.hget("rq:worker:steady", "state") == b"idle", 15,
+               message="the worker to be idle again")
+
+
+@pytest.mark.slow  # about 25 s
+def test_rqrl_stop_ends_a_run_from_anywhere(tmp_path, connection, redis_url, workers):
+    workers.start("steady")
+    workers.wait_registered(connection, 1)
+    learner = start_learner(tmp_path, redis_url, "stopped")
+    run = tmp_path / "stopped"
+    try:
+        wait_until(lambda: rows_written(run, learner) >= 5, 120, interval=0.2, message="5 rows of metrics.csv")
+        stop = rqrl("stop", "stopped", "--redis-url", redis_url, timeout=90)
+        stdout, stderr = learner.communicate(timeout=60)
+    finally:
+        stop_process(learner)
+    assert stop.returncode == 0, stop.stderr
+    assert "stopped by its learner" in stop.stdout, stop.stdout
+    assert learner.returncode == 0, stderr[-3000:]
+    assert "interrupted (rqrl stop)" in stdout, stdout
+    assert json.loads((run / "summary.json").read_text())["stopped_by"] == "rqrl stop"
+    assert connection.keys("rqrl:stopped:*") == []
+
+
+def test_a_run_whose_learner_died_frees_its_workers_and_rqrl_stop_cleans_it_up(tmp_path, connection, redis_url,
+                                                                                 workers):
+    workers.start("steady")
+    workers.wait_registered(connection, 1)
+    learner = start_learner(tmp_path, redis_url, "orphaned", "--learner-timeout", "2")
+    run = tmp_path / "orphaned"
+    try:
+        wait_until(lambda: rows_written(run, learner) >= 3, 120, interval=0.2, message="3 rows of metrics.csv")
+        learner.send_signal(signal.SIGKILL)
+        learner.wait(timeout=10)
+    finally:
+        stop_process(learner)
+    assert connection.exists("rqrl:orphaned:config")
+    # the job sees the learner's deadline pass (2 s) and ends; the worker is free for other runs
+    wait_until(lambda: connection.hget("rq:worker:steady", "state") == b"idle"
+               and not connection.zcard("rq:wip:rqrl"), 30, interval=0.2,
+               message="the worker to drop the orphaned run's job")
+    stop = rqrl("stop", "orphaned", "--redis-url", redis_url, timeout=90)
+    assert stop.returncode == 0, stop.stderr
+    assert "no live learner" in stop.stdout
+    assert connection.keys("rqrl:orphaned:*") == [] and run_jobs(connection, "orphaned") == []
+
+
+def test_sigterm_to_a_busy_worker_hands_its_job_back_within_seconds(tmp_path, connection, redis_url, workers):
+    leaving = workers.start("leaving")
+    staying = workers.start("staying")
+    workers.wait_registered(connection, 2)
+    # one actor group, so one job: a 60 s slice that never yields unless the worker is asked to stop
+    learner = start_learner(tmp_path, redis_url, "handover", "--actors-per-job", "2")
+    run = tmp_path / "handover"
+    try:
+        wait_until(lambda: rows_written(run, learner) >= 5, 120, interval=0.2, message="5 rows of metrics.csv")
+        busy = wait_until(lambda: [name for name in ("leaving", "staying")
+                                   if connection.hget(f"rq:worker:{name}", "state") == b"busy"], 30,
+                          message="a busy worker")
+        assert len(busy) == 1
+        process = leaving if busy[0] == "leaving" else staying
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+        exit_seconds = time.monotonic() - sent
+        assert process.returncode == 0
+        assert exit_seconds < 15, f"the worker took {exit_seconds:.1f} s to exit (compose's grace is 30 s)"
+        rows_then = rows_written(run, learner)
+        wait_until(lambda: rows_written(run, learner) >= rows_then + 10, 60, interval=0.2,
+                   message="training to go on on the other worker")
+        learner.send_signal(signal.SIGTERM)
+        stdout, stderr = learner.communicate(timeout=60)
+    finally:
+        stop_process(learner)
+    assert learner.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr and "lost its job" not in stderr, stderr[-3000:]
+    env_steps = [int(row["env_steps"]) for row in read_rows(run / "metrics.csv")]
+    assert env_steps == sorted(env_steps)
+
+
+def test_a_resumed_learner_re_runs_the_groups_its_dead_predecessors_workers_dropped(tmp_path, connection, redis_url,
+                                                                                     workers):
+    workers.start("steady")
+    workers.wait_registered(connection, 1)
+    learner = start_learner(tmp_path, redis_url, "revived", "--learner-timeout", "2", "--checkpoint-seconds", "0.5")
+    run = tmp_path / "revived"
+    try:
+        wait_until(lambda: (run / "checkpoint.safetensors").is_file() and rows_written(run, learner) >= 3, 120,
+                   interval=0.2, message="a checkpoint and 3 rows of metrics.csv")
+        learner.send_signal(signal.SIGKILL)
+        learner.wait(timeout=10)
+    finally:
+        stop_process(learner)
+    wait_until(lambda: connection.hget("rq:worker:steady", "state") == b"idle" and not connection.zcard("rq:wip:rqrl"),
+               30, interval=0.2, message="the worker to drop the orphaned run's job")
+    steps_before = int(read_rows(run / "metrics.csv")[-1]["env_steps"])
+    resumed = rqrl("train", "--resume", str(run), "--env", TRIVIAL_ENV, "--n-actors", "2", "--batch-size", "2",
+                   "--n-rollout-steps", "20", "--workers", "0", "--redis-url", redis_url, "--run-dir", str(tmp_path),
+                   "--run-name", "revived", "--target-return", "1000", "--total-env-steps", str(steps_before + 2000))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["env_steps"] >= steps_before + 2000
+    assert connection.keys("rqrl:revived:*") == []

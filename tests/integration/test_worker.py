@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -169,3 +170,18 @@ def test_rqrl_worker_without_a_secret_says_what_to_set(redis_url):
     env = {key: value for key, value in worker_env().items() if key != "RQRL_SECRET"}
     result = run_rqrl("worker", "--redis-url", redis_url, env=env, timeout=60)
     assert result.returncode != 0 and "RQRL_SECRET is not set" in result.stderr
+
+
+def test_sigterm_to_a_worker_waiting_for_first_weights_hands_the_group_back(connection, redis_url, run_name,
+                                                                            workers):
+    worker = workers.start("waiting")
+    workers.wait_registered(connection, 1)
+    with redis_actors(redis_url, run_name, n_actors=2, actors_per_job=2):  # started, nothing broadcast yet
+        wait_until(lambda: connection.hget("rq:worker:waiting", "state") == b"busy", 30,
+                   message="the worker to take the group's job")
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=15)  # without the hand-back it would wait for weights until the run stops
+        assert worker.returncode == 0
+        job_id = f"rqrl_{run_name}_g0_r0"
+        assert connection.lrange("rq:queue:rqrl", 0, -1) == [job_id.encode()], "the continuation is queued"
+        assert connection.get(f"rqrl:{run_name}:lease:0").decode() == job_id, "and holds the group's lease"

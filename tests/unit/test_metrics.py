@@ -89,3 +89,40 @@ def test_plot_of_another_column_and_of_no_data(tmp_path):
     plot_learning_curve(tmp_path / "metrics.csv", tmp_path / "empty.png")  # only empty cells: still a figure
     for name in ("loss.png", "empty.png"):
         assert png_size(tmp_path / name) == (700, 400)
+
+
+def test_a_resume_drops_the_rows_written_after_the_checkpoint(tmp_path):
+    first = MetricsWriter(tmp_path, ["x"])
+    for step in (100, 200, 300, 400):  # the checkpoint was at 200; 300 and 400 came before a SIGKILL
+        first.write(step, {"x": float(step)})
+    first.close()
+    resumed = MetricsWriter(tmp_path, ["x"], resume_step=200)
+    resumed.write(300, {"x": -3.0})
+    resumed.close()
+    rows = read_rows(tmp_path / "metrics.csv")
+    assert [(row["env_steps"], row["x"]) for row in rows] == [("100", "100.0"), ("200", "200.0"), ("300", "-3.0")]
+    assert (tmp_path / "metrics.csv").read_text().count("env_steps") == 1
+
+
+def test_a_resume_keeps_every_row_up_to_the_checkpoint_and_drops_junk(tmp_path):
+    (tmp_path / "metrics.csv").write_text("env_steps,x\n100,1\nbroken,2\n200,3\n")
+    MetricsWriter(tmp_path, ["x", "y"], resume_step=200).close()  # a column more: the header is rewritten
+    rows = read_rows(tmp_path / "metrics.csv")
+    assert list(rows[0]) == ["env_steps", "x", "y"]
+    assert [(row["env_steps"], row["x"], row["y"]) for row in rows] == [("100", "1", ""), ("200", "3", "")]
+
+
+def test_a_resume_tells_tensorboard_to_hide_the_old_points_past_the_checkpoint(tmp_path):
+    MetricsWriter(tmp_path, ["x"], resume_step=200).close()
+    purge_steps = []
+    from tensorboardX.proto import event_pb2
+
+    for path in (tmp_path / "tensorboard").glob("events.out.tfevents.*"):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            if event.HasField("session_log"):
+                purge_steps.append(event.step)
+    assert purge_steps == [201]

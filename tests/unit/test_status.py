@@ -1,0 +1,41 @@
+"""rqrl status's screen, from a RunStatus (tests/e2e/test_train.py reads one from a live run)."""
+
+from __future__ import annotations
+
+from rqrl.status import RunStatus, WorkerStatus, format_status
+
+
+def test_the_screen_shows_learner_jobs_workers_and_failures():
+    run = RunStatus(
+        run_name="r1", queue_name="rqrl", n_actors=4, n_groups=2,
+        learner={"beat": 100.0, "learner_timeout": 300.0, "env_steps": 12345, "steps_per_second_10s": 1500.4,
+                 "steps_per_second_60s": 1400, "policy_version": 42, "lag_mean": 1.25, "lag_max": 3,
+                 "queue_size": 2, "queue_bound": 8, "records_rejected": 0},
+        jobs_queued=1, jobs_started=1, jobs_failed=1, queued_rollouts=2,
+        failures=[("rqrl_r1_g1_r9", "ValueError: bad env")],
+        workers=[WorkerStatus(name="w1", state="busy", current_job="rqrl_r1_g0_r17", heartbeat_age=2.0),
+                 WorkerStatus(name="w2", state="idle", current_job=None, heartbeat_age=600.0)],
+    )
+    screen = format_status([run], now=101.5)
+    assert screen.splitlines() == [
+        "run r1: queue rqrl, 4 actors in 2 job(s)",
+        "  learner   alive, heartbeat 1.5 s ago; env steps 12,345, 1,500 steps/s (10 s), 1,400 (60 s); policy "
+        "version 42, lag 1.2 mean / 3 max; queue 2/8; records rejected 0",
+        "  jobs      queued 1, started 1, failed 1; rollouts waiting for the learner 2",
+        "  workers   1 alive of 2 registered on queue rqrl",
+        "    w1  busy  group 0 of this run (rqrl_r1_g0_r17)  heartbeat 2 s ago",
+        "    w2  idle  idle  heartbeat 600 s ago  (no recent heartbeat)",
+        "  failed    rqrl_r1_g1_r9: ValueError: bad env",
+    ]
+
+
+def test_a_learner_past_its_timeout_shows_as_gone():
+    run = RunStatus(run_name="r2", queue_name="rqrl", n_actors=1, n_groups=1, stopped=True,
+                    learner={"beat": 0.0, "learner_timeout": 10.0})
+    screen = format_status([run], now=60.0)
+    assert "STOPPING" in screen.splitlines()[0]
+    assert "GONE (past its learner_timeout" in screen
+
+
+def test_no_runs():
+    assert format_status([]) == "no rqrl runs on this Redis"
