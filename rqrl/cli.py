@@ -126,7 +126,12 @@ def _train_command() -> click.Command:
     @click.option("--env", "env_alias", default=None, help="Alias of --env-id.")
     @click.option("--log-level", default="WARNING", show_default=True,
                   type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level.")
-    def train(env_alias: str | None, log_level: str, **options: Any) -> None:
+    @click.option("--algo", default="impala", show_default=True, type=click.Choice(["impala", "dqn"]),
+                  help="impala: V-trace on distributed actors; dqn: Rainbow-style DQN on the SEED trainer.")
+    @click.option("--seconds", default=None, type=float, help="Time budget (--algo dqn only; default 600).")
+    @click.pass_context
+    def train(ctx: click.Context, /, env_alias: str | None, log_level: str, algo: str, seconds: float | None,
+              **options: Any) -> None:
         """Train IMPALA (V-trace) on distributed actors until the env is solved or the budget ends.
 
         Writes into RUN_DIR/RUN_NAME: final and best weights, a checkpoint for --resume, metrics.csv,
@@ -142,8 +147,13 @@ def _train_command() -> click.Command:
         if options["redis_url"] is None:
             options["redis_url"] = os.environ.get("REDIS_URL")
         try:
-            config = ImpalaConfig(**options)
-            result = run_training(config, secret=secret_from_env(), redis_server=redis_server_from_env())
+            if seconds is not None and algo != "dqn":
+                raise click.UsageError("--seconds is for --algo dqn; IMPALA runs to --total-env-steps")
+            if algo == "dqn":
+                result = _train_dqn(ctx, options, seconds)
+            else:
+                config = ImpalaConfig(**options)
+                result = run_training(config, secret=secret_from_env(), redis_server=redis_server_from_env())
         except RqrlError as error:
             raise click.ClickException(str(error)) from error
         state = "solved" if result.solved else ("interrupted" if result.interrupted else "step budget reached")
@@ -156,6 +166,27 @@ def _train_command() -> click.Command:
             raise SystemExit(130)
 
     return train
+
+
+_DQN_SHARED_OPTIONS = ("env_id", "total_env_steps", "target_return", "learning_rate", "discount", "hidden_size",
+                       "seed", "learner_device", "learner_threads", "redis_url", "run_dir", "run_name")
+
+
+def _train_dqn(ctx: click.Context, options: dict[str, Any], seconds: float | None) -> Any:
+    """``rqrl train --algo dqn``: the options that mean the same for DQN, the DQN defaults for the rest."""
+    from rqrl.algorithms.dqn import DqnConfig
+    from rqrl.algorithms.dqn import train as train_dqn
+
+    ignored = sorted(name for name in options if name not in _DQN_SHARED_OPTIONS
+                     and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
+    if ignored:
+        raise click.UsageError(f"--algo dqn does not take {['--' + name.replace('_', '-') for name in ignored]}")
+    shared = {name: options[name] for name in _DQN_SHARED_OPTIONS
+              if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE or name in (
+                  "env_id", "total_env_steps", "target_return", "redis_url", "run_dir", "run_name", "seed")}
+    if seconds is not None:
+        shared["seconds"] = seconds
+    return train_dqn(DqnConfig(**shared), secret=secret_from_env(), redis_server=redis_server_from_env())
 
 
 @main.command()

@@ -198,6 +198,7 @@ def run_server_process(redis_url: str, run_name: str, secret: str | bytes, serve
     logging.basicConfig(level=logging.WARNING)
     run = SeedRun(connect(redis_url), RunKeys(run_name), secret)
     settings = run.settings()
+    torch.set_num_threads(settings["inference_threads"])
     model = run.load("model")()
     server = InferenceServer(run, model, f"server-{server_index}.{os.getpid()}", settings["inference_batchsize"],
                              settings["inference_delay"], settings["inference_device"], settings["broadcast_period"])

@@ -78,12 +78,16 @@ class TrainerStats:
 class Trainer:
     """SEED trainer: ``start(duration)`` runs actors and inference servers as processes and trains ``agent``."""
 
-    def __init__(self, agent: Agent, config: Config, environment: Callable[[], gymnasium.Env]):
+    def __init__(self, agent: Agent, config: Config, environment: Callable[[], gymnasium.Env], *,
+                 on_progress: Callable[[Trainer], None] | None = None, progress_seconds: float = 1.0):
+        """``on_progress(trainer)`` runs in the learner's thread every ``progress_seconds`` during ``start()``: it
+        may read ``stats``, save the agent's weights, or call ``stop()`` (e.g. once solved)."""
         if not callable(environment):
             raise ConfigError(f"expected environment to be a zero-argument callable returning a gymnasium env, got "
                               f"{environment!r}")
         check_against_replay(config, agent.config.replay_capacity)
         self.agent, self.config, self.environment = agent, config, environment
+        self.on_progress, self.progress_seconds = on_progress, progress_seconds
         self.stats = TrainerStats()
         self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
         self.run_name: str | None = None
@@ -104,7 +108,7 @@ class Trainer:
         config = self.config
         self._stop.clear()
         self.stats = TrainerStats()
-        embedded = EmbeddedRedis().start() if config.redis_url is None else None
+        embedded = EmbeddedRedis(config.redis_server).start() if config.redis_url is None else None
         url = embedded.url if embedded is not None else str(config.redis_url)
         connection = config.connection if config.connection is not None else connect(url)
         secret = config.secret or (secrets.token_hex(32) if embedded is not None else None)
@@ -152,6 +156,7 @@ class Trainer:
         train_interval = 1.0 / config.max_train_frequency if config.max_train_frequency > 0 else 0.0
         now = time.monotonic()
         next_train, next_broadcast, next_check = now, now + config.broadcast_period, now + SUPERVISE_SECONDS
+        next_progress = now + self.progress_seconds
         while (now := time.monotonic()) < deadline and not self._stop.is_set():
             received = self._receive(run, RECEIVE_MESSAGES)
             trained = False
@@ -166,6 +171,9 @@ class Trainer:
             if now >= next_check:
                 self._supervise(run)
                 next_check = now + SUPERVISE_SECONDS
+            if self.on_progress is not None and now >= next_progress:
+                self.on_progress(self)
+                next_progress = now + self.progress_seconds
             if not received and not trained:
                 time.sleep(max(0.0, min(0.005, deadline - time.monotonic())))
 

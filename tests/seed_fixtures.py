@@ -74,10 +74,16 @@ def cartpole_agent(**overrides) -> Agent:
 
 
 class SlowAgent(Agent):
-    """An agent whose train steps take ``seconds``: a learner that falls behind its actors."""
+    """An agent whose train steps take ``seconds``, and whose first one waits for ``block_until()`` (up to 30 s):
+    a learner that falls behind its actors."""
 
-    seconds = 0.05
+    seconds = 0.1
+    block_until = None
 
     def train_step(self) -> float:
+        deadline = time.monotonic() + 30
+        while self.block_until is not None and not self.block_until() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.block_until = None
         time.sleep(self.seconds)
         return super().train_step()

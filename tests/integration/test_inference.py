@@ -15,7 +15,7 @@ from rqrl.codec import weights_key
 from rqrl.errors import RunStoppedError
 from rqrl.inference import InferenceClient, InferenceServer
 from rqrl.keys import RunKeys
-from rqrl.seed_store import SeedRun
+from rqrl.seed_store import SeedRun, seal, unseal
 from rqrl.weights import WeightStore
 from tests.conftest import TEST_SECRET
 from tests.seed_fixtures import mlp
@@ -131,7 +131,6 @@ def test_a_waiting_client_gives_up_when_the_run_stops(run):
 
 def test_unsigned_and_forged_requests_are_dropped(run, caplog):
     from rqrl.codec import encode_arrays
-    from rqrl.seed_store import seal
 
     publish(run, mlp())
     server = InferenceServer(run, mlp(), "s", 2, 0.0)
@@ -142,3 +141,19 @@ def test_unsigned_and_forged_requests_are_dropped(run, caplog):
     assert server.serve_once(1.0) == 0
     assert not run.connection.exists("x")
     assert "not a signed observation" in caplog.text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_server_runs_on_the_inference_device(run):
+    torch.manual_seed(3)
+    reference = mlp()
+    publish(run, reference)
+    server = InferenceServer(run, mlp(), "gpu", 1, 0.0, device="cuda")
+    assert server.load_weights()
+    assert next(server.model.parameters()).device.type == "cuda"
+    obs = np.random.default_rng(0).normal(size=4).astype(np.float32)
+    run.connection.rpush(run.keys.seed("requests"), seal({"obs": obs}, {"reply": "r", "id": "0"}, run.message_key))
+    assert server.serve_once(1.0) == 1
+    arrays, _ = unseal(run.connection.lpop("r"), run.message_key)
+    np.testing.assert_allclose(arrays["q"], reference(torch.as_tensor(obs[None])).detach().numpy()[0], rtol=1e-4,
+                               atol=1e-5)

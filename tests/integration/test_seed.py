@@ -20,7 +20,8 @@ from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole
 
 def config(redis_url, run_name, **overrides):
     values = {"redis_url": redis_url, "run_name": run_name, "secret": TEST_SECRET, "actor_threads": 2,
-              "minimum_buffer_size": 50, "inference_delay": 0.01, "broadcast_period": 0.5, "request_timeout": 1.0}
+              "minimum_buffer_size": 50, "inference_batchsize": 2, "inference_delay": 0.01, "broadcast_period": 0.5,
+              "request_timeout": 1.0}
     values.update(overrides)
     return Config(**values)
 
@@ -36,35 +37,56 @@ def test_minimum_buffer_size_above_the_replay_capacity_is_refused_at_once():
         Trainer(cartpole_agent(replay_capacity=100), Config(minimum_buffer_size=101), make_cartpole)
 
 
-@pytest.mark.timeout(90)
-def test_start_trains_for_duration_then_leaves_nothing_and_loses_nothing_under_a_slow_learner(
-        redis_url, connection, run_name):
-    agent = cartpole_agent()
-    agent.__class__ = SlowAgent  # each train step takes 50 ms: the actors outrun the learner
-    trainer = Trainer(agent, config(redis_url, run_name, transition_queue_size=4, minimum_buffer_size=20),
-                      make_cartpole)
-    seen: list[int] = []
+def watch_pids(trainer):
+    """Collect the pids of the trainer's processes while start() runs in this thread; returns the set it fills."""
+    seen: set[int] = set()
 
     def watch():
         while not trainer.processes:
             time.sleep(0.01)
         while trainer.processes:
-            seen.extend(process.pid for process in list(trainer.processes.values()) if process.pid)
+            seen.update(process.pid for process in list(trainer.processes.values()) if process.pid)
             time.sleep(0.05)
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    threading.Thread(target=watch, daemon=True).start()
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_start_returns_after_duration_leaving_no_process_or_key(redis_url, connection, run_name):
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_cartpole)
+    seen = watch_pids(trainer)
     started = time.monotonic()
-    trainer.start(6.0)
-    elapsed = time.monotonic() - started
-    watcher.join(5)
-    assert elapsed >= 6.0
+    trainer.start(3.0)
+    assert time.monotonic() - started >= 3.0
+    time.sleep(0.1)  # the watcher's last look
+    assert len(seen) == 2  # one server, one actor process
+    assert_nothing_left(trainer, connection, run_name, seen)
+
+
+@pytest.mark.timeout(90)
+def test_no_transition_is_lost_under_a_slow_learner(redis_url, connection, run_name):
+    agent = cartpole_agent()
+    agent.__class__ = SlowAgent  # the actors outrun the learner until they find the list full
+
+    def actors_waited():
+        return int(connection.hget(f"rqrl:{run_name}:seed:stats", "full_waits") or 0) > 0
+
+    agent.block_until = actors_waited
+
+    def stop_after_three_steps(trainer):
+        if trainer.stats.train_steps >= 3:
+            trainer.stop()
+
+    trainer = Trainer(agent, config(redis_url, run_name, transition_queue_size=2, minimum_buffer_size=20),
+                      make_cartpole, on_progress=stop_after_three_steps, progress_seconds=0.05)
+    seen = watch_pids(trainer)
+    trainer.start(60.0)
     stats = trainer.stats
-    assert stats.train_steps > 0 and stats.counters["full_waits"] > 0  # the bound was hit: actors waited
+    assert stats.train_steps >= 3 and stats.counters.get("full_waits", 0) > 0, stats  # the actors waited
     assert stats.counters["pushed"] == stats.transitions_received == agent.replay.added > 0
     assert stats.messages_rejected == 0 and stats.restarts == []
-    assert stats.weights_version >= 2
-    assert_nothing_left(trainer, connection, run_name, set(seen))
+    assert_nothing_left(trainer, connection, run_name, seen)
 
 
 @pytest.mark.timeout(150)
@@ -126,3 +148,20 @@ def test_the_module_offers_the_seed_pages_names():
 
     assert {"Actor", "Config", "Trainer"} <= set(rqrl.seed.__all__)
     assert rqrl.seed.Actor is Actor and all(hasattr(rqrl.seed, name) for name in rqrl.seed.__all__)
+
+
+@pytest.mark.timeout(90)
+def test_max_train_frequency_caps_train_steps(redis_url, connection, run_name):
+    first_step: list[float] = []
+
+    def stop_two_seconds_into_training(trainer):
+        if trainer.stats.train_steps and not first_step:
+            first_step.append(time.monotonic())
+        if first_step and time.monotonic() > first_step[0] + 2:
+            trainer.stop()
+
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name, minimum_buffer_size=1, max_train_frequency=5),
+                      make_cartpole, on_progress=stop_two_seconds_into_training, progress_seconds=0.05)
+    trainer.start(60.0)
+    training_seconds = time.monotonic() - first_step[0]
+    assert 1 < trainer.stats.train_steps <= 5 * training_seconds + 2

@@ -114,7 +114,7 @@ def test_greedy_actions_come_from_the_server_and_respect_the_mask(run):
 
     try:
         actor = Actor(run, 0, settings(epsilon=0.0, actor_threads=1), environment)
-        run_actor_until(actor, lambda: len(envs[0].actions) >= 5, "5 greedy steps")
+        run_actor_until(actor, lambda: envs and len(envs[0].actions) >= 5, "5 greedy steps")
     finally:
         stop.set()
         serving.join(10)
