@@ -157,6 +157,7 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        progress(trainer)  # the last row: the run's end state
         save_weights(run_dir / "final.safetensors", agent.model_instance.network.state_dict(),
                      weights_metadata(trainer))
         metrics.close()
