@@ -1,12 +1,13 @@
 """Central batched inference over Redis: actors send one observation each, servers answer in batches.
 
 Clients push signed requests onto one shared list (``seed:requests``) and wait on a reply list of their
-own. Each server pops a request, then more until it holds ``inference_batchsize`` of them or
-``inference_delay`` seconds have passed since the first, runs one forward pass on ``inference_device``
-and pushes each answer to its client. Servers share the list, so a request goes to whichever server is
-free, and a client whose server died re-sends after ``request_timeout`` to any live one (a stale answer
-that arrives later is told apart by its request id and dropped). Servers load weights from the run's
-WeightStore before their first batch and look for a newer version every ``broadcast_period``.
+own. Each server pops a request, then more (polling every DELAY_POLL_SECONDS) until it holds
+``inference_batchsize`` of them or ``inference_delay`` seconds have passed since the first, runs one
+forward pass on ``inference_device`` and pushes each answer to its client. Servers share the list, so a
+request goes to whichever server is free, and a client whose server died re-sends after
+``request_timeout`` to any live one (a stale answer that arrives later is told apart by its request id
+and dropped). Servers load weights from the run's WeightStore before their first batch and look for a
+newer version every ``broadcast_period``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 REPLY_TTL_SECONDS = 60
 """A reply list nobody reads (its client died) expires after this long."""
+DELAY_POLL_SECONDS = 0.0005
+"""How often a server looks for more requests while a batch waits out its delay."""
 IDLE_POLL_SECONDS = 0.5
 """How long a server blocks for a first request before it looks at the stop flag and weights again."""
 
@@ -146,9 +149,9 @@ class InferenceServer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            popped = connection.blpop([requests], timeout=max(0.001, remaining))
-            if popped is not None:
-                blobs.append(_as_bytes(popped[1]))
+            # poll rather than BLPOP: Redis notices a blocked client's timeout only at its next event-loop wake-up,
+            # up to 1/hz (100 ms by default) late, which would stretch short delays many times over
+            time.sleep(min(remaining, DELAY_POLL_SECONDS))
         reason = "full" if len(blobs) >= self.batch_size else "delay"
         return self._answer(blobs, reason)
 
