@@ -116,9 +116,12 @@ class InferenceServer:
     def run_forever(self, stop: threading.Event | None = None) -> None:
         """Serve until ``stop`` is set or the run is stopped; loads weights before the first batch."""
         stop = stop or threading.Event()
+        checked = {"at": -float("inf"), "stopped": False}
 
-        def stopping() -> bool:
-            return stop.is_set() or self.run.stopped()
+        def stopping() -> bool:  # the run's flag costs a round trip: looked at every IDLE_POLL_SECONDS at most
+            if not checked["stopped"] and time.monotonic() - checked["at"] >= IDLE_POLL_SECONDS:
+                checked["at"], checked["stopped"] = time.monotonic(), self.run.stopped()
+            return stop.is_set() or bool(checked["stopped"])
 
         while self.version is None:
             if stopping():

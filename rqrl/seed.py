@@ -107,6 +107,8 @@ class Trainer:
         deadline = time.monotonic() + duration
         config = self.config
         self._stop.clear()
+        self._failures.clear()
+        self._restart_after.clear()
         self.stats = TrainerStats()
         embedded = EmbeddedRedis(config.redis_server).start() if config.redis_url is None else None
         url = embedded.url if embedded is not None else str(config.redis_url)
