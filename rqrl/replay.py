@@ -83,6 +83,11 @@ class ReplayBuffer:
         size = batch.size
         if size == 0:
             return
+        for name, held in (("obs", self.obs), ("next_obs", self.next_obs), ("next_masks", self.next_masks)):
+            given = getattr(batch, name).shape[1:]
+            if given != held.shape[1:]:
+                raise ConfigError(f"transitions with {name} of shape {given} do not fit the replay's {held.shape[1:]}; "
+                                  f"set AgentConfig.state_shape and action_space_size to the env's")
         start = max(0, size - self.capacity)
         indices = (self.cursor + np.arange(size - start)) % self.capacity
         self.obs[indices] = batch.obs[start:]

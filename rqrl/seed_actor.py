@@ -26,6 +26,10 @@ from rqrl.seed_store import SeedRun, seal, unseal
 
 log = logging.getLogger(__name__)
 
+MAX_RESTART_PAUSE = 5.0
+"""Longest pause before a thread that keeps dying is replaced again."""
+STABLE_SECONDS = 10.0
+"""A thread that ran this long before dying is replaced at once."""
 TRANSITIONS_PER_MESSAGE = 16
 """An actor thread sends its transitions in messages of this many (or fewer, at an episode's end)."""
 
@@ -129,6 +133,11 @@ class ActorThread(threading.Thread):
         settings = self.settings
         n_actions, epsilon, cap = settings["n_actions"], settings["epsilon"], settings["max_environment_steps"]
         env = self.environment()
+        space = env.action_space
+        if not isinstance(space, gymnasium.spaces.Discrete) or int(space.n) != n_actions:
+            env.close()
+            raise EnvError(f"expected the environment's action space to be Discrete({n_actions}) (the agent's "
+                           f"action_space_size), got {space}")
         env_seed, random = thread_seeds(settings["seed"], self.actor_index, self.thread_index, self.incarnation)
         client = InferenceClient(self.store, f"a{self.actor_index}.{self.thread_index}.{self.incarnation}."
                                  f"{threading.get_native_id()}", settings["request_timeout"],
@@ -188,25 +197,38 @@ class Actor:
         return thread
 
     def run_forever(self, check_seconds: float = 0.2) -> None:
-        """Run the threads until the run is stopped (or ``stop`` is set), replacing dead ones."""
-        self.threads = [self._start_thread(index, 0) for index in range(self.settings["actor_threads"])]
+        """Run the threads until the run is stopped (or ``stop`` is set), replacing dead ones; a thread that
+        keeps dying soon after its start is replaced after a growing pause (up to MAX_RESTART_PAUSE s)."""
+        count = self.settings["actor_threads"]
+        self.threads = [self._start_thread(index, 0) for index in range(count)]
+        started = [time.monotonic()] * count
+        failures, not_before, reported = [0] * count, [0.0] * count, [False] * count
         try:
             while not (self.stop.is_set() or self.run.stopped()):
                 self.stop.wait(check_seconds)
+                now = time.monotonic()
                 for index, thread in enumerate(self.threads):
-                    if not thread.is_alive() and not self.stop.is_set():
-                        self._replace(index, thread)
+                    if thread.is_alive() or self.stop.is_set():
+                        continue
+                    if not reported[index]:
+                        reported[index] = True
+                        failures[index] = 0 if now - started[index] > STABLE_SECONDS else failures[index] + 1
+                        not_before[index] = now + min(MAX_RESTART_PAUSE, 0.1 * (2 ** min(failures[index], 10) - 1))
+                        self._report(index, thread)
+                    if now < not_before[index]:
+                        continue
+                    self.replaced += 1
+                    self.threads[index] = self._start_thread(index, thread.incarnation + 1)
+                    started[index], reported[index] = time.monotonic(), False
         finally:
             self.stop.set()
             for thread in self.threads:
                 thread.join(5)
 
-    def _replace(self, index: int, thread: ActorThread) -> None:
+    def _report(self, index: int, thread: ActorThread) -> None:
         cause = thread.error or "the thread ended without an error"
         log.warning("actor %d: thread %d died, replacing it: %s", self.actor_index, index, cause)
         self.run.report("actor_thread_died", actor=self.actor_index, thread=index, error=cause)
-        self.replaced += 1
-        self.threads[index] = self._start_thread(index, thread.incarnation + 1)
 
 
 def run_actor_process(redis_url: str, run_name: str, secret: str | bytes, actor_index: int,

@@ -137,3 +137,18 @@ def test_thread_seeds_derive_from_the_run_seed():
               thread_seeds(8, 0, 1, 0)[0]}
     assert first[0] not in others and len(others) == 4
     assert first[1].random() == thread_seeds(7, 0, 1, 0)[1].random()
+
+
+def test_an_env_whose_actions_do_not_fit_the_agent_is_reported(run):
+    actor = Actor(run, 0, settings(epsilon=1.0, n_actions=5), lambda: MaskedEnv())
+    run_actor_until(actor, lambda: actor.replaced >= 1, "a replacement")
+    events = run.take_events()
+    assert events and "Discrete(5)" in events[0]["error"] and "Discrete(3)" in events[0]["error"]
+
+
+def test_a_thread_that_keeps_dying_is_replaced_after_growing_pauses(run):
+    actor = Actor(run, 0, settings(epsilon=1.0, actor_threads=1), make_exploding_env)
+    run_actor_until(actor, lambda: actor.replaced >= 4, "four replacements")
+    times = [event["time"] for event in run.take_events()]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    assert len(gaps) >= 3 and gaps[2] >= 0.7 and gaps[1] >= 0.3  # pauses of 0.1, 0.3, 0.7 s before restarts

@@ -63,3 +63,11 @@ def test_empty_replay_refuses_to_sample():
 
     with pytest.raises(ConfigError):
         ReplayBuffer(4, (1,), 2).sample(1)
+
+
+def test_transitions_of_another_shape_are_refused_with_the_fix():
+    from rqrl.errors import ConfigError
+
+    buffer = ReplayBuffer(4, (2,), 2)
+    with pytest.raises(ConfigError, match=r"obs of shape \(1,\) do not fit the replay's \(2,\).*state_shape"):
+        buffer.add(batch([1.0]))
