@@ -208,7 +208,9 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     if len(sources) != 1:
         raise click.UsageError("give either RUN_DIR or --checkpoint")
     try:
-        model, metadata = load_policy(sources[0])
+        from rqrl.algorithms.dqn import is_dqn_weights, load_q_model
+
+        model, metadata = load_q_model(sources[0]) if is_dqn_weights(sources[0]) else load_policy(sources[0])
     except (RqrlError, KeyError) as error:
         raise click.ClickException(f"cannot load a policy from {sources[0]}: {error}") from error
     returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample)

@@ -18,15 +18,16 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from rqrl.algorithms.impala import TrainResult, env_spaces, make_flat_env
-from rqrl.checkpoint import save_weights
+from rqrl.checkpoint import load_weights, save_weights
 from rqrl.connection import redact_url
-from rqrl.dqn import Agent, AgentConfig
-from rqrl.errors import ConfigError
+from rqrl.dqn import Agent, AgentConfig, QModel
+from rqrl.errors import ConfigError, RqrlError
 from rqrl.metrics import MetricsWriter, plot_learning_curve
 from rqrl.seed import Config, Trainer
 
@@ -129,6 +130,8 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
 
     def weights_metadata(trainer: Trainer) -> dict[str, object]:
         return {"algo": "dqn", "env_id": config.env_id, "hidden_size": config.hidden_size,
+                "distributional": config.distributional, "dueling": config.dueling, "n_atoms": agent_config.n_atoms,
+                "v_min": config.v_min, "v_max": config.v_max,
                 "env_steps": trainer.stats.transitions_received, "mean_return": trainer.stats.mean_return}
 
     def solved(trainer: Trainer) -> bool:
@@ -173,3 +176,41 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
                          best_mean_return=best[0] if best else None, episodes=stats.episodes)
     (run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
+
+
+def weights_file(path: str | Path) -> Path:
+    """The weights file of a run folder (best, else final), or ``path`` itself if it is a file."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    found = [candidate for candidate in (path / "best.safetensors", path / "final.safetensors") if candidate.is_file()]
+    if not found:
+        raise ConfigError(f"{path} holds no best.safetensors or final.safetensors; is it a run folder?")
+    return found[0]
+
+
+def is_dqn_weights(path: str | Path) -> bool:
+    """Whether ``path`` (a run folder or weights file) holds weights written by this module."""
+    try:
+        return load_weights(weights_file(path))[1].get("algo") == "dqn"
+    except RqrlError:
+        return False
+
+
+def load_q_model(path: str | Path, device: str = "cpu") -> tuple[QModel, dict[str, Any]]:
+    """The Q-model of a DQN run folder or weights file: ``forward(obs)`` gives Q-values, so argmax is greedy."""
+    state_dict, metadata = load_weights(weights_file(path), device)
+    if metadata.get("algo") != "dqn":
+        raise ConfigError(f"{path} holds no DQN weights (written by rqrl.algorithms.dqn)")
+    obs_size, n_actions, _ = env_spaces(metadata["env_id"])
+    defaults = DqnConfig()
+    distributional = bool(metadata.get("distributional", defaults.distributional))
+    agent_config = AgentConfig(state_shape=(obs_size,), action_space_size=n_actions,
+                               n_atoms=int(metadata.get("n_atoms", 51)), use_distributional=distributional,
+                               dueling=bool(metadata.get("dueling", defaults.dueling)),
+                               v_min=float(metadata.get("v_min", defaults.v_min)),
+                               v_max=float(metadata.get("v_max", defaults.v_max)))
+    network = QNetwork(obs_size, n_actions, int(metadata["hidden_size"]),
+                       agent_config.n_atoms if distributional else None, agent_config.dueling)
+    network.load_state_dict(state_dict)
+    return QModel(network, agent_config).to(device).eval(), metadata

@@ -25,6 +25,8 @@ def test_a_short_run_writes_the_run_folder(tmp_path):
     rows = read_rows(run / "metrics.csv")
     assert rows and {"env_steps", "mean_return", "train_steps", "weights_version"} <= set(rows[0])
     assert "run folder:" in result.stdout
+    evaluated = run_rqrl("evaluate", str(run), "--episodes", "1", timeout=120)
+    assert evaluated.returncode == 0 and "RqrlGuessSign-v0: 1 episodes" in evaluated.stdout, evaluated.stderr[-2000:]
 
 
 def test_impala_only_options_are_refused_with_dqn():
