@@ -96,6 +96,7 @@ class Trainer:
         self._failures: dict[str, int] = {}
         self._launcher: Callable[[str], None] | None = None
         self.fleet: JobFleet | None = None  # the actor and server jobs, with Config.queue_name
+        self.started_pids: list[int] = []  # every process the last start() started, replacements included
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -109,6 +110,7 @@ class Trainer:
         deadline = time.monotonic() + duration
         config = self.config
         self._stop.clear()
+        self.started_pids = []
         self._failures.clear()
         self._restart_after.clear()
         self.stats = TrainerStats()
@@ -139,6 +141,7 @@ class Trainer:
                                           name=f"rqrl-seed-{name}", daemon=False)
                 process.start()
                 self.processes[name] = process
+                self.started_pids.append(int(process.pid or 0))
 
             if config.queue_name is not None:
                 self.fleet = JobFleet(connection, config.queue_name, run.keys)

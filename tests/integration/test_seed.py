@@ -37,31 +37,14 @@ def test_minimum_buffer_size_above_the_replay_capacity_is_refused_at_once():
         Trainer(cartpole_agent(replay_capacity=100), Config(minimum_buffer_size=101), make_cartpole)
 
 
-def watch_pids(trainer):
-    """Collect the pids of the trainer's processes while start() runs in this thread; returns the set it fills."""
-    seen: set[int] = set()
-
-    def watch():
-        while not trainer.processes:
-            time.sleep(0.01)
-        while trainer.processes:
-            seen.update(process.pid for process in list(trainer.processes.values()) if process.pid)
-            time.sleep(0.05)
-
-    threading.Thread(target=watch, daemon=True).start()
-    return seen
-
-
 @pytest.mark.timeout(60)
 def test_start_returns_after_duration_leaving_no_process_or_key(redis_url, connection, run_name):
     trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_cartpole)
-    seen = watch_pids(trainer)
     started = time.monotonic()
     trainer.start(3.0)
     assert time.monotonic() - started >= 3.0
-    time.sleep(0.1)  # the watcher's last look
-    assert len(seen) == 2  # one server, one actor process
-    assert_nothing_left(trainer, connection, run_name, seen)
+    assert len(trainer.started_pids) == 2 and all(trainer.started_pids)  # one server, one actor process
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
 
 
 @pytest.mark.timeout(90)
@@ -80,13 +63,12 @@ def test_no_transition_is_lost_under_a_slow_learner(redis_url, connection, run_n
 
     trainer = Trainer(agent, config(redis_url, run_name, transition_queue_size=2, minimum_buffer_size=20),
                       make_cartpole, on_progress=stop_after_three_steps, progress_seconds=0.05)
-    seen = watch_pids(trainer)
     trainer.start(60.0)
     stats = trainer.stats
     assert stats.train_steps >= 3 and stats.counters.get("full_waits", 0) > 0, stats  # the actors waited
     assert stats.counters["pushed"] == stats.transitions_received == agent.replay.added > 0
     assert stats.messages_rejected == 0 and stats.restarts == []
-    assert_nothing_left(trainer, connection, run_name, seen)
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
 
 
 @pytest.mark.timeout(150)
@@ -124,7 +106,8 @@ def test_a_killed_server_and_a_killed_actor_are_replaced(redis_url, connection, 
     assert any("actor-0" in line and "SIGKILL" in line for line in restarts), restarts
     assert "restarted server-0" in caplog.text
     assert trainer.stats.counters["pushed"] == trainer.stats.transitions_received
-    assert_nothing_left(trainer, connection, run_name, set(killed.values()))
+    assert len(trainer.started_pids) >= 4 and set(killed.values()) <= set(trainer.started_pids)
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
 
 
 def test_a_second_trainer_on_a_running_run_name_is_refused(redis_url, connection, run_name):
