@@ -1,16 +1,20 @@
-"""Wall-clock seconds and env steps until IMPALA solves an env: rqrl's distributed actors next to a
-single-process baseline, side by side in one run.
+"""Wall-clock seconds and env steps until IMPALA (or PPO) solves an env: rqrl's distributed actors (or
+garage sampler) next to a single-process baseline, side by side in one run.
 
 *rqrl*: ``rqrl.algorithms.impala.train`` with its default actors (embedded Redis, one local RQ worker
 per core, the learner in this process). *baseline*: the same learner, loss and hyperparameters on
 ``SerialDistributedActors``, which steps the job's ``ActorGroup`` in the learner's process
 (no Redis, no workers, always on-policy). Solved = mean return of the last 100 episodes at or
-above the env's reward threshold. Seeds alternate between the two so machine noise hits both.
+above the env's reward threshold. Seeds alternate between the variants so machine noise hits all.
+*ppo*: ``rqrl.algorithms.ppo.train`` on its default ``RQSampler`` (embedded Redis, local workers);
+*ppo-baseline*: the same on ``LocalSampler`` (the logical workers in the learner's process, the same
+episodes for the same weights).
 
 Run from the repository root::
 
     python benchmarks/train_cartpole.py --seeds 0 1 2
     python benchmarks/train_cartpole.py --env Acrobot-v1 --seeds 0 1 2
+    python benchmarks/train_cartpole.py --variants rqrl baseline ppo ppo-baseline --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -24,13 +28,39 @@ import time
 
 import numpy as np
 
-from rqrl.algorithms.impala import ActorCritic, ImpalaConfig, env_spaces, make_flat_env, train
+from rqrl import LocalSampler, NewEnvUpdate
+from rqrl.algorithms import ppo
+from rqrl.algorithms.impala import ActorCritic, ImpalaConfig, TrainResult, env_spaces, make_flat_env, train
 from rqrl.serial import SerialDistributedActors
+
+VARIANTS = {"rqrl": "IMPALA, rqrl (Redis, local workers)",
+            "baseline": "IMPALA, baseline (1 process, serial ActorGroup)",
+            "ppo": "PPO, rqrl (RQSampler: Redis, local workers)",
+            "ppo-baseline": "PPO, baseline (1 process, LocalSampler)"}
 
 log = logging.getLogger("train_cartpole")
 
 
+def run_ppo(env_id: str, seed: int, variant: str, budget: int, run_dir: str) -> TrainResult:
+    config = ppo.PpoConfig(env_id=env_id, seed=seed, total_env_steps=budget, run_dir=run_dir,
+                           run_name=f"{variant}-{seed}", progress=False)
+    sampler = None
+    if variant == "ppo-baseline":
+        obs_size, n_actions, _ = env_spaces(env_id)
+        sampler = LocalSampler(ActorCritic(obs_size, n_actions, config.hidden_size),
+                               NewEnvUpdate(functools.partial(make_flat_env, env_id)),
+                               max_episode_length=ppo.max_episode_length(config), n_workers=config.n_workers, seed=seed)
+    return ppo.train(config, sampler=sampler)
+
+
 def run_once(env_id: str, seed: int, variant: str, budget: int, run_dir: str) -> dict:
+    if variant.startswith("ppo"):
+        started = time.monotonic()
+        result = run_ppo(env_id, seed, variant, budget, run_dir)
+        wall = time.monotonic() - started
+        log.info("  %-12s seed %d: solved=%s in %.1f s, %s env steps", variant, seed, result.solved, wall,
+                 f"{result.env_steps:,}")
+        return {"solved": result.solved, "seconds": wall, "env_steps": result.env_steps}
     config = ImpalaConfig(env_id=env_id, seed=seed, total_env_steps=budget, run_dir=run_dir,
                           run_name=f"{variant}-{seed}", progress=False)
     actors = None
@@ -54,7 +84,7 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=2_000_000, help="env steps before giving up on a seed")
-    parser.add_argument("--variants", nargs="+", default=["rqrl", "baseline"], choices=["rqrl", "baseline"])
+    parser.add_argument("--variants", nargs="+", default=["rqrl", "baseline"], choices=list(VARIANTS))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     results: dict[str, list[dict]] = {variant: [] for variant in args.variants}
@@ -64,21 +94,23 @@ def main() -> None:
             for variant in order:
                 log.info("%s, seed %d (%d/%d): %s", args.env, seed, index + 1, len(args.seeds), variant)
                 results[variant].append(run_once(args.env, seed, variant, args.budget, run_dir))
-    print(f"\nIMPALA on {args.env}: time and env steps to solve, median over seeds {args.seeds}\n")
-    print("| actors | solved | median seconds | median env steps | median steps/s | seconds per seed |")
+    print(f"\n{args.env}: time and env steps to solve, median over seeds {args.seeds}\n")
+    print("| learner and sampling | solved | median seconds | median env steps | median steps/s | seconds per seed |")
     print("|---|--:|--:|--:|--:|---|")
     for variant, runs in results.items():
         seconds = [run["seconds"] for run in runs]
         steps = [run["env_steps"] for run in runs]
         rates = [run["env_steps"] / run["seconds"] for run in runs]
-        label = "rqrl (Redis, local workers)" if variant == "rqrl" else "baseline (1 process, serial ActorGroup)"
+        label = VARIANTS[variant]
         print(f"| {label} | {sum(run['solved'] for run in runs)}/{len(runs)} | {statistics.median(seconds):.1f} "
               f"| {statistics.median(steps):,.0f} | {statistics.median(rates):,.0f} "
               f"| {', '.join(f'{s:.1f}' for s in seconds)} |")
-    if len(results) == 2:
-        speedup = statistics.median(run["seconds"] for run in results["baseline"]) / statistics.median(
-            run["seconds"] for run in results["rqrl"])
-        print(f"\nrqrl solves {speedup:.2f}x as fast as the single-process baseline (median wall-clock).")
+    for distributed, baseline in (("rqrl", "baseline"), ("ppo", "ppo-baseline")):
+        if distributed in results and baseline in results:
+            speedup = statistics.median(run["seconds"] for run in results[baseline]) / statistics.median(
+                run["seconds"] for run in results[distributed])
+            print(f"\n{VARIANTS[distributed]} solves {speedup:.2f}x as fast as {VARIANTS[baseline]} (median "
+                  f"wall-clock).")
 
 
 if __name__ == "__main__":

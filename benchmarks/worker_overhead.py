@@ -12,15 +12,15 @@ own subprocess against one private redis-server (``rqrl.server.EmbeddedRedis``).
    shutdown are excluded). The forking worker is measured twice: with a bare parent (only rq
    imported) and with torch + rqrl imported in the parent, as a worker serving rqrl jobs would
    have (fork cost grows with the parent's memory).
-2. rqrl rollout jobs: one job = one 128-step rollout of 4 CartPole-v1 actors (the run is made
-   with ``min_job_seconds = max_job_seconds = 1e-6`` so every job yields after one rollout and
-   enqueues its continuation). Time per job is measured at the learner, over ``--rollout-jobs``
-   consecutive ``collect_outputs`` calls of one job's output each. The forking worker runs
-   once with torch + rqrl imported in its parent (its best case) and once, for a few jobs
-   only, with a bare parent as ``rq worker -w rq.Worker`` starts it (every work-horse then
-   imports torch, gymnasium and rqrl itself). For reference, the last row is RolloutWorker with
-   rqrl's default slicing, where a job keeps running in place and no job boundary falls between
-   rollouts.
+2. rqrl rollout jobs: one job = one 128-step rollout of 4 CartPole-v1 actors (the run is made with
+   two such groups on the one worker and ``min_job_seconds = 1e-6``, so every job finds the other
+   group's job waiting, yields after one rollout and enqueues its continuation). Time per job is
+   measured at the learner, over ``--rollout-jobs`` consecutive ``collect_outputs`` calls of one
+   job's output each. The forking worker runs once with torch + rqrl imported in its parent (its
+   best case) and once, for a few jobs only, with a bare parent as ``rq worker -w rq.Worker`` starts
+   it (every work-horse then imports torch, gymnasium and rqrl itself). For reference, the last row
+   is RolloutWorker with rqrl's default slicing, where a job keeps running in place and no job
+   boundary falls between rollouts.
 
 Run from the repository root::
 
@@ -195,11 +195,14 @@ def measure_rollout_jobs(url: str, label: str, worker_class: str, preload: list[
     from rqrl.actors import RedisDistributedActors
 
     torch.set_num_threads(1)
-    slicing = {"min_job_seconds": 1e-6, "max_job_seconds": 1e-6} if one_rollout_per_job else {}
+    # one rollout per job: a second group's job always waits, so each job yields after one rollout
+    # (a job with nothing waiting keeps its worker, whatever max_job_seconds says)
+    slicing = {"min_job_seconds": 1e-6} if one_rollout_per_job else {}
+    n_actors = 2 * ACTORS_PER_JOB if one_rollout_per_job else ACTORS_PER_JOB
     policy = make_policy()
     actors = RedisDistributedActors(
-        make_env, policy, ROLLOUT_STEPS, ACTORS_PER_JOB, ACTORS_PER_JOB, 2.0,
-        list(range(ACTORS_PER_JOB)), [1000 + actor for actor in range(ACTORS_PER_JOB)],
+        make_env, policy, ROLLOUT_STEPS, n_actors, ACTORS_PER_JOB, 2.0,
+        list(range(n_actors)), [1000 + actor for actor in range(n_actors)],
         redis_url=url, queue_name=f"rollouts-{uuid.uuid4().hex[:8]}", n_local_workers=0,
         actors_per_job=ACTORS_PER_JOB, collect_timeout=WORKER_START_TIMEOUT, secret=os.environ["RQRL_SECRET"],
         **slicing,

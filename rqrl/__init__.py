@@ -24,11 +24,13 @@ from rqrl.errors import (
     SignatureError,
     VectorEnvError,
 )
+from rqrl.local_sampler import LocalSampler
 from rqrl.policy import ActorPolicy, Policy, PolicyStep, StatefulActorPolicy
 from rqrl.records import BatchedRecord, CollectedOutputs, RolloutRecord
+from rqrl.sampler import MultiprocessingSampler, RQSampler
 from rqrl.sampler_worker import EnvUpdate, ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate, WorkerFactory
 from rqrl.serial import SerialDistributedActors
-from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents
+from rqrl.stats import BaseEnvEvents, EpochStatsAggregator, EventTopic, LogStatsLevel, RolloutEvents
 from rqrl.vector_env import SubprocVectorEnv
 
 __version__ = "0.1.0"
@@ -36,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ActorFailedError",
     "ActorPolicy",
+    "BaseEnvEvents",
     "BatchedRecord",
     "CheckpointError",
     "CollectTimeoutError",
@@ -48,16 +51,20 @@ __all__ = [
     "EnvUpdate",
     "EpisodeBatch",
     "EpochStatsAggregator",
+    "EventTopic",
     "ExistingEnvUpdate",
     "ForbiddenJobError",
     "LeaseLostError",
+    "LocalSampler",
     "LogStatsLevel",
     "MissingStatsError",
+    "MultiprocessingSampler",
     "NewEnvUpdate",
     "NoWorkersError",
     "Policy",
     "PolicyError",
     "PolicyStep",
+    "RQSampler",
     "RecordError",
     "RedisDistributedActors",
     "RedisRefusedError",

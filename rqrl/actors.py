@@ -40,7 +40,7 @@ from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers, multiprocessing_context
 from rqrl.observations import stack_obs, to_array, to_tensor
 from rqrl.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
-from rqrl.policy import Policy, as_state_dict, check_state_dict, make_act_function, state_dict_of
+from rqrl.policy import Policy, check_state_dict, make_act_function, select_policy_state, state_dict_of
 from rqrl.process import ProcessContext
 from rqrl.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory
@@ -80,8 +80,9 @@ class DistributedActors(StatsReader, abc.ABC):
         """Stop the actors and release everything the run owns."""
 
     @abc.abstractmethod
-    def broadcast_updated_policy(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Make ``state_dict`` the policy version every actor uses from its next rollout on."""
+    def broadcast_updated_policy(self, state_dict: Mapping[str, Any]) -> None:
+        """Make ``state_dict`` the policy version every actor uses from its next rollout on. It may carry other
+        modules' keys (a critic's: see ``rqrl.policy.select_policy_state``); only the policy's are shipped."""
 
     @abc.abstractmethod
     def collect_outputs(self, learner_device: str) -> CollectedOutputs:
@@ -104,7 +105,8 @@ class RedisDistributedActors(DistributedActors):
     worker processes started here (default: one per core with an embedded Redis, none with an
     external one); ``actors_per_job`` actors stepped together by one job (one batched policy call
     per step); ``collect_timeout`` seconds before collect_outputs gives up;
-    ``min_job_seconds``/``max_job_seconds`` bound a job's slice before it yields its worker;
+    ``min_job_seconds`` is how long a job runs before it yields its worker to a waiting job (a job yields
+    only then, or when its worker shuts down: ``max_job_seconds`` no longer ends one by itself);
     ``worker_redis_url`` is the URL local workers connect with (default: the learner's), for a
     Redis whose ACLs give workers a user of their own; ``secret`` signs the env factory and policy
     (needed with an external Redis: the workers' RQRL_SECRET); ``redis_server`` is the binary of
@@ -166,6 +168,7 @@ class RedisDistributedActors(DistributedActors):
         self.connection = connection
         self.local_workers = LocalWorkers(options.start_method, options.redis_server)
         self._policy_state = state_dict_of(policy)
+        _check_fork(options.start_method, self._policy_state)
         self._record_spec = RecordSpec(n_steps=n_rollout_steps, n_actors=n_actors)  # start() probes the rest
         self._inbox = self._new_inbox()
         self._started = False
@@ -196,6 +199,12 @@ class RedisDistributedActors(DistributedActors):
     @property
     def run_name(self) -> str:
         return self.config.run_name
+
+    @property
+    def max_queue_size(self) -> int:
+        """Maze's name for the out-of-sync queue's bound: ``int(batch_size * queue_out_of_sync_factor)`` rollouts
+        (below batch_size when the factor is below 1: collect_outputs then takes rollouts as they arrive)."""
+        return self.config.queue_bound
 
     @property
     def records_rejected(self) -> int:
@@ -291,7 +300,7 @@ class RedisDistributedActors(DistributedActors):
                 close()
 
     def get_multiprocessing_context(self, start_method: str | None) -> ProcessContext:
-        """Maze's choice: the given method if this platform has it, else forkserver, else spawn."""
+        """Maze's choice: the given method (ConfigError if this platform lacks it); None: forkserver, else spawn."""
         return multiprocessing_context(start_method)
 
     def start(self) -> None:
@@ -331,9 +340,9 @@ class RedisDistributedActors(DistributedActors):
 
     # ---- learner API --------------------------------------------------------------------
 
-    def broadcast_updated_policy(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def broadcast_updated_policy(self, state_dict: Mapping[str, Any]) -> None:
         """Publish ``state_dict`` as a new weights version; refused here if it does not fit the policy."""
-        state_dict = as_state_dict(state_dict)
+        state_dict = select_policy_state(self._policy_state, state_dict)  # drops a critic's keys, etc.
         check_state_dict(self._policy_state, state_dict)
         with self._redis_errors():
             self.policy_version = self._inbox.published_version = self._weights.publish(state_dict)
@@ -462,6 +471,14 @@ class RedisDistributedActors(DistributedActors):
                     self.connection.close()
                     self.local_workers.stop_redis()
                     self.connection = None
+
+
+def _check_fork(start_method: str | None, policy_state: Mapping[str, torch.Tensor]) -> None:
+    """Maze's rule: 'fork' only with a policy on the CPU (a forked child cannot use the parent's CUDA context)."""
+    devices = sorted({str(tensor.device) for tensor in policy_state.values() if tensor.device.type != "cpu"})
+    if start_method == "fork" and devices:
+        raise ConfigError(f"start_method 'fork' needs a policy on the CPU, and this one has tensors on {devices}; "
+                          f"use start_method 'forkserver' or 'spawn', or move the policy to the CPU (policy.cpu())")
 
 
 class SubprocDistributedActors(RedisDistributedActors):

@@ -92,8 +92,9 @@ def dashboard(redis_url: str, dashboard_args: tuple[str, ...]) -> None:
                               prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
 
 
-def _config_options(config_class: type[DataclassInstance]) -> Callable[[_Command], _Command]:
-    """Decorator adding one click option per dataclass field, with the field's help text."""
+def _config_options(config_class: type[DataclassInstance], exclude: frozenset[str] = frozenset(),
+                    prefix: str = "") -> Callable[[_Command], _Command]:
+    """Decorator adding one click option per dataclass field (but ``exclude``), with ``prefix`` + its help text."""
     import dataclasses
     import typing
 
@@ -101,11 +102,13 @@ def _config_options(config_class: type[DataclassInstance]) -> Callable[[_Command
 
     def decorate(command: _Command) -> _Command:
         for spec in reversed(dataclasses.fields(config_class)):
+            if spec.name in exclude:
+                continue
             hint = hints[spec.name]
             optional = type(None) in typing.get_args(hint)
             base = next((arg for arg in typing.get_args(hint) if arg is not type(None)), hint)
             flag = "--" + spec.name.replace("_", "-")
-            help_text = spec.metadata.get("help", "")
+            help_text = prefix + spec.metadata.get("help", "")
             if base is bool:
                 option = click.option(f"{flag}/--no-{flag[2:]}", spec.name, default=spec.default, show_default=True,
                                       help=help_text)
@@ -119,41 +122,62 @@ def _config_options(config_class: type[DataclassInstance]) -> Callable[[_Command
 
 
 def _train_command() -> click.Command:
+    import dataclasses
+
+    from rqrl.algorithms.dqn import DqnConfig
     from rqrl.algorithms.impala import ImpalaConfig
+    from rqrl.algorithms.ppo import PpoConfig
+
+    impala_fields = frozenset(spec.name for spec in dataclasses.fields(ImpalaConfig))
+    ppo_fields = frozenset(spec.name for spec in dataclasses.fields(PpoConfig))
+    dqn_fields = frozenset(spec.name for spec in dataclasses.fields(DqnConfig))
 
     @main.command(name="train")
+    @click.option("--algo", type=click.Choice(["impala", "ppo", "dqn"]), default="impala", show_default=True,
+                  help="impala: V-trace on distributed actors; ppo: PPO on the garage sampler; dqn: Rainbow-style DQN "
+                       "on the SEED trainer (flags marked [ppo] or [dqn] are their own; shared flags left out take "
+                       "PpoConfig's or DqnConfig's defaults, not the ones shown).")
     @_config_options(ImpalaConfig)
+    @_config_options(PpoConfig, exclude=impala_fields, prefix="[ppo] ")
+    @_config_options(DqnConfig, exclude=impala_fields | ppo_fields, prefix="[dqn] ")
     @click.option("--env", "env_alias", default=None, help="Alias of --env-id.")
     @click.option("--log-level", default="WARNING", show_default=True,
                   type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level.")
-    @click.option("--algo", default="impala", show_default=True, type=click.Choice(["impala", "dqn"]),
-                  help="impala: V-trace on distributed actors; dqn: Rainbow-style DQN on the SEED trainer.")
-    @click.option("--seconds", default=None, type=float, help="Time budget (--algo dqn only; default 600).")
-    @click.pass_context
-    def train(ctx: click.Context, /, env_alias: str | None, log_level: str, algo: str, seconds: float | None,
-              **options: Any) -> None:
-        """Train IMPALA (V-trace) on distributed actors until the env is solved or the budget ends.
+    def train(algo: str, env_alias: str | None, log_level: str, **options: Any) -> None:
+        """Train IMPALA (V-trace) on distributed actors, PPO on the garage sampler (--algo ppo), or DQN on the SEED
+        trainer (--algo dqn), until the env is solved or the budget ends.
 
         Writes into RUN_DIR/RUN_NAME: final and best weights, a checkpoint for --resume, metrics.csv,
         TensorBoard events and learning_curve.png.
         """
-        from rqrl.algorithms.impala import ImpalaConfig
-        from rqrl.algorithms.impala import train as run_training
+        from rqrl.algorithms import dqn, impala, ppo
         from rqrl.errors import RqrlError
 
         logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        context = click.get_current_context()
+        given = {name for name in options if context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
+        own = {"ppo": ppo_fields, "dqn": dqn_fields}.get(algo, impala_fields)
+        other = (impala_fields | ppo_fields | dqn_fields) - own
+        if given & other:
+            flags = ", ".join("--" + name.replace("_", "-") for name in sorted(given & other))
+            raise click.UsageError(f"{flags} do(es) not apply to --algo {algo}")
+        # PPO and DQN take only the flags given: the defaults shown are IMPALA's
+        options = {name: value for name, value in options.items()
+                   if name in own and (algo == "impala" or name in given)}
         if env_alias:
             options["env_id"] = env_alias
-        if options["redis_url"] is None:
+        if options.get("redis_url") is None:
             options["redis_url"] = os.environ.get("REDIS_URL")
         try:
-            if seconds is not None and algo != "dqn":
-                raise click.UsageError("--seconds is for --algo dqn; IMPALA runs to --total-env-steps")
-            if algo == "dqn":
-                result = _train_dqn(ctx, options, seconds)
+            if algo == "ppo":
+                result = ppo.train(ppo.PpoConfig(**options), secret=secret_from_env(),
+                                   redis_server=redis_server_from_env())
+            elif algo == "dqn":
+                result = dqn.train(dqn.DqnConfig(**options), secret=secret_from_env(),
+                                   redis_server=redis_server_from_env())
             else:
-                config = ImpalaConfig(**options)
-                result = run_training(config, secret=secret_from_env(), redis_server=redis_server_from_env())
+                result = impala.train(impala.ImpalaConfig(**options), secret=secret_from_env(),
+                                      redis_server=redis_server_from_env())
         except RqrlError as error:
             raise click.ClickException(str(error)) from error
         state = "solved" if result.solved else ("interrupted" if result.interrupted else "step budget reached")
@@ -166,27 +190,6 @@ def _train_command() -> click.Command:
             raise SystemExit(130)
 
     return train
-
-
-_DQN_SHARED_OPTIONS = ("env_id", "total_env_steps", "target_return", "learning_rate", "discount", "hidden_size",
-                       "seed", "learner_device", "learner_threads", "redis_url", "run_dir", "run_name")
-
-
-def _train_dqn(ctx: click.Context, options: dict[str, Any], seconds: float | None) -> Any:
-    """``rqrl train --algo dqn``: the options that mean the same for DQN, the DQN defaults for the rest."""
-    from rqrl.algorithms.dqn import DqnConfig
-    from rqrl.algorithms.dqn import train as train_dqn
-
-    ignored = sorted(name for name in options if name not in _DQN_SHARED_OPTIONS
-                     and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
-    if ignored:
-        raise click.UsageError(f"--algo dqn does not take {['--' + name.replace('_', '-') for name in ignored]}")
-    shared = {name: options[name] for name in _DQN_SHARED_OPTIONS
-              if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE or name in (
-                  "env_id", "total_env_steps", "target_return", "redis_url", "run_dir", "run_name", "seed")}
-    if seconds is not None:
-        shared["seconds"] = seconds
-    return train_dqn(DqnConfig(**shared), secret=secret_from_env(), redis_server=redis_server_from_env())
 
 
 @main.command()

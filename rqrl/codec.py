@@ -15,14 +15,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import struct
 from collections.abc import Mapping
 from typing import Any
 
 import cloudpickle
 import numpy as np
-import safetensors
-import safetensors.numpy
 import safetensors.torch
 import torch
 
@@ -31,36 +30,102 @@ from rqrl.errors import RecordError, SignatureError
 _MAX_HEADER_BYTES = 1 << 24
 
 
+# safetensors dtype names <-> numpy dtypes (little-endian), for the arrays records carry
+_NUMPY_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "U8": np.dtype("<u1"), "I8": np.dtype("<i1"), "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"), "U32": np.dtype("<u4"), "I32": np.dtype("<i4"), "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4"), "F64": np.dtype("<f8"),
+}
+_SAFETENSORS_NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in _NUMPY_DTYPES.items()}
+
+
 def encode_arrays(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> bytes:
-    """Serialize named numpy arrays and string metadata into one safetensors buffer."""
-    # ascontiguousarray turns 0-d arrays into shape (1,): reshape keeps scalars scalar
-    contiguous = {name: np.ascontiguousarray(array).reshape(np.shape(array)) for name, array in arrays.items()}
-    return safetensors.numpy.save(contiguous, metadata=dict(metadata))
+    """Serialize named numpy arrays and string metadata into one safetensors buffer.
+
+    Written here rather than by ``safetensors.numpy.save``, which copies every array twice on the way
+    (to bytes, then into the buffer): a record's arrays are small and many, so the per-array overhead is
+    the cost. The layout is safetensors' own (8-byte header size, JSON header padded to 8 bytes, then the
+    arrays' little-endian bytes back to back), so any safetensors reader reads it."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    chunks: list[bytes | memoryview] = []
+    offset = 0
+    for name, value in arrays.items():
+        array = np.asarray(value)
+        little = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+        dtype_name = _SAFETENSORS_NAMES.get(little)
+        if dtype_name is None:
+            raise TypeError(f"array {name!r} has dtype {array.dtype}, which safetensors cannot carry")
+        if little is not array.dtype or not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array, dtype=little)
+        size = array.nbytes
+        header[name] = {"dtype": dtype_name, "shape": list(array.shape), "data_offsets": [offset, offset + size]}
+        chunks.append(array.reshape(-1).view(np.uint8).data)  # a view of the array's bytes, copied once by join
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return b"".join([struct.pack("<Q", len(text)), text, *chunks])
 
 
-def read_metadata(blob: bytes) -> dict[str, str]:
-    """Return the string metadata of a safetensors buffer without decoding its arrays."""
+def _header(blob: bytes | memoryview) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors buffer and where its data starts; RecordError if malformed."""
     if len(blob) < 8:
         raise RecordError(f"expected a safetensors buffer, got {len(blob)} bytes")
-    (header_size,) = struct.unpack("<Q", blob[:8])
+    (header_size,) = struct.unpack_from("<Q", blob)
     if header_size > min(_MAX_HEADER_BYTES, len(blob) - 8):
         raise RecordError(f"safetensors header of {header_size} bytes does not fit a {len(blob)}-byte buffer")
     try:
-        header = json.loads(blob[8 : 8 + header_size])
+        header = json.loads(bytes(blob[8 : 8 + header_size]))
     except ValueError as error:
         raise RecordError(f"safetensors header is not JSON: {error}") from error
+    return header, 8 + header_size
+
+
+def read_metadata(blob: bytes | memoryview) -> dict[str, str]:
+    """Return the string metadata of a safetensors buffer without decoding its arrays."""
+    header, _ = _header(blob)
     metadata = header.get("__metadata__") if isinstance(header, dict) else None
     return dict(metadata) if isinstance(metadata, dict) else {}
 
 
-def decode_arrays(blob: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Inverse of encode_arrays; raises RecordError on anything malformed."""
-    metadata = read_metadata(blob)
-    try:
-        arrays = safetensors.numpy.load(blob)
-    except Exception as error:  # safetensors raises several types for bad input
-        raise RecordError(f"cannot decode safetensors buffer: {error}") from error
-    return arrays, metadata
+def _whole(value: object) -> int:
+    """A JSON integer >= 0 (not a bool, float or string); ValueError otherwise."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"expected a whole number, got {value!r}")
+    return value
+
+
+def decode_arrays(blob: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Inverse of encode_arrays: read-only arrays that view ``blob`` (no copy); RecordError on anything
+    malformed. Checks what safetensors' own reader checks: known dtypes, sizes that match the shapes,
+    and data offsets that tile the data section exactly, with no gap, overlap or byte left over."""
+    header, start = _header(blob)
+    if not isinstance(header, dict):
+        raise RecordError("safetensors header is not a JSON object")
+    metadata = header.pop("__metadata__", None)
+    entries = []
+    for name, entry in header.items():
+        try:
+            dtype = _NUMPY_DTYPES[entry["dtype"]]
+            shape = tuple(_whole(size) for size in entry["shape"])
+            begin, end = (_whole(offset) for offset in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise RecordError(f"safetensors entry {name!r} is malformed: {entry!r}") from error
+        count = math.prod(shape)
+        if end - begin != count * dtype.itemsize:
+            raise RecordError(f"safetensors entry {name!r}: shape {list(shape)} of {entry['dtype']} does not fit "
+                              f"offsets [{begin}, {end})")
+        entries.append((begin, end, name, dtype, shape, count))
+    entries.sort(key=lambda item: (item[0], item[1]))
+    position = 0
+    for begin, end, name, *_ in entries:
+        if begin != position:
+            raise RecordError(f"safetensors entry {name!r} starts at {begin}, expected {position}")
+        position = end
+    if start + position != len(blob):
+        raise RecordError(f"safetensors data is {len(blob) - start} bytes, its entries cover {position}")
+    arrays = {name: np.frombuffer(blob, dtype, count, start + begin).reshape(shape)
+              for begin, _, name, dtype, shape, count in entries}
+    return arrays, dict(metadata) if isinstance(metadata, dict) else {}
 
 
 def encode_state_dict(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> bytes:
@@ -121,12 +186,18 @@ def sign(payload: bytes, secret: str | bytes, magic: bytes = _SIGNATURE_MAGIC) -
 def verify(signed: bytes, secret: str | bytes, magic: bytes = _SIGNATURE_MAGIC) -> bytes:
     """The payload of a signed blob; SignatureError if it is unsigned, tampered or signed with another secret
     (or another run's key). Checks the digest before anything reads the payload."""
+    return bytes(verified_view(signed, secret, magic))
+
+
+def verified_view(signed: bytes, secret: str | bytes, magic: bytes = _SIGNATURE_MAGIC) -> memoryview:
+    """verify without copying the payload: a view into ``signed`` (records are decoded straight from it)."""
     if len(signed) < TAG_SIZE or not signed.startswith(magic):
         raise SignatureError(
             f"refusing an unsigned payload (it does not start with {magic.decode()}): only data signed with "
             f"RQRL_SECRET is trusted"
         )
-    digest, payload = signed[len(magic) : TAG_SIZE], signed[TAG_SIZE:]
+    view = memoryview(signed)
+    digest, payload = signed[len(magic) : TAG_SIZE], view[TAG_SIZE:]
     expected = hmac.new(secret_bytes(secret), payload, hashlib.sha256).digest()
     if not hmac.compare_digest(digest, expected):
         raise SignatureError(

@@ -1,10 +1,14 @@
 """The RQ job function: the one place where transport (Redis) and rollouts meet.
 
-A job runs one actor group's rollouts for a *slice*: it keeps going in place while no other
-job waits in the queue, and yields (enqueues its own continuation at the queue's tail) once
-another job waits and it has run ``min_job_seconds``, or after ``max_job_seconds``. Envs,
-policies and weights stay warm in the worker process between jobs, so a continuation that
-lands on the same worker only costs the RQ round trips. Job arguments are plain JSON.
+A job runs one actor group's rollouts for a *slice*: it keeps going in place for as long as its
+group need not move, and yields (cuts its running episodes, marked ``truncated``, and enqueues its
+own continuation at the queue's tail) only when it must: another job waits on a queue its worker
+serves (checked every ``min_job_seconds`` once the slice has run that long), or its worker was
+asked to shut down. ``max_job_seconds`` ends no slice by itself: past it, with nothing waiting, a
+new slice starts in place and the episodes go on. The run stopping and a lost lease end a job
+without a continuation. Envs, policies and weights stay warm in the worker process between jobs,
+so a continuation that lands on the same worker only costs the RQ round trips. Job arguments are
+plain JSON.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from rqrl.weights import WeightStore
 log = logging.getLogger(__name__)
 
 JOB_FUNCTION = "rqrl.jobs.run_actor_group"
+SAMPLER_JOB_FUNCTION = "rqrl.sampler_jobs.run_sampler_group"  # the garage sampler's job (rqrl.sampler_jobs)
 HEARTBEAT_SECONDS = 5.0
 LIVENESS_SECONDS = 4 * HEARTBEAT_SECONDS  # no heartbeat for this long: the worker is gone
 STOP_CHECK_SECONDS = 0.1
@@ -122,15 +127,25 @@ class RunContext:
 
 _CONTEXTS: dict[str, RunContext] = {}
 _MAX_CONTEXTS = 4
-ALLOWED_JOB_FUNCTIONS = frozenset({JOB_FUNCTION, "rqrl.seed_jobs.run_seed_actor", "rqrl.seed_jobs.run_seed_server"})
+ALLOWED_JOB_FUNCTIONS = frozenset({JOB_FUNCTION, SAMPLER_JOB_FUNCTION, "rqrl.seed_jobs.run_seed_actor",
+                                   "rqrl.seed_jobs.run_seed_server"})
 _secret: bytes | None = None
 _heartbeat_hook: Callable[[], None] | None = None
+_stop_requested_hook: Callable[[], bool] | None = None
+_queue_keys_hook: Callable[[], list[str]] | None = None
 
 
 def set_heartbeat_hook(hook: Callable[[], None] | None) -> None:
     """Let the worker layer refresh RQ's heartbeats during long slices (jobs never import it)."""
     global _heartbeat_hook
     _heartbeat_hook = hook
+
+
+def set_worker_hooks(stop_requested: Callable[[], bool] | None, queue_keys: Callable[[], list[str]] | None) -> None:
+    """Let the worker layer tell a running job that its worker was asked to shut down, and which queues it
+    serves (jobs never import it): a slice yields when either says the group has to move."""
+    global _stop_requested_hook, _queue_keys_hook
+    _stop_requested_hook, _queue_keys_hook = stop_requested, queue_keys
 
 
 def configure_secret(secret: str | bytes | None) -> None:
@@ -158,6 +173,9 @@ def _require_secret() -> bytes:
             "start it with RQRL_SECRET set to the learner's secret"
         )
     return _secret
+
+
+require_secret = _require_secret  # public for the sampler's job (rqrl.sampler_jobs)
 
 
 def read_config(connection: redis.Redis, run_name: str) -> RunConfig:
@@ -207,7 +225,7 @@ def worker_label() -> str:
 
 
 class _Slice:
-    """Bookkeeping of one job: when to check the queue, heartbeat, and yield."""
+    """Bookkeeping of one job: when to check the queues, heartbeat, and yield."""
 
     def __init__(self, connection: redis.Redis, config: RunConfig):
         self.connection = connection
@@ -218,15 +236,31 @@ class _Slice:
         self.rq_queue_key = Queue(config.queue_name, connection=connection, serializer=JSONSerializer).key
 
     def should_yield(self) -> bool:
-        """True once the slice is long enough and another job waits, or it is at its maximum."""
+        """True when the group has to move: the worker is shutting down, or, once the slice has run
+        min_job_seconds (checked every min_job_seconds), another job waits on a queue the worker serves.
+        Past max_job_seconds with nothing waiting, a new slice starts in place: no cut."""
+        if _stop_requested_hook is not None and _stop_requested_hook():
+            return True
         now = time.monotonic()
         elapsed = now - self.started
-        if elapsed >= self.config.max_job_seconds:
-            return True
         if elapsed < self.config.min_job_seconds or now - self.last_check < self.config.min_job_seconds:
             return False
         self.last_check = now
-        return int(self.connection.llen(self.rq_queue_key)) > 0
+        if self._jobs_waiting():
+            return True
+        if elapsed >= self.config.max_job_seconds:
+            self.started = now  # a new slice in place: the group keeps its worker, envs and episodes
+        return False
+
+    def _jobs_waiting(self) -> bool:
+        """Whether a job waits on the run's queue or on another queue this job's worker serves."""
+        keys = list(dict.fromkeys([self.rq_queue_key, *(_queue_keys_hook() if _queue_keys_hook is not None else [])]))
+        if len(keys) == 1:
+            return int(self.connection.llen(keys[0])) > 0
+        with self.connection.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.llen(key)
+            return any(int(length) > 0 for length in pipe.execute())
 
     def heartbeat(self) -> None:
         """Keep RQ's worker and started-job registry entries alive during a long slice."""
@@ -236,6 +270,9 @@ class _Slice:
         self.last_heartbeat = now
         if _heartbeat_hook is not None:
             _heartbeat_hook()
+
+
+JobSlice = _Slice  # public for the sampler's job (rqrl.sampler_jobs), which slices the same way
 
 
 def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Callable[[], bool],

@@ -78,6 +78,12 @@ class RunKeys:
         return self._key("trajectories")
 
     @property
+    def doorbell(self) -> str:
+        """A one-entry list that says a rollout may wait: set by pushes, cleared by pops, so the learner
+        blocks on it instead of on the queue (whose BLMOVE would carry a whole rollout back)."""
+        return self._key("doorbell")
+
+    @property
     def unacknowledged(self) -> str:
         """Rollouts the learner popped but has not finished with: re-delivered if it dies."""
         return self._key("unacknowledged")
@@ -124,11 +130,51 @@ class RunKeys:
         if not job_id.startswith(self.job_id_prefix):
             return None
         group = job_id[len(self.job_id_prefix):].split("_")[0]
-        return int(group[1:]) if group.startswith("g") and group[1:].isdigit() else None
+        return int(group[1:]) if group[:1] in ("g", "s") and group[1:].isdigit() else None
 
     def job_id(self, group_id: int, rollout_id: int) -> str:
         """RQ job id of one actor group's slice starting at ``rollout_id``."""
         return f"{PREFIX}_{self.run_name}_g{group_id}_r{rollout_id}"
+
+    def sampler_job_id(self, group_id: int, version: int, token: str) -> str:
+        """RQ job id of one sampler group's job for one obtain_* call (``token`` tells continuations apart)."""
+        return f"{PREFIX}_{self.run_name}_s{group_id}_v{version}_{token}"
+
+    # ---- garage sampler (rqrl.sampler_store) ----
+
+    @property
+    def sampler_version(self) -> str:
+        """Integer: the sampler's current call (version); episodes of any other are stale."""
+        return self._key("version")
+
+    def sampler_call(self, version: int) -> str:
+        """JSON of one obtain_* call: mode, count, and each logical worker's agent and env update chains."""
+        return self._key("call", version)
+
+    def sampler_update(self, version: int, role: str, scope: int) -> str:
+        """One agent or env update of a call (``scope`` -1: the one for every worker, else a worker's own)."""
+        return self._key("update", version, role, "all" if scope < 0 else scope)
+
+    def sampler_episodes(self, version: int) -> str:
+        """List of signed episode buffers pushed for one call."""
+        return self._key("episodes", version)
+
+    def sampler_have(self, version: int) -> str:
+        """Hash ``worker:episode`` -> 1 of one call: makes episode pushes idempotent."""
+        return self._key("have", version)
+
+    def sampler_next(self, version: int) -> str:
+        """Hash of one call: worker -> next episode index, ``worker:steps`` -> steps pushed (a re-run's start)."""
+        return self._key("next", version)
+
+    def sampler_done(self, version: int) -> str:
+        """Set once the sampler has what one call needs: jobs stop."""
+        return self._key("done", version)
+
+    @property
+    def sampler_stale(self) -> str:
+        """Integer: episodes refused because their call was over (read and reset by the sampler)."""
+        return self._key("stale")
 
     @property
     def job_id_prefix(self) -> str:

@@ -16,12 +16,11 @@ from rqrl.worker import run_worker
 
 
 def multiprocessing_context(start_method: str | None) -> ProcessContext:
-    """Maze's choice: the given method if this platform has it, else forkserver, else spawn."""
-    methods = multiprocessing.get_all_start_methods()
-    if start_method is not None and start_method in methods:
-        method = start_method
-    else:
-        method = "forkserver" if "forkserver" in methods else "spawn"
+    """Maze's choice: the given method (ConfigError if this platform has no such method); None: forkserver where
+    available, else spawn."""
+    if start_method is None:
+        start_method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    method = start_method
     context = process_context(method)
     if method == "forkserver":
         context.set_forkserver_preload(["rqrl.worker"])

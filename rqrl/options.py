@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -34,15 +35,17 @@ class RunOptions:
     actors_per_job: int | None = None
     """Actors stepped together by one job (one batched policy call per step); None: spread evenly."""
     start_method: str | None = None
-    """multiprocessing start method of local workers; None or unknown: forkserver, else spawn."""
+    """multiprocessing start method of local workers, one of multiprocessing.get_all_start_methods() (ConfigError
+    otherwise); None: forkserver where available, else spawn. 'fork' needs a policy on the CPU."""
     collect_timeout: float = 120.0
     """Seconds collect_outputs waits for a batch before CollectTimeoutError."""
     no_worker_timeout: float = 30.0
     """Seconds without a live worker before NoWorkersError."""
     min_job_seconds: float = 1.0
-    """A job yields its worker to a waiting job only after this long."""
+    """A job yields its worker to a waiting job only after this long (and checks for one this often)."""
     max_job_seconds: float = 60.0
-    """A job yields its worker after this long in any case."""
+    """Length of a slice; past it, a job with no job waiting starts a new slice in place, its episodes uncut
+    (before issue 12 it yielded here in any case, cutting every episode)."""
     secret: str | bytes | None = field(default=None, repr=False)
     """Signs the env factory and policy; needed with an external Redis (the workers' RQRL_SECRET)."""
     hang_seconds: float = 60.0
@@ -72,6 +75,10 @@ class RunOptions:
             raise ConfigError(f"expected queue_name to be a non-empty string, got {self.queue_name!r}")
         if self.run_name is not None:
             check_run_name(self.run_name)
+        methods = multiprocessing.get_all_start_methods()
+        if self.start_method is not None and self.start_method not in methods:
+            raise ConfigError(f"unknown start_method {self.start_method!r}; choose one of "
+                              f"multiprocessing.get_all_start_methods() = {methods}, or None for the default")
 
 
 def _is_int(value: object) -> bool:

@@ -173,6 +173,52 @@ def as_state_dict(value: object) -> dict[str, torch.Tensor]:
     return dict(value)
 
 
+def flatten_state_dict(value: object) -> object:
+    """Nested mappings of tensors (Maze's ``TorchActorCritic.state_dict()``: one state dict per network) as one
+    flat dict with ``.``-joined keys; anything else unchanged."""
+    if not isinstance(value, Mapping) or not any(isinstance(item, Mapping) for item in value.values()):
+        return value
+    flat: dict[str, object] = {}
+    for key, item in value.items():
+        nested = flatten_state_dict(item)
+        if isinstance(nested, Mapping):
+            flat.update({f"{key}.{inner}": tensor for inner, tensor in nested.items()})
+        else:
+            flat[str(key)] = nested
+    return flat
+
+
+def select_policy_state(expected: Mapping[str, torch.Tensor], value: object) -> dict[str, torch.Tensor]:
+    """The policy's part of a broadcast state dict that may carry other modules' keys (a Maze learner broadcasts
+    its actor-critic's: policy and critic together).
+
+    The filter: nested mappings are flattened with ``.``; if every key of the policy is there, those keys
+    are taken; else, if exactly one prefix ``name.`` holds every key of the policy below it (a module with a
+    ``policy`` attribute beside a ``critic``), or exactly one holds the policy's keys and shapes and nothing
+    else, those are taken with the prefix stripped (several: PolicyError). Every other key is
+    dropped, never shipped to the workers. If neither holds, the state dict is returned whole, for
+    check_state_dict to name what is missing.
+    """
+    given = as_state_dict(flatten_state_dict(value))
+    wanted = set(expected)
+    if not wanted or wanted == set(given):
+        return given
+    if wanted <= set(given):
+        return {key: given[key] for key in expected}
+    prefixes = sorted({key[:index + 1] for key in given for index, char in enumerate(key) if char == "."})
+    matching = [prefix for prefix in prefixes if all(prefix + key in given for key in wanted)]
+    if len(matching) > 1:  # keep those holding exactly the policy's keys and shapes (a critic may share a name)
+        matching = [prefix for prefix in matching
+                    if {key[len(prefix):] for key in given if key.startswith(prefix)} == wanted
+                    and all(given[prefix + key].shape == expected[key].shape for key in wanted)]
+    if len(matching) > 1:
+        raise PolicyError(f"the state dict holds the policy's keys below several prefixes {matching}; broadcast "
+                          f"the state dict of the policy module alone (e.g. model.policy.state_dict())")
+    if matching:
+        return {key: given[matching[0] + key] for key in expected}
+    return given
+
+
 def check_state_dict(expected: dict[str, torch.Tensor], given: dict[str, torch.Tensor]) -> None:
     """Refuse a state dict whose keys or shapes differ from the policy's, naming the mismatches."""
     missing = sorted(set(expected) - set(given))

@@ -18,7 +18,7 @@ from typing import NamedTuple, TypeAlias
 import numpy as np
 import torch
 
-from rqrl.codec import RECORD_MAGIC, decode_arrays, encode_arrays, sign, verify
+from rqrl.codec import RECORD_MAGIC, decode_arrays, encode_arrays, sign, verified_view
 from rqrl.errors import RecordError
 from rqrl.observations import Obs, TensorObs, concat_to, flatten_obs, stack_to, unflatten_obs
 
@@ -92,7 +92,18 @@ def record_signature(record: RolloutRecord) -> RecordSignature:
     if record.logits is not None:
         arrays["logits"] = record.logits
     arrays.update(flatten_obs(record.obs, "obs"))
-    return {name: (tuple(np.shape(array)[1:]), str(np.asarray(array).dtype)) for name, array in arrays.items()}
+    return {name: (tuple(np.shape(array)[1:]), _dtype_name(np.asarray(array).dtype)) for name, array in arrays.items()}
+
+
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """str(dtype), remembered: numpy computes it in Python each time, and every record asks for ~7."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
 
 
 def differing_arrays(signature: RecordSignature, reference: RecordSignature) -> list[str]:
@@ -164,7 +175,7 @@ def _check_steps(record: RolloutRecord) -> None:
     if not np.array_equal(steps, np.flatnonzero(truncated)):
         raise RecordError(f"record's final_obs_steps {steps.tolist()[:8]} are not its truncated steps "
                           f"{np.flatnonzero(truncated).tolist()[:8]}")
-    if np.any(truncated & np.asarray(record.terminated, bool)):
+    if (truncated & np.asarray(record.terminated, bool)).any():
         raise RecordError("record has steps both terminated and truncated")
     returns, lengths = record.episode_returns, record.episode_lengths
     if returns.ndim != 1 or lengths.ndim != 1 or len(returns) != len(lengths) or len(returns) > record.n_steps:
@@ -176,11 +187,11 @@ def _check_values(record: RolloutRecord, spec: RecordSpec) -> None:
     """Values the learner would train on: finite rewards, log-probs and returns, no NaN logits, actions in range."""
     for name in ("rewards", "log_probs", "episode_returns", "episode_lengths"):
         array = getattr(record, name)
-        if array.dtype.kind not in "biuf" or not np.all(np.isfinite(array)):
+        if array.dtype.kind not in "biuf" or not np.isfinite(array).all():
             raise RecordError(f"record's {name} hold values that are not finite numbers")
-    if np.any(record.episode_lengths < 1):
+    if (record.episode_lengths < 1).any():
         raise RecordError("record's episode_lengths hold lengths below 1")
-    if record.logits is not None and (record.logits.dtype.kind != "f" or np.any(np.isnan(record.logits))):
+    if record.logits is not None and (record.logits.dtype.kind != "f" or np.isnan(record.logits).any()):
         raise RecordError("record's logits are NaN or not floats")
     if spec.action_bounds is not None:
         low, high = spec.action_bounds
@@ -211,7 +222,7 @@ def encode_record(record: RolloutRecord, run_id: str) -> bytes:
     return encode_arrays(arrays, metadata)
 
 
-def decode_record(blob: bytes, run_id: str) -> RolloutRecord:
+def decode_record(blob: bytes | memoryview, run_id: str) -> RolloutRecord:
     """Inverse of encode_record; raises RecordError for foreign, corrupted or malformed entries."""
     arrays, metadata = decode_arrays(blob)
     if metadata.get("format") != _FORMAT:
@@ -246,7 +257,7 @@ def encode_signed_record(record: RolloutRecord, run_id: str, key: bytes) -> byte
 def decode_signed_record(blob: bytes, run_id: str, key: bytes) -> RolloutRecord:
     """The record of a blob encode_signed_record made; SignatureError, before any of it is parsed, if it was not
     tagged under ``key`` (forged, tampered, or from another run), RecordError if it is malformed anyway."""
-    return decode_record(verify(blob, key, RECORD_MAGIC), run_id)
+    return decode_record(verified_view(blob, key, RECORD_MAGIC), run_id)
 
 
 def _flag(text: str) -> bool:
@@ -292,6 +303,12 @@ class BatchedRecord:
     @property
     def batch_size(self) -> int:
         return int(self.rewards.shape[1])
+
+    @property
+    def dones(self) -> torch.Tensor:
+        """Maze's ``dones``: ``terminated | truncated`` ``[T, B]`` (a new tensor; keep the two apart to bootstrap
+        on truncations, which a ``dones`` mask cannot tell from terminations)."""
+        return self.terminated | self.truncated
 
 
 class CollectedOutputs(NamedTuple):

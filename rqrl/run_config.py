@@ -75,11 +75,8 @@ class RunConfig:
         _check(self.n_rollout_steps >= 1, f"expected n_rollout_steps >= 1, got {self.n_rollout_steps}")
         _check(self.n_actors >= 1, f"expected n_actors >= 1, got {self.n_actors}")
         _check(self.batch_size >= 1, f"expected batch_size >= 1, got {self.batch_size}")
-        _check(
-            self.queue_bound >= self.batch_size,
-            f"queue bound {self.queue_bound} is smaller than batch_size {self.batch_size}: collect_outputs "
-            f"could never fill a batch; use queue_out_of_sync_factor >= 1",
-        )
+        # a bound below batch_size is Maze's queue_out_of_sync_factor < 1: the learner collects as rollouts arrive
+        _check(self.queue_bound >= 1, f"expected queue_bound >= 1, got {self.queue_bound}")
         _check(len(self.actor_env_seeds) == self.n_actors, "expected one env seed per actor")
         _check(len(self.actor_agent_seeds) == self.n_actors, "expected one agent seed per actor")
         flat = sorted(actor for group in self.actor_groups for actor in group)
@@ -95,10 +92,14 @@ class RunConfig:
 
 
 def queue_bound(batch_size: int, queue_out_of_sync_factor: float) -> int:
-    """Maze's bound: ``int(batch_size * queue_out_of_sync_factor)`` rollouts."""
+    """Maze's ``max_queue_size``: ``int(batch_size * queue_out_of_sync_factor)`` rollouts, at least one. A
+    factor below 1 gives a queue smaller than a batch: collect_outputs takes rollouts as they arrive."""
     _check(
-        isinstance(queue_out_of_sync_factor, (int, float)) and math.isfinite(queue_out_of_sync_factor)
-        and queue_out_of_sync_factor > 0,
+        isinstance(queue_out_of_sync_factor, (int, float)) and not isinstance(queue_out_of_sync_factor, bool)
+        and math.isfinite(queue_out_of_sync_factor) and queue_out_of_sync_factor > 0,
         f"expected queue_out_of_sync_factor > 0, got {queue_out_of_sync_factor!r}",
     )
-    return int(batch_size * queue_out_of_sync_factor)
+    bound = int(batch_size * queue_out_of_sync_factor)
+    _check(bound >= 1, f"batch_size {batch_size} * queue_out_of_sync_factor {queue_out_of_sync_factor} gives a "
+                       f"queue of {bound} rollouts; expected a factor >= 1 / batch_size ({1 / batch_size:.4g})")
+    return bound

@@ -34,7 +34,7 @@ import torch
 from rqrl.episodes import EnvSpec, EpisodeBatch, StepType
 from rqrl.errors import ConfigError, EnvError, PolicyError
 from rqrl.observations import map_tree, stack_obs, to_array, to_tensor
-from rqrl.policy import ActFunction, as_state_dict, check_state_dict, make_act_function
+from rqrl.policy import ActFunction, LogitsActFunction, as_state_dict, check_state_dict, make_act_function
 
 T = TypeVar("T")
 
@@ -206,11 +206,14 @@ def apply_env_update(old_env: gymnasium.Env[Any, Any] | None,
 
 class ModuleAgent:
     """A plain ``torch.nn.Module`` giving logits for a Discrete action space, as a garage policy: actions are
-    sampled with ``generator``; ``agent_info`` holds the action's ``log_prob``; params are its state dict."""
+    sampled with ``rng`` in numpy (a CPU module), else with ``generator`` in torch; ``agent_info`` holds the
+    action's ``log_prob``; params are its state dict."""
 
-    def __init__(self, module: torch.nn.Module, generator: torch.Generator) -> None:
+    def __init__(self, module: torch.nn.Module, generator: torch.Generator,
+                 rng: np.random.Generator | None = None) -> None:
         self.module = module
         self.generator = generator
+        self.rng = rng
         self._act: ActFunction | None = None
         self._action_space: gymnasium.Space[Any] | None = None
 
@@ -228,15 +231,26 @@ class ModuleAgent:
         if self._act is None:
             raise PolicyError("ModuleAgent.bind(action_space) must be called before it acts")
         device = next((parameter.device for parameter in self.module.parameters()), torch.device("cpu"))
-        batch = map_tree(lambda array: np.asarray(array, np.float32) if np.asarray(array).dtype == np.float64
-                         else np.asarray(array), observations)
+        if isinstance(observations, np.ndarray):  # the common case, without the tree walk
+            batch = observations.astype(np.float32) if observations.dtype == np.float64 else observations
+            obs: Any = torch.as_tensor(batch, device=device)
+        else:
+            batch = map_tree(lambda array: np.asarray(array, np.float32) if np.asarray(array).dtype == np.float64
+                             else np.asarray(array), observations)
+            obs = map_tree(lambda tensor: tensor.to(device), to_tensor(batch))
         with torch.no_grad():
-            step = self._act(map_tree(lambda tensor: tensor.to(device), to_tensor(batch)), self.generator)
+            if self.rng is not None and device.type == "cpu" and isinstance(self._act, LogitsActFunction):
+                actions, log_probs, _ = self._act.act_numpy(obs, self.rng)
+                return actions.astype(np.int64), {"log_prob": log_probs.astype(np.float32)}
+            step = self._act(obs, self.generator)
         return step.actions.cpu().numpy(), {"log_prob": step.log_probs.cpu().numpy()}
 
     def get_action(self, observation: Any) -> tuple[Any, dict[str, Any]]:
         """One action (an int for Discrete) and its ``{"log_prob": ...}``."""
-        actions, infos = self.get_actions(map_tree(lambda array: np.asarray(array)[None], to_array(observation)))
+        observation = to_array(observation)
+        batch = observation[None] if isinstance(observation, np.ndarray) else map_tree(
+            lambda array: np.asarray(array)[None], observation)
+        actions, infos = self.get_actions(batch)
         return actions[0].item(), {key: value[0] for key, value in infos.items()}
 
     def get_param_values(self) -> dict[str, torch.Tensor]:
@@ -271,6 +285,7 @@ class LogicalWorker:
         self._envs_seen = 0
         self._pending_reset_seed: int | None = None
         self.generator = torch.Generator()
+        self.numpy_rng = np.random.default_rng()  # ModuleAgent's sampling stream; seeded in place below
         self._global_states: tuple[Any, Any, torch.Tensor] | None = None
         if self._worker_seed is None:
             self.generator.seed()
@@ -279,6 +294,11 @@ class LogicalWorker:
         self._in_own_rngs = False
         self._prev_obs: Any = None
         self._clear_episode()
+
+    @property
+    def seed(self) -> int | None:
+        """``seed + worker_number``, or None for an unseeded worker."""
+        return self._worker_seed
 
     @property
     def worker_number(self) -> int:
@@ -304,7 +324,7 @@ class LogicalWorker:
             self.agent.set_param_values(agent_update)
         elif agent_update is not None:
             if isinstance(agent_update, torch.nn.Module) and not hasattr(agent_update, "get_action"):
-                agent_update = ModuleAgent(agent_update, self.generator)
+                agent_update = ModuleAgent(agent_update, self.generator, self.numpy_rng)
             elif not isinstance(agent_update, GaragePolicy):
                 raise PolicyError(f"expected a policy with get_action(obs) and reset() (garage's protocol) or a "
                                   f"torch.nn.Module giving logits, got {type(agent_update).__name__}")
@@ -353,6 +373,7 @@ class LogicalWorker:
     def _seed_streams(self, seed: int) -> None:
         """Seed the torch generator and this worker's private ``random``/``np.random``/torch global states."""
         self.generator.manual_seed(seed)
+        self.numpy_rng.bit_generator.state = np.random.PCG64(seed).state
         saved = _global_rng_states()
         random.seed(seed)
         np.random.seed(seed % 2**32)
@@ -394,12 +415,14 @@ class LogicalWorker:
             self._clear_episode()
         return batch
 
-    def rollout(self) -> EpisodeBatch:
-        """Run one whole episode under the current agent and env, and return it."""
+    def rollout(self, on_step: Callable[[], None] | None = None) -> EpisodeBatch:
+        """Run one whole episode under the current agent and env, and return it; ``on_step()`` after each step
+        (the sampler's job keeps its lease alive with it through long episodes)."""
         with self._own_rngs():
             self._start_episode()
             while not self._step_episode():
-                pass
+                if on_step is not None:
+                    on_step()
         return self.collect_episode()
 
     def shutdown(self) -> None:

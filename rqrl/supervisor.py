@@ -47,11 +47,22 @@ class Supervisor:
         for group_id in range(len(self.config.actor_groups)):
             enqueue_group(self.connection, self.config, group_id, 0)
 
-    def rerun_orphaned_groups(self, delivered_next: Callable[[int], int] | None = None) -> list[int]:
+    def rerun_orphaned_groups(self, delivered_next: Callable[[int], int] | None = None,
+                              rerun: Callable[[int], bool] | None = None) -> list[int]:
         """Re-enqueue groups whose job died with its worker or hung (see rqrl.leases); returns them.
         ``delivered_next(group)`` is where the learner's delivered rollouts end: where a group is re-run
-        from if its recorded progress is missing or does not parse."""
+        from if its recorded progress is missing or does not parse. ``rerun(group)``, if given, enqueues
+        the group's job instead (the sampler's), or returns False when the group has nothing left to do."""
         orphaned = self.reaper.orphaned_groups(self.queue.key)
+        if rerun is not None:
+            done = []
+            for group_id in orphaned:
+                self._forget_started_jobs(group_id)
+                if rerun(group_id):
+                    done.append(group_id)
+                    log.warning("group %d of run %s lost its job (worker killed or hung): re-running it", group_id,
+                                self.config.run_name)
+            return done
         for group_id in orphaned:
             self._forget_started_jobs(group_id)
             rollout_id = recorded_progress(self.connection, self.keys, group_id)

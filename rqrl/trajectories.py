@@ -31,7 +31,8 @@ from rqrl.keys import RunKeys
 log = logging.getLogger(__name__)
 
 # KEYS[1] = queue, KEYS[2] = hash actor id -> highest rollout id pushed, KEYS[3] = hash actor id ->
-# token of the pusher of that rollout, KEYS[4] = the pusher's lease (when ARGV[3] is not ''); ARGV[1] =
+# token of the pusher of that rollout, KEYS[4] = the doorbell (rung when anything was pushed), KEYS[5] =
+# the pusher's lease (when ARGV[3] is not ''); ARGV[1] =
 # bound, ARGV[2] = the pusher's token ('' for none), ARGV[3] = the lease holder the pusher must be ('': no
 # fence), then (actor id, rollout id, payload) per rollout. Returns per rollout: 1 pushed, 0 full,
 # 2 duplicate, 3 mine (this pusher pushed it already: a retried command), 4 not the lease holder.
@@ -39,7 +40,7 @@ _PUSH_BOUNDED = """
 local bound = tonumber(ARGV[1])
 local token = ARGV[2]
 local results = {}
-if ARGV[3] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[3] then
+if ARGV[3] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[3] then
   for i = 4, #ARGV, 3 do results[#results + 1] = 4 end
   return results
 end
@@ -65,11 +66,15 @@ for i = 4, #ARGV, 3 do
     results[#results + 1] = 1
   end
 end
+if length > 0 and redis.call('LLEN', KEYS[4]) == 0 then
+  redis.call('RPUSH', KEYS[4], '1')
+end
 return results
 """
 
 # KEYS[1] = queue, KEYS[2] = unacknowledged list, KEYS[3] = acknowledged counter (absolute index of
-# that list's head). ARGV[1] = how many to pop, ARGV[2] = absolute index below which the learner is
+# that list's head), KEYS[4] = the doorbell (cleared when the pop leaves the queue empty). ARGV[1] = how
+# many to pop, ARGV[2] = absolute index below which the learner is
 # done (-1: everything listed so far, for consumers that never look back). Absolute indices make a
 # retried call harmless: acknowledging twice drops nothing more, and a pop whose reply was lost
 # leaves its entries on the list where the next call's indices reveal them.
@@ -112,6 +117,9 @@ if count > 0 and before > 0 then
   for i = 1, #popped, 1000 do
     redis.call('RPUSH', KEYS[2], unpack(popped, i, math.min(i + 999, #popped)))
   end
+end
+if before - #popped <= 0 then
+  redis.call('DEL', KEYS[4])
 end
 return {before, popped, before - #popped, head, first}
 """
@@ -186,7 +194,7 @@ class TrajectoryQueue:
         ``lease`` = (lease key, holder) is given and the key does not hold that holder."""
         if not rollouts:
             return []
-        keys = [self.keys.trajectories, self.keys.pushed_rollouts, self.keys.pushed_by]
+        keys = [self.keys.trajectories, self.keys.pushed_rollouts, self.keys.pushed_by, self.keys.doorbell]
         arguments: list[EncodableT] = [self.bound, token, ""]
         if lease is not None:
             keys.append(lease[0])
@@ -328,7 +336,7 @@ class TrajectoryQueue:
         """Acknowledge every unacknowledged rollout with an absolute index below ``done_below``, then
         pop up to ``count`` onto the unacknowledged list, in one atomic round trip."""
         reply = self._pop(
-            keys=[self.keys.trajectories, self.keys.unacknowledged, self.keys.acknowledged],
+            keys=[self.keys.trajectories, self.keys.unacknowledged, self.keys.acknowledged, self.keys.doorbell],
             args=[max(count, 0), done_below if done_below == ACKNOWLEDGE_ALL else max(done_below, 0)])
         if len(reply) == 1:
             raise self._indices_lost()
@@ -336,12 +344,17 @@ class TrajectoryQueue:
         return Popped(list(entries or []), int(first), int(size_before), int(size_after), int(head))
 
     def wait_until_not_empty(self, timeout_seconds: float) -> bool:
-        """Block up to ``timeout_seconds`` until a rollout waits; pops nothing (a LEFT-to-LEFT move of
-        the list onto itself leaves it as it was, so a retried call is harmless)."""
+        """Block up to ``timeout_seconds`` until a rollout may wait; pops nothing.
+
+        It blocks on the doorbell, a one-entry list that pushes ring and pops clear once the queue is
+        empty, not on the queue itself: a BLMOVE of the queue onto itself would carry a whole rollout
+        back just to say so. On a timeout the queue's length decides, so rollouts the doorbell does not
+        know of (a Redis restart between the two keys, a foreign writer) cost at most one timeout."""
         # redis-py hints the timeout as int, but BLMOVE takes a double number of seconds (0.05 works)
-        return self.connection.blmove(self.keys.trajectories, self.keys.trajectories,
+        rung = self.connection.blmove(self.keys.doorbell, self.keys.doorbell,
                                       timeout_seconds,  # type: ignore[arg-type]
                                       "LEFT", "LEFT") is not None
+        return rung or self.size() > 0
 
     def unacknowledged(self, start: int = 0, stop: int = -1) -> tuple[list[bytes], int]:
         """Unacknowledged rollouts from absolute index ``start`` (to ``stop``, inclusive, -1: all):

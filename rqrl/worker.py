@@ -26,7 +26,7 @@ from rq.utils import now
 from rq.version import VERSION as RQ_VERSION
 
 from rqrl.connection import connect
-from rqrl.jobs import HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook
+from rqrl.jobs import HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook, set_worker_hooks
 from rqrl.keys import DEFAULT_QUEUE
 from rqrl.process import exit_when_orphaned
 from rqrl.rq_safety import TESTED_RQ_VERSIONS, RolloutJob, RolloutQueue, as_rollout_job, clean_queue, rollout_queue
@@ -159,7 +159,21 @@ def send_heartbeat() -> None:
         worker.heartbeat()
 
 
+def stop_requested() -> bool:
+    """Whether the running worker was asked for a warm shutdown (SIGTERM/SIGINT while busy): its job then
+    hands its group on instead of keeping the worker (RQ waits for the job to end)."""
+    worker = _running
+    return worker is not None and bool(getattr(worker, "_stop_requested", False))
+
+
+def served_queue_keys() -> list[str]:
+    """The Redis keys of the queues the running worker serves (a job yields to jobs waiting on any of them)."""
+    worker = _running
+    return [queue.key for queue in worker.queues] if worker is not None else []
+
+
 set_heartbeat_hook(send_heartbeat)
+set_worker_hooks(stop_requested, served_queue_keys)
 
 
 def default_worker_name() -> str:

@@ -76,6 +76,16 @@ def make_slow_env() -> gymnasium.Env:
     return CountingEnv(length=50, step_sleep=0.5)
 
 
+def make_endless_env() -> gymnasium.Env:
+    """Never terminates or truncates: its observation is the number of steps since its last reset."""
+    return CountingEnv(length=2**62)
+
+
+def make_minute_long_episode_env() -> gymnasium.Env:
+    """Episodes of 1300 steps of 50 ms each: 65 s, longer than the default max_job_seconds (60 s)."""
+    return CountingEnv(length=1300, step_sleep=0.05)
+
+
 class DictObsEnv(gymnasium.Env):
     """Dict observations (a Box and a Discrete), random start seeded by reset(seed)."""
 
@@ -184,3 +194,65 @@ class GrowingObsEnv(CountingEnv):
 
 def make_growing_obs_env() -> gymnasium.Env:
     return GrowingObsEnv(length=1000)
+
+
+class VersionPolicy:
+    """A garage policy whose action is its parameter ``value``: every step shows which update made it."""
+
+    def __init__(self, value: int = 0, fail_on_reset: bool = False):
+        self.value = int(value)
+        self.fail_on_reset = fail_on_reset
+
+    def reset(self) -> None:
+        if self.fail_on_reset:
+            raise RuntimeError("VersionPolicy.reset exploded as the test asked")
+
+    def get_action(self, observation):
+        return self.value, {"value": np.asarray(self.value)}
+
+    def get_param_values(self) -> dict:
+        return {"value": np.asarray(self.value)}
+
+    def set_param_values(self, params) -> None:
+        self.value = int(params["value"])
+
+
+class EchoEnv(gymnasium.Env):
+    """Observation: [step in episode, last action, a random start drawn at reset]; episodes of ``length`` steps
+    (terminated), or of a length drawn at reset when ``random_length``; ``step_sleep`` s per step."""
+
+    observation_space = spaces.Box(-1e6, 1e6, (3,), np.float64)
+    action_space = spaces.Discrete(64)
+
+    def __init__(self, length: int = 10, step_sleep: float = 0.0, random_length: bool = False, task: int = 0):
+        self.length, self.step_sleep, self.random_length, self.task = length, step_sleep, random_length, task
+        self.count, self.start, self.episode_length = 0, 0.0, length
+
+    def set_task(self, task: int) -> None:
+        self.task = task
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        self.start = float(self.np_random.uniform(0, 1))
+        self.episode_length = int(self.np_random.integers(1, 2 * self.length)) if self.random_length else self.length
+        return np.array([0.0, -1.0, self.start]), {"task": np.asarray(self.task)}
+
+    def step(self, action):
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+        self.count += 1
+        obs = np.array([float(self.count), float(action), self.start])
+        return obs, float(self.task), self.count >= self.episode_length, False, {"task": np.asarray(self.task)}
+
+
+def make_echo_env() -> gymnasium.Env:
+    return EchoEnv(length=10)
+
+
+def make_slow_echo_env() -> gymnasium.Env:
+    return EchoEnv(length=10, step_sleep=0.01)
+
+
+def make_very_slow_echo_env() -> gymnasium.Env:
+    return EchoEnv(length=8, step_sleep=0.25)

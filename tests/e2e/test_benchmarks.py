@@ -53,3 +53,55 @@ def test_inference_prints_round_trips_and_the_seed_comparison() -> None:
     assert len(seed_rows) == 1, out
     rates = [float(cell.strip().replace(",", "")) for cell in seed_rows[0].strip("|").split("|")[1:3]]
     assert all(rate > 0 for rate in rates), seed_rows[0]
+
+
+@pytest.mark.timeout(300)
+def test_scale_prints_linear_ratio_and_redis_cost_per_worker_count() -> None:
+    out = run_benchmark("scale.py", "--workers", "1", "2", "--seconds", "0.5", "--warmup", "0",
+                        "--rollout-steps", "8", "--actors-per-worker", "2", "--step-ms", "1")
+    for workers in ("1", "2"):
+        rows = [line for line in out.splitlines() if line.startswith(f"| {workers} |")]
+        assert len(rows) == 2, out  # the scaling row and the Redis-cost row
+        scaling = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
+        assert float(scaling[1]) > 0 and float(scaling[2]) > 0, rows[0]
+        cost = [cell.strip().replace(",", "") for cell in rows[1].strip("|").split("|")]
+        assert float(cost[1]) > 0 and "evalsha" in cost[-1], rows[1]
+
+
+@pytest.mark.timeout(300)
+def test_image_obs_prints_rates_and_bytes_per_step() -> None:
+    out = run_benchmark("image_obs.py", "--envs", "2", "--seconds", "0.5", "--warmup", "0", "--rollout-steps", "8")
+    rows = [line for line in out.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 1, out
+    cells = [float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")]
+    assert cells[1] > 0 and cells[2] > 0, rows[0]
+    assert cells[5] >= 1.0, rows[0]  # every observation crosses into Redis at least once
+
+
+@pytest.mark.timeout(200)
+def test_record_cost_prints_each_stage_per_record() -> None:
+    out = run_benchmark("record_cost.py", "--envs", "2", "--steps", "8", "--repeats", "1")
+    rows = [line for line in out.splitlines() if line.startswith("| this tree |")]
+    assert len(rows) == 1, out
+    cells = [float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")[1:]]
+    assert len(cells) == 7 and all(value > 0 for value in cells), rows[0]
+
+
+@pytest.mark.timeout(200)
+def test_sampler_throughput_prints_rqrl_and_plain_for_each_process_count() -> None:
+    out = run_benchmark("sampler_throughput.py", "--processes", "1", "--workers", "2", "--num-samples", "100",
+                        "--iterations", "1", "--max-episode-length", "50")
+    assert "| processes | logical workers | rqrl steps/s | plain steps/s | rqrl / plain |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 1 | 2 |")]
+    assert len(rows) == 1, out
+    cells = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
+    assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[4]) > 0, rows[0]
+
+
+@pytest.mark.slow  # about 30 s: two trainings (Redis and workers, then in-process), however tiny
+@pytest.mark.timeout(200)
+def test_train_cartpole_prints_ppo_next_to_its_single_process_baseline() -> None:
+    out = run_benchmark("train_cartpole.py", "--env", "tests.fixtures:RqrlGuessSign-v0", "--variants", "ppo",
+                        "ppo-baseline", "--seeds", "0", "--budget", "500")
+    assert "| learner and sampling | solved |" in out
+    assert len([line for line in out.splitlines() if line.startswith("| PPO, ")]) == 2, out

@@ -36,7 +36,7 @@ def test_impala_only_options_are_refused_with_dqn():
 
 def test_seconds_is_refused_with_impala():
     result = run_rqrl("train", "--seconds", "3", timeout=60)
-    assert result.returncode != 0 and "--seconds is for --algo dqn" in result.stderr
+    assert result.returncode == 2 and "--seconds do(es) not apply to --algo impala" in result.stderr
 
 
 @pytest.mark.slow

@@ -113,3 +113,47 @@ def test_a_sigkilled_learner_resumes_its_run_on_the_same_redis_and_workers_never
     assert json.loads((run / "summary.json").read_text())["env_steps"] >= steps_before + 4000
     assert worker.poll() is None, "the worker noticed the learner's death"
     assert connection.keys("rqrl:killed:*") == [], "the resumed learner's stop() cleans the run up"
+
+
+PPO_ARGUMENTS = ("--algo", "ppo", "--env", TRIVIAL_ENV, "--n-workers", "4", "--num-samples", "400",
+                 "--minibatch-size", "100", "--epochs", "4", "--learning-rate", "0.003", "--workers", "1",
+                 "--seed", "1")
+
+
+@pytest.mark.slow  # about 30 s on a loaded 2-core machine; tests/unit/test_ppo.py runs the loop in-process
+def test_train_ppo_on_the_garage_sampler_writes_the_run_folder(tmp_path):
+    result = rqrl("train", *PPO_ARGUMENTS, "--total-env-steps", "4000", "--run-dir", str(tmp_path),
+                  "--run-name", "ppo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "ppo"
+    for name in ("final.safetensors", "best.safetensors", "checkpoint.safetensors", "metrics.csv", "config.json",
+                 "summary.json", "learning_curve.png"):
+        assert (run / name).is_file(), name
+    assert any((run / "tensorboard").glob("events.out.tfevents.*"))
+    rows = read_rows(run / "metrics.csv")
+    assert rows and {"env_steps", "mean_return", "clip_fraction", "dropped_episodes"} <= set(rows[0])
+    assert json.loads((run / "config.json").read_text())["algo"] == "ppo"
+    assert "PPO" in result.stderr  # the progress bar
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["env_steps"] >= 4000 and summary["mean_return"] > 15, summary  # random: about 10
+    evaluation = rqrl("evaluate", str(run), "--episodes", "5")
+    assert evaluation.returncode == 0, evaluation.stderr
+
+
+def test_train_refuses_flags_of_the_other_algorithm():
+    result = rqrl("train", "--algo", "ppo", "--n-actors", "3", "--total-env-steps", "1")
+    assert result.returncode != 0 and "--n-actors" in result.stderr and "ppo" in result.stderr
+    result = rqrl("train", "--num-samples", "100", "--total-env-steps", "1")
+    assert result.returncode != 0 and "--num-samples" in result.stderr
+
+
+@pytest.mark.slow
+def test_train_ppo_resumes_where_it_stopped(tmp_path):
+    first = rqrl("train", *PPO_ARGUMENTS, "--total-env-steps", "800", "--run-dir", str(tmp_path), "--run-name", "p")
+    assert first.returncode == 0, first.stderr[-3000:]
+    steps = json.loads((tmp_path / "p" / "summary.json").read_text())["env_steps"]
+    resumed = rqrl("train", *PPO_ARGUMENTS, "--total-env-steps", "1600", "--resume", str(tmp_path / "p"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert summary["env_steps"] >= 1600 and summary["updates"] > 2 and steps >= 800
+    assert int(float(read_rows(tmp_path / "p" / "metrics.csv")[-1]["env_steps"])) == summary["env_steps"]

@@ -113,6 +113,51 @@ def test_queue_never_exceeds_its_bound_under_fast_producers(connection, redis_ur
     assert max(sizes) <= bound
 
 
+def test_a_queue_smaller_than_a_batch_fills_batches_as_rollouts_arrive(connection, redis_url, run_name):
+    """Maze's queue_out_of_sync_factor < 1: a queue of 2 for batches of 6; the learner takes rollouts as they
+    arrive, every batch is full, no rollout is lost or repeated, and the queue never exceeds its bound."""
+    with local_actors(redis_url, run_name, n_rollout_steps=4, n_actors=2, batch_size=6,
+                      queue_out_of_sync_factor=0.4, actors_per_job=1, n_local_workers=2) as actors:
+        assert actors.max_queue_size == 2
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        batches = [actors.collect_outputs("cpu") for _ in range(4)]
+        assert connection.llen(actors.keys.trajectories) <= 2
+    delivered: dict[int, list[int]] = {}
+    for batch in batches:
+        assert batch.record.batch_size == 6 and batch.queue_size_before <= 2
+        for actor, rollout in zip(batch.record.actor_id.tolist(), batch.record.rollout_id.tolist(), strict=True):
+            delivered.setdefault(actor, []).append(rollout)
+    assert set(delivered) <= {0, 1}
+    for rollouts in delivered.values():  # each actor's rollouts arrive in order, none twice, none skipped
+        assert rollouts == list(range(len(rollouts)))
+    assert sum(len(rollouts) for rollouts in delivered.values()) == 24
+
+
+class MazeImpalaEvents:
+    def estimated_queue_sizes(self, before, after):
+        """Maze's IMPALA event of that name"""
+
+
+def test_a_maze_shaped_learner_step_runs_on_workers(connection, redis_url, run_name):
+    """What a Maze IMPALA learner does with its actors: broadcast its actor-critic's nested state dict (only the
+    policy's part reaches the workers), read record.dones, record its own events on the stats aggregator and
+    read the episode reward by Maze's names."""
+    from rqrl import BaseEnvEvents, LogStatsLevel
+
+    critic = torch.nn.Linear(4, 1)
+    with local_actors(redis_url, run_name, policy=fixtures.WeightRevealingPolicy(), n_rollout_steps=64) as actors:
+        events = actors.get_epoch_stats_aggregator().create_event_topic(MazeImpalaEvents)
+        actors.broadcast_updated_policy({"policy": fixtures.revealing_state(4.0), "critic": critic.state_dict()})
+        record, before, after, _ = actors.collect_outputs("cpu")
+        events.estimated_queue_sizes(before=before, after=after)
+        assert torch.all(record.log_probs == 4.0)  # the policy's weights, not the critic's, reached the workers
+        assert torch.equal(record.dones, record.terminated | record.truncated) and bool(record.dones.any())
+        assert actors.get_stats_value(MazeImpalaEvents.estimated_queue_sizes, LogStatsLevel.EPOCH,
+                                      name="before") == before
+        assert actors.get_stats_value(BaseEnvEvents.reward, LogStatsLevel.EPOCH, name="mean") == pytest.approx(
+            float(record.episode_returns.double().mean()))
+
+
 def test_same_seeds_and_weights_give_identical_trajectories(connection, redis_url):
     def collect(run_name, agent_seeds):
         policy = fixtures.mlp_policy(seed=3)
@@ -274,7 +319,8 @@ def test_mismatching_state_dict_is_refused_before_reaching_workers(connection, r
 @pytest.mark.parametrize("arguments, message", [
     ({"n_actors": 0}, "n_actors >= 1"),
     ({"queue_out_of_sync_factor": 0}, "queue_out_of_sync_factor > 0"),
-    ({"queue_out_of_sync_factor": 0.5}, "queue_out_of_sync_factor >= 1"),
+    ({"queue_out_of_sync_factor": 0.25}, "gives a queue of 0 rollouts"),
+    ({"start_method": "threads"}, "unknown start_method 'threads'"),
     ({"actor_env_seeds": [1, 2, 3]}, "one seed per actor"),
     ({"actor_agent_seeds": [1]}, "one seed per actor"),
     ({"n_rollout_steps": 0}, "n_rollout_steps >= 1"),

@@ -22,9 +22,10 @@ import redis
 import torch
 from redis.exceptions import NoPermissionError
 
-from rqrl import ActorFailedError, RedisRefusedError
+from rqrl import ActorFailedError, RedisRefusedError, RQSampler
 from rqrl.server import find_redis_server
 from tests import fixtures
+from tests.conftest import TEST_SECRET
 from tests.factories import redis_actors
 from tests.polling import wait_until
 from tests.processes import REPO_ROOT, WorkerProcesses, free_port, get_json, run_rqrl, stop_process, worker_env
@@ -38,7 +39,7 @@ WORKER_RULES = (
     "resetkeys ~rq:* ~rqrl:* resetchannels &rq:pubsub:* -@all "
     "+ping +info +client|setname +multi +exec +watch +unwatch "
     "+get +set +mget +exists +del +expire +pexpire +persist "
-    "+hget +hgetall +hset +hdel +hincrby +hincrbyfloat +sadd +srem +smembers +sismember "
+    "+incr +hget +hgetall +hset +hsetnx +hdel +hincrby +hincrbyfloat +sadd +srem +smembers +sismember "
     "+llen +lrange +rpush +lrem +lmove +blmove "
     "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +xadd "
     "+evalsha +script|load +subscribe +unsubscribe"
@@ -46,9 +47,9 @@ WORKER_RULES = (
 LEARNER_RULES = (
     "resetkeys ~rq:* ~rqrl:* resetchannels -@all "
     "+ping +info +multi +exec "
-    "+get +set +mget +exists +del +expire +pttl +scan "
+    "+get +getdel +set +mget +exists +del +expire +pttl +scan "
     "+hget +hgetall +hset +sadd +smembers "
-    "+llen +lrange +ltrim +rpush +lpop +lrem +blmove "
+    "+llen +lrange +ltrim +rpush +lpop +blpop +lrem +blmove "
     "+zrange +zrangebyscore +zremrangebyscore +zrem +evalsha +script|load"
 )
 DASHBOARD_RULES = (
@@ -360,6 +361,26 @@ def test_local_workers_connect_with_their_own_acl_user(acl_server):
     # the one denial the worker rules mean (CLIENT LIST, by user 'worker') shows the local worker
     # logged in as 'worker'; as 'learner' it would have been refused other commands (HINCRBY, LMOVE)
     assert acl_denials(acl_server) == EXPECTED_DENIALS, admin.acl_log(count=20)
+
+
+def test_a_sampler_and_its_workers_run_under_the_learner_and_worker_users(acl_server):
+    """garage's sampler under the documented rules: the learner user drives it, a local worker logs in as
+    'worker', and nothing is refused but the denials the rules mean."""
+    admin = acl_server.admin
+    admin.execute_command("ACL", "LOG", "RESET")
+    with RQSampler(fixtures.VersionPolicy(1), fixtures.make_echo_env(), max_episode_length=100, n_workers=2,
+                   redis_url=acl_url(acl_server, "learner"), worker_redis_url=acl_url(acl_server, "worker"),
+                   run_name="acl-sampler", secret=TEST_SECRET, n_local_workers=1, start_method="fork",
+                   progress=False) as sampler:
+        first = sampler.obtain_samples(0, 40, None)
+        exact = sampler.obtain_exact_episodes(2, fixtures.VersionPolicy(3))
+    assert int(first.lengths.sum()) >= 40
+    assert len(exact.lengths) == 4 and set(exact.actions.tolist()) == {3}
+    assert not admin.keys("rqrl:acl-sampler:*"), "shutdown left keys behind"
+    # the sampler never asks for proto-max-bulk-len, so CONFIG GET may not show; CLIENT LIST by 'worker' shows
+    # the local worker logged in as 'worker'
+    denials = acl_denials(acl_server)
+    assert ("worker", "client|list") in denials and denials <= EXPECTED_DENIALS, admin.acl_log(count=20)
 
 
 def test_a_worker_under_older_rules_without_sismember_keeps_working(acl_server):

@@ -363,3 +363,39 @@ def test_an_acknowledged_counter_that_is_no_index_resets_the_list_instead_of_gro
     assert (again.entries, again.first_index) == ([b"a0-r1"], 0)
     queue.pop(0, done_below=1)
     assert connection.llen(keys.unacknowledged) == 0
+
+
+def test_waiting_for_a_rollout_does_not_carry_it(connection, run_name):
+    """The learner blocks on the doorbell, not the queue: a BLMOVE of the queue onto itself would send a
+    whole rollout back to say one waits (measured with Redis's own output byte counter)."""
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=5)
+    big = PendingRollout(0, 0, b"x" * 2**20)
+    queue.try_push([big])
+    sent_before = int(connection.info("stats")["total_net_output_bytes"])
+    for _ in range(5):
+        assert queue.wait_until_not_empty(1) is True
+    sent = int(connection.info("stats")["total_net_output_bytes"]) - sent_before
+    assert sent < 2**16, f"five waits moved {sent} bytes out of Redis"
+    assert queue.pop_available(5) == [big.payload]
+
+
+def test_the_doorbell_rings_after_a_push_and_clears_when_a_pop_empties_the_queue(connection, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=5)
+    assert connection.llen(keys.doorbell) == 0
+    queue.try_push([rollout(0, 0), rollout(1, 0)])
+    assert connection.lrange(keys.doorbell, 0, -1) == [b"1"]
+    queue.try_push([rollout(2, 0)])
+    assert connection.llen(keys.doorbell) == 1  # rung once, however many pushes
+    assert queue.pop_available(2) == [b"a0-r0", b"a1-r0"]
+    assert connection.llen(keys.doorbell) == 1  # one rollout still waits
+    assert queue.pop_available(2) == [b"a2-r0"]
+    assert connection.llen(keys.doorbell) == 0
+    assert queue.wait_until_not_empty(0.1) is False
+
+
+def test_a_rollout_the_doorbell_does_not_know_of_is_found_after_one_timeout(connection, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=5)
+    connection.rpush(keys.trajectories, b"foreign")  # e.g. the doorbell lost in a restart
+    assert queue.wait_until_not_empty(0.1) is True

@@ -7,6 +7,7 @@ import struct
 
 import numpy as np
 import pytest
+import safetensors.numpy
 import torch
 
 from rqrl.codec import (
@@ -226,3 +227,57 @@ class _Boom:
 
     def __reduce__(self):
         return (open, (self.path, "w"))
+
+
+INTEROP_ARRAYS = {
+    "int16": np.arange(6, dtype=np.int16).reshape(2, 3), "bool": np.array([True, False]),
+    "empty": np.zeros((0, 4), np.float32), "strided": np.arange(10.0)[::3], "scalar": np.array(3.5, np.float32),
+    "uint8": np.array(7, np.uint8), "big_endian": np.arange(3, dtype=">i4"), "zero_width": np.zeros((2, 0)),
+}
+
+
+def test_encoded_arrays_are_safetensors_that_the_safetensors_library_reads():
+    loaded = safetensors.numpy.load(encode_arrays(INTEROP_ARRAYS, {"k": "v"}))
+    for name, array in INTEROP_ARRAYS.items():
+        assert loaded[name].shape == array.shape, name
+        np.testing.assert_array_equal(loaded[name], array)
+
+
+def test_buffers_the_safetensors_library_writes_decode():
+    native = {name: np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("=")).reshape(array.shape)
+              for name, array in INTEROP_ARRAYS.items()}
+    decoded, metadata = decode_arrays(safetensors.numpy.save(native, metadata={"k": "v"}))
+    assert metadata == {"k": "v"}
+    for name, array in native.items():
+        assert decoded[name].dtype == array.dtype and decoded[name].shape == array.shape, name
+        np.testing.assert_array_equal(decoded[name], array)
+
+
+def test_decoded_arrays_are_read_only_views_of_the_buffer():
+    blob = encode_arrays({"a": np.arange(1000.0)}, {})
+    decoded, _ = decode_arrays(blob)
+    assert not decoded["a"].flags.writeable and not decoded["a"].flags.owndata
+
+
+def _buffer(header: dict, data: bytes) -> bytes:
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+@pytest.mark.parametrize("header, data", [
+    ({"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}, bytes(8)),  # a dtype records never carry
+    ({"a": {"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}}, bytes(4)),  # a float size
+    ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, bytes(4)),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, bytes(4)),  # shape and offsets disagree
+    ({"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+      "b": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}}, bytes(3)),  # overlapping
+    ({"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+      "b": {"dtype": "U8", "shape": [2], "data_offsets": [3, 5]}}, bytes(5)),  # a gap
+    ({"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}, bytes(3)),  # a byte left over
+    ({"a": {"dtype": "U8", "shape": [2]}}, bytes(2)),  # no offsets
+    ({"a": "U8"}, bytes(0)),
+    ([1, 2], bytes(0)),
+])
+def test_decode_arrays_refuses_malformed_buffers(header, data):
+    with pytest.raises(RecordError):
+        decode_arrays(_buffer(header, data))

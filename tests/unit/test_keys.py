@@ -19,7 +19,8 @@ def every_key(keys: RunKeys) -> dict[str, str]:
     """Every key name RunKeys builds, found by introspection so new keys are covered too."""
     found = {}
     for name, member in inspect.getmembers(RunKeys):
-        if name.startswith("_") or name in ("pattern", "job_id", "job_id_prefix", "run_name", "group_of_job"):
+        if name.startswith("_") or name in ("pattern", "job_id", "job_id_prefix", "run_name", "group_of_job",
+                                                     "sampler_job_id"):
             continue
         if isinstance(member, property):
             found[name] = getattr(keys, name)
@@ -99,3 +100,14 @@ def test_group_of_job_reads_back_the_group_of_this_runs_job_ids_only():
     assert keys.group_of_job(keys.job_id(7, 42)) == 7
     assert RunKeys("run-12").group_of_job(keys.job_id(7, 42)) is None
     assert keys.group_of_job("rqrl_run-1_gx_r1") is None
+
+
+def test_sampler_job_ids_are_valid_rq_ids_and_name_their_group():
+    keys = RunKeys("run-1")
+    job_id = keys.sampler_job_id(3, 12, "ab12cd")
+    validate_job_id(job_id)
+    assert RQ_JOB_ID.fullmatch(job_id) and job_id.startswith(keys.job_id_prefix)
+    assert keys.group_of_job(job_id) == 3
+    assert keys.group_of_job("rqrl_run-1_sx_v1_ab") is None
+    assert keys.sampler_update(2, "agent", -1) == "rqrl:run-1:update:2:agent:all"
+    assert keys.sampler_update(2, "env", 4) == "rqrl:run-1:update:2:env:4"

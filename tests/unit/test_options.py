@@ -34,6 +34,7 @@ def test_the_message_names_the_value():
     ({"actors_per_job": 0}, "expected actors_per_job >= 1, got 0"),
     ({"queue_name": ""}, "expected queue_name to be a non-empty string"),
     ({"run_name": "bad name!"}, "run name"),
+    ({"start_method": "threads"}, r"unknown start_method 'threads'; choose one of multiprocessing"),
 ])
 def test_inconsistent_options_are_refused_with_the_value(options, message):
     with pytest.raises(ConfigError, match=message):

@@ -16,6 +16,7 @@ from rqrl.policy import (
     check_state_dict,
     make_act_function,
     sample_logits,
+    select_policy_state,
     state_dict_of,
 )
 from tests import fixtures
@@ -218,3 +219,49 @@ def test_a_plain_module_acts_through_numpy_with_its_own_logits():
     assert torch_step.actions.shape == (6,)
     np.testing.assert_allclose(step.log_probs, torch.log_softmax(torch.from_numpy(step.logits), -1).numpy()[
         np.arange(6), step.actions], rtol=1e-5)
+
+
+class ActorCritic(torch.nn.Module):
+    """A learner's model with the actors' policy beside a critic, as a Maze learner broadcasts it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = fixtures.mlp_policy(seed=5)
+        self.critic = torch.nn.Linear(4, 1)
+
+
+def test_select_policy_state_drops_other_modules_keys():
+    expected = fixtures.mlp_policy().state_dict()
+    model = ActorCritic()
+    policy_state = model.policy.state_dict()
+    # the policy's keys with a critic's beside them
+    flat = {**policy_state, "critic.weight": torch.zeros(1, 4)}
+    assert select_policy_state(expected, flat).keys() == expected.keys()
+    # below a prefix: an actor-critic module's own state_dict()
+    selected = select_policy_state(expected, model.state_dict())
+    assert list(selected) == list(expected)
+    assert all(torch.equal(selected[key], policy_state[key]) for key in expected)
+    # nested one dict per network, as Maze's TorchActorCritic.state_dict() gives it
+    nested = {"policy": dict(policy_state), "critics": {"0": model.critic.state_dict()}}
+    assert all(torch.equal(select_policy_state(expected, nested)[key], policy_state[key]) for key in expected)
+
+
+def test_select_policy_state_leaves_a_mismatch_for_check_state_dict_to_name():
+    expected = fixtures.mlp_policy().state_dict()
+    given = {"0.weight": torch.zeros(3, 3)}
+    assert select_policy_state(expected, given) == given
+    with pytest.raises(PolicyError, match="missing keys"):
+        check_state_dict(expected, select_policy_state(expected, given))
+
+
+def test_select_policy_state_refuses_the_policy_below_two_prefixes():
+    expected = fixtures.mlp_policy().state_dict()
+    state = {f"{prefix}.{key}": value for prefix in ("policy", "target") for key, value in expected.items()}
+    with pytest.raises(PolicyError, match=r"below several prefixes \['policy.', 'target.'\]"):
+        select_policy_state(expected, state)
+
+
+def test_select_policy_state_picks_the_prefix_holding_exactly_the_policy_when_a_critic_shares_key_names():
+    expected = {"weight": torch.zeros(())}
+    state = {"policy.weight": torch.ones(()), "critic.weight": torch.zeros(1, 4), "critic.bias": torch.zeros(1)}
+    assert select_policy_state(expected, state) == {"weight": state["policy.weight"]}

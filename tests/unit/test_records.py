@@ -477,3 +477,14 @@ def test_the_probe_spec_of_a_real_env_fits_its_real_rollouts():
         for rollout_id in range(3):
             for record in group.run(act, rollout_id, 1, cut_at_end=rollout_id == 1):
                 check_record(decode_signed_record(encode_signed_record(record, RUN, KEY), RUN, KEY), spec)
+
+
+def test_dones_is_maze_view_of_terminated_or_truncated():
+    from tests.factories import rollout_record
+
+    records = [rollout_record(6, terminated=[1], final_obs_steps=[4]), rollout_record(6, actor_id=1, terminated=[5])]
+    batch = batch_records(records, "cpu")
+    assert batch.dones.dtype == torch.bool and batch.dones.shape == (6, 2)
+    assert batch.dones[:, 0].tolist() == [False, True, False, False, True, False]
+    assert batch.dones[:, 1].tolist() == [False] * 5 + [True]
+    assert torch.equal(batch.dones, batch.terminated | batch.truncated)

@@ -53,7 +53,7 @@ def test_from_json_validates():
     ({"n_rollout_steps": 0}, "expected n_rollout_steps >= 1, got 0"),
     ({"n_actors": 0, "actor_env_seeds": [], "actor_agent_seeds": [], "actor_groups": []}, "n_actors >= 1, got 0"),
     ({"batch_size": 0}, "batch_size >= 1, got 0"),
-    ({"queue_bound": 1}, "queue bound 1 is smaller than batch_size 2"),
+    ({"queue_bound": 0}, "expected queue_bound >= 1, got 0"),
     ({"actor_env_seeds": [0, 1, 2]}, "one env seed per actor"),
     ({"actor_agent_seeds": [0, 1, 2, 3, 4]}, "one agent seed per actor"),
     ({"actor_groups": [[0, 1], [1, 2, 3]]}, "must cover each actor once"),
@@ -118,13 +118,19 @@ def test_queue_bound(batch_size, factor, bound):
     assert queue_bound(batch_size, factor) == bound
 
 
-@pytest.mark.parametrize("factor", [0, 0.0, -1, -0.5, math.nan, math.inf, -math.inf, "2", None])
+@pytest.mark.parametrize("factor", [0, 0.0, -1, -0.5, math.nan, math.inf, -math.inf, "2", None, True])
 def test_queue_bound_refuses_bad_factors(factor):
     with pytest.raises(ConfigError, match="queue_out_of_sync_factor > 0"):
         queue_bound(4, factor)
 
 
-def test_small_factor_gives_a_bound_the_config_refuses():
-    bound = queue_bound(4, 0.5)
-    with pytest.raises(ConfigError, match="queue_out_of_sync_factor >= 1"):
-        RunConfig(**config_fields(batch_size=4, queue_bound=bound))
+def test_a_factor_below_one_gives_a_queue_smaller_than_a_batch():
+    """Maze's queue_out_of_sync_factor < 1: the learner collects a batch as its rollouts arrive."""
+    config = RunConfig(**config_fields(batch_size=4, queue_bound=queue_bound(4, 0.5)))
+    assert config.queue_bound == 2 < config.batch_size
+
+
+@pytest.mark.parametrize(("batch_size", "factor"), [(4, 0.2), (1, 0.99), (100, 0.001)])
+def test_a_factor_giving_an_empty_queue_is_refused_with_the_smallest_factor(batch_size, factor):
+    with pytest.raises(ConfigError, match=r"gives a queue of 0 rollouts; expected a factor >= 1 / batch_size"):
+        queue_bound(batch_size, factor)

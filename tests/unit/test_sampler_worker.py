@@ -272,6 +272,21 @@ def test_cartpole_with_a_plain_module_gives_logprobs_and_timeouts():
     assert batch.step_types[-1] in (TERMINAL, TIMEOUT)
 
 
+def test_a_plain_module_samples_in_numpy_with_the_log_probs_of_its_logits_and_reseeds():
+    policy = fixtures.mlp_policy()
+    built = worker(gymnasium.make("CartPole-v1"), policy, max_length=50, seed=4)
+    built.reseed(3)
+    first = built.rollout()
+    with torch.no_grad():
+        log_probs = torch.log_softmax(policy(torch.as_tensor(first.observations)), -1).numpy()
+    expected = log_probs[np.arange(len(first.actions)), first.actions]
+    np.testing.assert_allclose(first.agent_infos["log_prob"], expected, rtol=1e-5, atol=1e-6)
+    assert first.agent_infos["log_prob"].dtype == np.float32 and first.actions.dtype == np.int64
+    built.rollout()
+    built.reseed(3)
+    np.testing.assert_array_equal(built.rollout().actions, first.actions)
+
+
 def test_pendulum_with_a_garage_policy_and_box_actions():
     batch = worker(gymnasium.make("Pendulum-v1"), GaussianPendulumPolicy([1.0, 0.0, 0.0]), max_length=20).rollout()
     assert batch.lengths.tolist() == [20] and batch.step_types[-1] == TIMEOUT

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rqrl import ConfigError, EnvError, PolicyError, RqrlError
+from rqrl import EnvError, PolicyError, RqrlError
 from rqrl.policy import make_act_function
 from rqrl.records import batch_records
 from rqrl.rollout import ActorGroup, derive_seed
@@ -153,9 +153,54 @@ def test_truncation_mid_rollout_fills_final_obs():
     assert len(truncated_lengths) >= len(truncated_at)
 
 
-def test_batch_size_must_equal_n_actors():
-    with pytest.raises(ConfigError, match="batch_size == n_actors"):
-        SerialDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 10, 4, 2)
+def collect_batches(n_actors: int, batch_size: int, n_batches: int, steps: int = 12) -> list:
+    policy = fixtures.mlp_policy(seed=4)
+    with SerialDistributedActors(SHORT_CARTPOLE, policy, steps, n_actors, batch_size,
+                                 actor_env_seeds=[30 + i for i in range(n_actors)],
+                                 actor_agent_seeds=[60 + i for i in range(n_actors)]) as actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        batches = []
+        for _ in range(n_batches):
+            batches.append(actors.collect_outputs("cpu").record)
+            actors.broadcast_updated_policy(policy.state_dict())
+        assert actors.get_stats_value("policy_lag", name="max") == 0  # every rollout used the latest weights
+        assert actors.get_stats_value("env_steps", name="sum") == n_batches * batch_size * steps
+    return batches
+
+
+def test_a_batch_smaller_than_n_actors_takes_the_actors_round_robin_as_maze_does():
+    batches = collect_batches(n_actors=3, batch_size=2, n_batches=3)
+    assert [b.actor_id.tolist() for b in batches] == [[0, 1], [2, 0], [1, 2]]
+    assert [b.rollout_id.tolist() for b in batches] == [[0, 0], [0, 1], [1, 1]]
+    assert [b.continues_previous.tolist() for b in batches] == [[False, False], [False, True], [True, True]]
+    assert [b.policy_version.tolist() for b in batches] == [[1, 1], [2, 2], [3, 3]]
+    # each actor's episodes go on across batches: actor 0's rollout 1 starts where its rollout 0 stopped
+    torch.testing.assert_close(batches[1].obs[0, 1], batches[0].next_obs[0])
+    torch.testing.assert_close(batches[2].obs[0, 0], batches[0].next_obs[1])  # actor 1
+
+
+def test_a_batch_larger_than_n_actors_runs_them_again():
+    batches = collect_batches(n_actors=2, batch_size=5, n_batches=2)
+    assert [b.actor_id.tolist() for b in batches] == [[0, 1, 0, 1, 0], [1, 0, 1, 0, 1]]
+    assert [b.rollout_id.tolist() for b in batches] == [[0, 0, 1, 1, 2], [2, 3, 3, 4, 4]]
+    assert batches[0].batch_size == 5 and batches[0].obs.shape == (12, 5, 4)
+
+
+def test_a_batch_of_a_multiple_of_n_actors_steps_them_together_as_one_group():
+    """batch_size = 2 * n_actors: the whole group runs twice per batch, giving what one RQ job of every actor
+    delivers for consecutive rollout ids."""
+    batches = collect_batches(n_actors=2, batch_size=4, n_batches=1)
+    assert batches[0].actor_id.tolist() == [0, 1, 0, 1] and batches[0].rollout_id.tolist() == [0, 0, 1, 1]
+    group = ActorGroup(SHORT_CARTPOLE, [0, 1], [30, 31], [60, 61], 12)
+    act = make_act_function(fixtures.mlp_policy(seed=4), group.action_space)
+    records = group.run(act, 0, 1, cut_at_end=False) + group.run(act, 1, 1, cut_at_end=False)
+    group.close()
+    torch.testing.assert_close(batches[0].actions, batch_records(records, "cpu").actions)
+    torch.testing.assert_close(batches[0].obs, batch_records(records, "cpu").obs)
+
+
+def test_same_seeds_give_identical_round_robin_batches():
+    assert_same_batches(collect_batches(3, 2, 3), collect_batches(3, 2, 3))
 
 
 def test_collect_before_start_or_broadcast_raises():

@@ -126,3 +126,62 @@ def test_record_batch_without_workers_alive_leaves_that_event_out():
                  queue_size=0, dequeue_time=0.0)
     assert "workers_alive" not in stats.current()
     assert stats.get_stats_value(RolloutEvents.env_steps_per_second, name="last") == 4 / 1e-9  # no division by 0
+
+
+class MazeImpalaEvents:
+    """The shape of Maze's MultiStepIMPALAEvents: plain methods with self, Maze's argument names."""
+
+    def policy_loss(self, step_key, value):
+        """per sub-step"""
+
+    def estimated_queue_sizes(self, before, after):
+        """two values per call"""
+
+    def time_backprob(self, time, percent):
+        """two values per call"""
+
+
+def test_an_event_topic_records_maze_learner_events_and_reads_them_the_maze_way():
+    stats = EpochStatsAggregator()
+    topic = stats.create_event_topic(MazeImpalaEvents)
+    topic.estimated_queue_sizes(after=1, before=3)
+    topic.estimated_queue_sizes(2, 5)  # positional, as the signature orders them
+    topic.policy_loss(step_key=0, value=0.5)
+    topic.policy_loss(step_key=0, value=1.5)
+    topic.policy_loss(step_key=1, value=np.float32(2.0))
+    assert stats.get_stats_value(MazeImpalaEvents.estimated_queue_sizes, LogStatsLevel.EPOCH, name="before") == 2.5
+    assert stats.get_stats_value("estimated_queue_sizes.after", name="max") == 5.0
+    assert stats.get_stats_value("policy_loss[step_key=0]", name="mean") == 1.0
+    assert stats.get_stats_value("policy_loss[step_key=1]", name="count") == 1.0
+    with pytest.raises(KeyError, match=r"recorded per group or argument: read one of \['policy_loss\[step_key=0\]'"):
+        stats.get_stats_value(MazeImpalaEvents.policy_loss, name="mean")
+    stats.reduce()  # the last epoch's values stay readable until the next one records
+    assert stats.get_stats_value(MazeImpalaEvents.estimated_queue_sizes, name="before") == 2.5
+
+
+def test_an_event_topic_fails_loudly_on_what_it_cannot_record():
+    topic = EpochStatsAggregator().create_event_topic(MazeImpalaEvents)
+    with pytest.raises(AttributeError, match=r"MazeImpalaEvents has no event 'policy_lose'; its events: \["):
+        topic.policy_lose(step_key=0, value=1.0)
+    with pytest.raises(ConfigError, match=r"MazeImpalaEvents.time_backprob\(time, percent\) does not take these"):
+        topic.time_backprob(time=1.0)
+    with pytest.raises(ConfigError, match=r"expected a number for 'value', got 'high'"):
+        topic.policy_loss(step_key=0, value="high")
+    with pytest.raises(ConfigError, match=r"expected a number for 'before', got True"):
+        topic.estimated_queue_sizes(before=True, after=1)
+    with pytest.raises(ConfigError, match="expects an event interface class"):
+        EpochStatsAggregator().create_event_topic(MazeImpalaEvents())
+
+
+def test_maze_base_env_events_reward_reads_the_episode_statistics_by_maze_names():
+    from rqrl import BaseEnvEvents
+
+    stats = EpochStatsAggregator()
+    stats.add(RolloutEvents.episode_return, [10.0, 20.0, 60.0])
+    stats.add(RolloutEvents.episode_length, [10, 20, 60])
+    assert stats.get_stats_value(BaseEnvEvents.reward, LogStatsLevel.EPOCH, name="mean") == 30.0
+    assert stats.get_stats_value(BaseEnvEvents.reward, LogStatsLevel.EPOCH, name="max") == 60.0
+    assert stats.get_stats_value(BaseEnvEvents.reward, LogStatsLevel.EPOCH, name="episode_count") == 3.0
+    assert stats.get_stats_value(BaseEnvEvents.reward, LogStatsLevel.EPOCH, name="mean_step_count") == 30.0
+    with pytest.raises(ConfigError, match=r"Maze's reward statistic 'total_step_count' has no rqrl counterpart"):
+        stats.get_stats_value(BaseEnvEvents.reward, LogStatsLevel.EPOCH, name="total_step_count")

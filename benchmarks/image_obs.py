@@ -1,0 +1,230 @@
+"""Image observations (84x84x4 uint8, Atari-sized frame stacks): steps/s and bytes moved per step.
+
+The env returns a new 84x84 frame per step stacked with the last three (a ``uint8`` array of shape
+``(84, 84, 4)``, 28,224 bytes). The *rqrl* side runs it through ``SubprocDistributedActors`` with
+``W`` local workers and the learner's ``collect_outputs``; the *reference* runs the same envs in
+``W`` plain processes as a gymnasium ``SyncVectorEnv`` stepped with the same policy (a small
+convolutional net, one batched forward per step, numpy sampling) and moves nothing.
+
+Bytes are read from Redis's own counters (``total_net_input_bytes`` / ``total_net_output_bytes``):
+per env step, a rollout pays its observations once into Redis (the worker's push) and once out (the
+learner's pop). ``in / obs bytes`` near 1.0 means no observation crosses the wire twice and
+nothing but a small header and the per-step scalars rides along.
+
+Run from the repository root::
+
+    python benchmarks/image_obs.py --seconds 10 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+
+import gymnasium
+import numpy as np
+import torch
+
+import rqrl
+from benchmarks.scale import RedisCost
+from rqrl.actors import SubprocDistributedActors
+
+log = logging.getLogger("image_obs")
+
+FRAME = (84, 84)
+STACK = 4
+OBS_BYTES = FRAME[0] * FRAME[1] * STACK
+EPISODE_STEPS = 500
+
+
+class FrameStackEnv(gymnasium.Env):
+    """Returns stacks of random 84x84 uint8 frames; episodes end (truncated) after EPISODE_STEPS."""
+
+    def __init__(self) -> None:
+        self.observation_space = gymnasium.spaces.Box(0, 255, (*FRAME, STACK), np.uint8)
+        self.action_space = gymnasium.spaces.Discrete(4)
+        self._stack = np.zeros((*FRAME, STACK), np.uint8)
+        self._steps = 0
+
+    def _push_frame(self) -> np.ndarray:
+        self._stack[..., :-1] = self._stack[..., 1:]
+        self._stack[..., -1] = self.np_random.integers(0, 256, FRAME, dtype=np.uint8)
+        return self._stack.copy()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._steps = 0
+        self._stack[:] = 0
+        return self._push_frame(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self._steps += 1
+        return self._push_frame(), float(action == 0), False, self._steps >= EPISODE_STEPS, {}
+
+
+def make_env() -> gymnasium.Env:
+    return FrameStackEnv()
+
+
+class ConvPolicy(torch.nn.Module):
+    """A small conv net over uint8 frame stacks (scaled to [0, 1] inside), giving 4 logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(STACK, 8, 8, stride=4), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 4, stride=2),
+            torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 9 * 9, 4),
+        )
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.body(obs.permute(0, 3, 1, 2).float() / 255.0)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    steps: int
+    seconds: float
+    redis: RedisCost | None = None
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds
+
+    def bytes_per_step(self, direction: str) -> float | None:
+        if self.redis is None or not self.steps:
+            return None
+        return (self.redis.bytes_in if direction == "in" else self.redis.bytes_out) / self.steps
+
+
+def measure_rqrl(workers: int, envs: int, args: argparse.Namespace) -> Measurement:
+    n_actors = workers * envs
+    policy = ConvPolicy().eval()
+    actors = SubprocDistributedActors(make_env, policy, args.rollout_steps, n_actors, workers, 2.0, "fork",
+                                      list(range(n_actors)), [1000 + a for a in range(n_actors)],
+                                      n_workers=workers, actors_per_job=envs)
+    with actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        actors.collect_outputs("cpu")
+        warm_until = time.perf_counter() + args.warmup
+        while time.perf_counter() < warm_until:
+            actors.collect_outputs("cpu")
+        before = RedisCost.read(actors.connection)
+        steps = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < args.seconds:
+            steps += int(actors.collect_outputs("cpu").record.rewards.numel())
+        elapsed = time.perf_counter() - started
+        cost = RedisCost.read(actors.connection).since(before)
+    return Measurement(steps, elapsed, cost)
+
+
+def _reference_process(envs: int, seed: int, counter, stop) -> None:  # noqa: ANN001 - multiprocessing values
+    torch.set_num_threads(1)
+    policy = ConvPolicy().eval()
+    vector = gymnasium.vector.SyncVectorEnv([make_env for _ in range(envs)])
+    rng = np.random.default_rng(seed)
+    obs, _ = vector.reset(seed=seed)
+    try:
+        while not stop.is_set():
+            with torch.inference_mode():
+                logits = policy(torch.from_numpy(obs)).numpy()
+            probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probs /= probs.sum(axis=1, keepdims=True)
+            actions = np.minimum((probs.cumsum(axis=1) < rng.random((envs, 1))).sum(axis=1), 3)
+            obs, _, _, _, _ = vector.step(actions)
+            with counter.get_lock():
+                counter.value += envs
+    finally:
+        vector.close()
+
+
+def measure_reference(workers: int, envs: int, args: argparse.Namespace) -> Measurement:
+    context = multiprocessing.get_context("fork")
+    counter, stop = context.Value("q", 0), context.Event()
+    processes = [context.Process(target=_reference_process, args=(envs, index, counter, stop), daemon=True)
+                 for index in range(workers)]
+    for process in processes:
+        process.start()
+    try:
+        deadline = time.monotonic() + 120
+        while counter.value == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(args.warmup)
+        before, started = counter.value, time.perf_counter()
+        time.sleep(args.seconds)
+        steps, elapsed = counter.value - before, time.perf_counter() - started
+    finally:
+        stop.set()
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.terminate()
+    return Measurement(steps, elapsed)
+
+
+def print_table(args: argparse.Namespace, results: dict[int, list[dict[str, Measurement]]]) -> None:
+    print()
+    print(f"## Image observations {FRAME[0]}x{FRAME[1]}x{STACK} uint8 ({OBS_BYTES:,} bytes), {args.workers} "
+          f"workers, {args.rollout_steps}-step rollouts, {args.seconds:g} s window, {args.rounds} round(s)")
+    print()
+    print(f"machine: {os.cpu_count()} logical CPUs, {platform.python_implementation()} {platform.python_version()}, "
+          f"torch {torch.__version__}, rqrl {rqrl.__version__}")
+    print()
+    print("| envs per worker | rqrl steps/s | reference steps/s | rqrl / reference | Redis bytes in per step "
+          "| in / obs bytes | Redis bytes out per step | out / obs bytes |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for envs, rounds in results.items():
+        middle = statistics.median
+        ratio = middle(r["rqrl"].steps_per_second / r["reference"].steps_per_second for r in rounds)
+        bytes_in = middle(r["rqrl"].bytes_per_step("in") or 0.0 for r in rounds)
+        bytes_out = middle(r["rqrl"].bytes_per_step("out") or 0.0 for r in rounds)
+        print(f"| {envs} | {middle(r['rqrl'].steps_per_second for r in rounds):,.0f} | "
+              f"{middle(r['reference'].steps_per_second for r in rounds):,.0f} | {ratio:.2f} | {bytes_in:,.0f} | "
+              f"{bytes_in / OBS_BYTES:.3f} | {bytes_out:,.0f} | {bytes_out / OBS_BYTES:.3f} |")
+    print()
+    print("Medians over rounds; the ratio is the median of per-round ratios. Bytes are Redis's network counters "
+          "over the window divided by the env steps delivered in it.")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (and reference processes)")
+    parser.add_argument("--envs", type=int, nargs="+", default=[8, 32], help="envs per worker")
+    parser.add_argument("--rollout-steps", type=int, default=64, help="n_rollout_steps")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measurement window")
+    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds (sides alternate which goes first)")
+    args = parser.parse_args(argv)
+    if args.workers < 1 or min(args.envs) < 1 or args.rollout_steps < 1 or args.rounds < 1 or args.seconds <= 0:
+        parser.error("expected --workers, --envs, --rollout-steps, --rounds >= 1 and --seconds > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    torch.set_num_threads(1)
+    sides = {"rqrl": measure_rqrl, "reference": measure_reference}
+    results: dict[int, list[dict[str, Measurement]]] = {envs: [] for envs in args.envs}
+    for round_index in range(args.rounds):
+        for envs in args.envs:
+            order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
+            measured = {}
+            for side in order:
+                log.info("round %d/%d, %d envs per worker: %s", round_index + 1, args.rounds, envs, side)
+                measured[side] = sides[side](args.workers, envs, args)
+                log.info("    %.0f steps/s", measured[side].steps_per_second)
+            results[envs].append(measured)
+    print_table(args, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""PPO (clipped surrogate, GAE) on rqrl's garage sampler, in one file.
+
+Each iteration asks ``RQSampler.obtain_samples`` for at least ``num_samples`` steps of whole episodes,
+all sampled by the current weights (the sampler guarantees it: no stale step), computes GAE
+advantages per episode -- bootstrapping from the value of ``last_observations`` where an episode hit
+TIMEOUT (truncated or cut by ``max_episode_length``), not where it was TERMINAL -- and runs
+``epochs`` passes of minibatch updates of the clipped surrogate, a value regression and an entropy
+bonus. The run folder is IMPALA's (weights, checkpoint for ``--resume``, metrics.csv, TensorBoard,
+learning_curve.png, summary.json), so ``rqrl evaluate`` reads it too.
+
+References: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (eq. 7 and 9); Schulman
+et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Estimation" (eq. 16).
+
+>>> config = PpoConfig(env_id="CartPole-v1", total_env_steps=200_000, workers=1)
+>>> result = train(config)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from torch import nn
+
+from rqrl.algorithms.impala import ActorCritic, TrainResult, env_spaces, make_flat_env
+from rqrl.checkpoint import TrainingState, load_checkpoint, save_checkpoint, save_weights
+from rqrl.connection import redact_url
+from rqrl.episodes import EpisodeBatch, StepType
+from rqrl.errors import ConfigError
+from rqrl.metrics import MetricsWriter, plot_learning_curve
+from rqrl.sampler import RQSampler
+from rqrl.sampler_worker import NewEnvUpdate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PpoConfig:
+    """Settings of one PPO run; each field is also a ``rqrl train --algo ppo`` flag."""
+
+    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector observations, "
+                                                                  "Discrete actions)."})
+    total_env_steps: int = field(default=1_000_000, metadata={"help": "Step budget: stop after this many env steps."})
+    target_return: float | None = field(default=None, metadata={
+        "help": "Stop when the mean return of the last 100 episodes reaches this (default: the env's threshold)."})
+    n_workers: int = field(default=8, metadata={"help": "Logical sampler workers (each its own env)."})
+    num_samples: int = field(default=2048, metadata={"help": "Env steps per iteration (whole episodes, at least)."})
+    max_episode_length: int | None = field(default=None, metadata={
+        "help": "Longest episode (default: the env's time limit, else 1000)."})
+    workers: int | None = field(default=None, metadata={
+        "help": "Local worker processes (default: one per core with an embedded Redis, 0 with --redis-url)."})
+    redis_url: str | None = field(default=None, metadata={"help": "Redis URL (default: an embedded private Redis)."})
+    worker_redis_url: str | None = field(default=None, metadata={
+        "help": "Redis URL of the local workers, if their ACL user is not the learner's (default: --redis-url)."})
+    learning_rate: float = field(default=3e-4, metadata={"help": "Adam learning rate."})
+    discount: float = field(default=0.99, metadata={"help": "Discount factor gamma."})
+    gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda."})
+    clip_ratio: float = field(default=0.2, metadata={"help": "PPO's clip of the probability ratio (epsilon)."})
+    epochs: int = field(default=10, metadata={"help": "Passes over each iteration's samples."})
+    minibatch_size: int = field(default=256, metadata={"help": "Steps per gradient step."})
+    entropy_coef: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus."})
+    value_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
+    max_grad_norm: float = field(default=0.5, metadata={"help": "Gradient norm clip."})
+    hidden_size: int = field(default=64, metadata={"help": "Width of the two hidden layers of each MLP."})
+    seed: int = field(default=0, metadata={"help": "Seed of the model and of the sampler's logical workers."})
+    learner_device: str = field(default="cpu", metadata={"help": "Device of the learner: cpu, cuda, cuda:1..."})
+    learner_threads: int = field(default=1, metadata={"help": "Torch CPU threads of the learner."})
+    run_dir: str = field(default="runs", metadata={"help": "Parent folder of run folders."})
+    run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
+    resume: str | None = field(default=None, metadata={"help": "Run folder or checkpoint file to continue from."})
+    checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
+    progress: bool = field(default=True, metadata={"help": "Show a live progress bar."})
+
+    def __post_init__(self) -> None:
+        for name in ("total_env_steps", "n_workers", "num_samples", "epochs", "minibatch_size", "hidden_size",
+                     "learner_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"expected {name} to be an int >= 1, got {value!r}")
+        for name in ("learning_rate", "clip_ratio", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
+        for name in ("discount", "gae_lambda"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"expected 0 < {name} <= 1, got {getattr(self, name)}")
+        if self.max_episode_length is not None and self.max_episode_length < 1:
+            raise ConfigError(f"expected max_episode_length >= 1, got {self.max_episode_length}")
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, ends: np.ndarray, discount: float,
+        lam: float) -> np.ndarray:
+    """GAE advantages over concatenated episodes: ``next_values[t]`` is the value of the state after step t
+    (0 after a TERMINAL step, V(last observation) after a TIMEOUT); ``ends[t]`` stops the trace at an episode's
+    last step."""
+    deltas = rewards + discount * next_values - values
+    advantages = np.zeros_like(values)
+    carry = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        carry = deltas[t] + discount * lam * (0.0 if ends[t] else carry)
+        advantages[t] = carry
+    return advantages
+
+
+def advantages_and_returns(model: ActorCritic, batch: EpisodeBatch, config: PpoConfig,
+                           device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """GAE advantages and value targets of every step of ``batch``."""
+    with torch.no_grad():
+        values = model.values(torch.as_tensor(batch.observations, device=device)).cpu().numpy().astype(np.float64)
+        last_values = model.values(torch.as_tensor(batch.last_observations, device=device)).cpu().numpy()
+    ends = np.cumsum(batch.lengths) - 1
+    is_end = np.zeros(len(values), bool)
+    is_end[ends] = True
+    next_values = np.append(values[1:], 0.0)
+    timeout = batch.step_types[ends] == StepType.TIMEOUT
+    next_values[ends] = np.where(timeout, last_values, 0.0)  # bootstrap on TIMEOUT, not on TERMINAL
+    advantages = gae(batch.rewards.astype(np.float64), values, next_values, is_end, config.discount,
+                     config.gae_lambda)
+    return advantages, advantages + values
+
+
+@dataclass
+class LossTerms:
+    policy: float
+    value: float
+    entropy: float
+    clip_fraction: float
+
+
+def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: EpisodeBatch, config: PpoConfig,
+               device: torch.device, generator: torch.Generator) -> LossTerms:
+    """``epochs`` passes of minibatch steps on the clipped surrogate, value loss and entropy bonus."""
+    advantages, returns = advantages_and_returns(model, batch, config, device)
+    obs = torch.as_tensor(batch.observations, device=device)
+    actions = torch.as_tensor(batch.actions, device=device).long()
+    old_log_probs = torch.as_tensor(batch.agent_infos["log_prob"], device=device).float()
+    advantages_t = torch.as_tensor(advantages, device=device).float()
+    returns_t = torch.as_tensor(returns, device=device).float()
+    n = len(actions)
+    sums = np.zeros(4)
+    steps = 0
+    for _ in range(config.epochs):
+        order = torch.randperm(n, generator=generator).to(device)
+        for start in range(0, n, config.minibatch_size):
+            index = order[start:start + config.minibatch_size]
+            adv = advantages_t[index]
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(index) > 1 else adv
+            log_probs_all = torch.log_softmax(model(obs[index]), dim=-1)
+            log_probs = log_probs_all.gather(-1, actions[index].unsqueeze(-1)).squeeze(-1)
+            ratio = torch.exp(log_probs - old_log_probs[index])
+            surrogate = torch.min(ratio * adv, ratio.clamp(1 - config.clip_ratio, 1 + config.clip_ratio) * adv)
+            policy_loss = -surrogate.mean()
+            value_loss = 0.5 * (model.values(obs[index]) - returns_t[index]).pow(2).mean()
+            entropy = -(log_probs_all.exp() * log_probs_all).sum(-1).mean()
+            loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            clipped = ((ratio - 1).abs() > config.clip_ratio).float().mean()
+            sums += [float(policy_loss.detach()), float(value_loss.detach()), float(entropy.detach()), float(clipped)]
+            steps += 1
+    return LossTerms(*(sums / max(steps, 1)).tolist())
+
+
+def episode_returns(batch: EpisodeBatch) -> list[float]:
+    """Undiscounted return of each episode of ``batch``."""
+    return [float(rewards.sum()) for rewards in np.split(batch.rewards, np.cumsum(batch.lengths)[:-1])]
+
+
+class PpoLearner:
+    """Model, optimizer, counters, recent returns and the run folder of one PPO run."""
+
+    def __init__(self, config: PpoConfig):
+        self.config = config
+        obs_size, n_actions, threshold = env_spaces(config.env_id)
+        self.target_return = config.target_return if config.target_return is not None else threshold
+        torch.manual_seed(config.seed)
+        torch.set_num_threads(config.learner_threads)
+        self.device = torch.device(config.learner_device)
+        self.model = ActorCritic(obs_size, n_actions, config.hidden_size).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate, eps=1e-5)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.env_steps = self.updates = self.episodes = 0
+        self.elapsed_before = 0.0
+        self.recent_returns: deque[float] = deque(maxlen=100)
+        self.best_mean_return: float | None = None
+        if config.resume:
+            self._resume(Path(config.resume))
+        if config.run_name is None:
+            config.run_name = f"ppo-{uuid.uuid4().hex[:8]}"
+        self.run_dir = Path(config.run_dir) / config.run_name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        stored = {**asdict(config), "algo": "ppo", "redis_url": redact_url(config.redis_url),
+                  "worker_redis_url": redact_url(config.worker_redis_url)}
+        (self.run_dir / "config.json").write_text(json.dumps(stored, indent=2))
+
+    def _resume(self, path: Path) -> None:
+        checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path
+        state = load_checkpoint(checkpoint_path, str(self.device))
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        counters = state.counters
+        self.env_steps, self.updates = counters["env_steps"], counters["updates"]
+        self.episodes, self.elapsed_before = counters["episodes"], counters["seconds"]
+        self.recent_returns.extend(counters.get("recent_returns", []))
+        self.best_mean_return = counters.get("best_mean_return")
+        if self.config.run_name is None and path.is_dir():
+            self.config.run_name, self.config.run_dir = path.name, str(path.parent)
+        log.info("resumed from %s at %d env steps", checkpoint_path, self.env_steps)
+
+    @property
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+    @property
+    def solved(self) -> bool:
+        mean_return = self.mean_return
+        return (self.target_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
+                and mean_return is not None and mean_return >= self.target_return)
+
+    def cpu_state_dict(self) -> dict[str, torch.Tensor]:
+        return {key: value.detach().to("cpu") for key, value in self.model.state_dict().items()}
+
+    def checkpoint(self, seconds: float) -> None:
+        counters = {"env_id": self.config.env_id, "hidden_size": self.config.hidden_size, "algo": "ppo",
+                    "env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
+                    "seconds": seconds, "recent_returns": list(self.recent_returns),
+                    "best_mean_return": self.best_mean_return}
+        save_checkpoint(self.run_dir / "checkpoint.safetensors",
+                        TrainingState(self.model.state_dict(), self.optimizer.state_dict(), counters))
+
+    def save_weights(self, name: str) -> None:
+        save_weights(self.run_dir / f"{name}.safetensors", self.model.state_dict(),
+                     {"env_id": self.config.env_id, "hidden_size": self.config.hidden_size, "algo": "ppo",
+                      "env_steps": self.env_steps, "mean_return": self.mean_return})
+
+
+def max_episode_length(config: PpoConfig) -> int:
+    """The configured limit, else the env's time limit, else 1000."""
+    if config.max_episode_length is not None:
+        return config.max_episode_length
+    env = gymnasium.make(config.env_id)  # make, not spec: it imports the module of a "module:Env-v0" id
+    try:
+        limit = env.spec.max_episode_steps if env.spec is not None else None
+    finally:
+        env.close()
+    return int(limit) if limit else 1000
+
+
+def make_sampler(config: PpoConfig, model: ActorCritic, *, secret: str | bytes | None = None,
+                 redis_server: str | None = None) -> RQSampler:
+    """The default sampler: embedded Redis unless ``redis_url`` is given; each logical worker builds its env."""
+    return RQSampler(copy.deepcopy(model).to("cpu"), NewEnvUpdate(functools.partial(make_flat_env, config.env_id)),
+                     max_episode_length=max_episode_length(config), n_workers=config.n_workers, seed=config.seed,
+                     redis_url=config.redis_url, worker_redis_url=config.worker_redis_url,
+                     n_local_workers=config.workers, start_method="forkserver", secret=secret,
+                     redis_server=redis_server, progress=False)
+
+
+METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_loss", "value_loss",
+                 "entropy", "clip_fraction", "dropped_episodes"]
+
+
+def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None = None,
+          redis_server: str | None = None) -> TrainResult:
+    """Train until solved, the step budget ends, or Ctrl-C; always leaves a checkpoint behind. ``sampler`` is
+    any object with garage's ``obtain_samples`` (default: ``make_sampler``)."""
+    learner = PpoLearner(config)
+    sampler = sampler if sampler is not None else make_sampler(config, learner.model, secret=secret,
+                                                               redis_server=redis_server)
+    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS)
+    bar = _progress_bar(config, learner.env_steps)
+    started, last_checkpoint, interrupted = time.monotonic(), time.monotonic(), False
+    try:
+        with sampler:
+            while learner.env_steps < config.total_env_steps and not learner.solved:
+                batch = sampler.obtain_samples(learner.updates, config.num_samples, learner.cpu_state_dict())
+                learner.env_steps += int(batch.lengths.sum())
+                learner.episodes += len(batch.lengths)
+                learner.recent_returns.extend(episode_returns(batch))
+                terms = ppo_update(learner.model, learner.optimizer, batch, config, learner.device, learner.generator)
+                learner.updates += 1
+                seconds = learner.elapsed_before + time.monotonic() - started
+                metrics.write(learner.env_steps, {
+                    "seconds": seconds, "updates": learner.updates,
+                    "steps_per_second": learner.env_steps / max(seconds, 1e-9), "mean_return": learner.mean_return,
+                    "episodes": learner.episodes, "policy_loss": terms.policy, "value_loss": terms.value,
+                    "entropy": terms.entropy, "clip_fraction": terms.clip_fraction,
+                    "dropped_episodes": getattr(sampler, "dropped_episodes", 0)})
+                if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
+                        learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
+                    learner.best_mean_return = learner.mean_return
+                    learner.save_weights("best")
+                if time.monotonic() - last_checkpoint > config.checkpoint_seconds:
+                    learner.checkpoint(seconds)
+                    metrics.flush()
+                    last_checkpoint = time.monotonic()
+                if bar is not None:
+                    bar.n = min(learner.env_steps, config.total_env_steps)
+                    mean = learner.mean_return
+                    bar.set_postfix_str(f"return {mean if mean is not None else float('nan'):.1f} "
+                                        f"{learner.env_steps / max(seconds, 1e-9):,.0f} step/s", refresh=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        log.warning("interrupted: writing a checkpoint; resume with --resume %s", learner.run_dir)
+    finally:
+        if bar is not None:
+            bar.close()
+        seconds = learner.elapsed_before + time.monotonic() - started
+        learner.checkpoint(seconds)
+        learner.save_weights("final")
+        metrics.close()
+        try:
+            plot_learning_curve(learner.run_dir / "metrics.csv", learner.run_dir / "learning_curve.png",
+                                target=learner.target_return, title=f"PPO on {config.env_id}")
+        except Exception:  # a missing plot must not lose the run's other outputs
+            log.exception("could not plot the learning curve")
+    result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=interrupted,
+                         env_steps=learner.env_steps, updates=learner.updates, seconds=seconds,
+                         mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
+                         episodes=learner.episodes)
+    (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+    return result
+
+
+def _progress_bar(config: PpoConfig, initial: int) -> Any:
+    if not config.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=config.total_env_steps, initial=initial, unit="step", unit_scale=True,
+                desc=f"PPO {config.env_id}", dynamic_ncols=True)

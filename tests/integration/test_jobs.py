@@ -1,0 +1,129 @@
+"""Job slices on real workers: a group keeps its worker, its envs and its episodes until it has to move."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+import torch
+
+from tests import fixtures
+from tests.factories import redis_actors
+from tests.polling import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+local_actors = functools.partial(redis_actors, n_local_workers=1, start_method="fork")
+
+
+def assert_one_uncut_episode(records: list, n_steps: int) -> None:
+    """Each column's first observation counts the steps since the actor's only reset: rollout r starts at
+    r * n_steps, so no rollout of the run was cut, re-run or reset."""
+    for record in records:
+        assert not bool(record.truncated.any()) and not bool(record.terminated.any())
+        starts = record.obs[0, :, 0]
+        assert starts.tolist() == (record.rollout_id * n_steps).float().tolist()
+        assert record.continues_previous.tolist() == (record.rollout_id > 0).tolist()
+
+
+def test_an_endless_episode_is_not_cut_while_its_worker_holds_the_group(connection, redis_url, run_name):
+    """One group on one worker, max_job_seconds = 0.1: slice after slice ends with no job waiting, and each
+    goes on in place (before issue 12 every slice cut the episodes, marked truncated)."""
+    n_steps = 8
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_endless_env, policy=fixtures.mlp_policy(1),
+                      n_rollout_steps=n_steps, n_actors=2, batch_size=2, actors_per_job=2,
+                      min_job_seconds=0.02, max_job_seconds=0.1) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        records = [actors.collect_outputs("cpu").record]
+        started = time.monotonic()
+        while time.monotonic() - started < 2.0:  # twenty max_job_seconds and more
+            records.append(actors.collect_outputs("cpu").record)
+    assert_one_uncut_episode(records, n_steps)
+    assert {worker for record in records for worker in record.worker} == {records[0].worker[0]}
+    assert max(int(record.rollout_id.max()) for record in records) >= 10
+
+
+def test_a_group_that_moves_cuts_its_episodes_and_marks_the_cut(connection, redis_url, run_name):
+    """Two groups, one worker: each job yields to the other one waiting. Every rollout that does not continue
+    its predecessor follows a cut marked truncated (with its final observation) and starts from a reset."""
+    n_steps = 6
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_endless_env, policy=fixtures.mlp_policy(1),
+                      n_rollout_steps=n_steps, n_actors=2, batch_size=1, actors_per_job=1,
+                      min_job_seconds=0.02) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        delivered: dict[int, list] = {0: [], 1: []}
+
+        def both_moved_twice() -> bool:
+            record = actors.collect_outputs("cpu").record
+            delivered[int(record.actor_id[0])].append(record)
+            return all(sum(not r.continues_previous[0] for r in rs) >= 3 for rs in delivered.values())
+
+        wait_until(both_moved_twice, 60, interval=0, message="each group to move between its jobs twice")
+    for records in delivered.values():
+        assert [int(r.rollout_id[0]) for r in records] == list(range(len(records)))
+        for previous, record in zip(records, records[1:], strict=False):
+            cut = bool(previous.truncated[-1, 0])
+            assert bool(record.continues_previous[0]) == (not cut)
+            assert not bool(previous.truncated[:-1].any())  # the endless env truncates nothing itself
+            if cut:
+                assert previous.final_obs_index.tolist() == [[n_steps - 1, 0]]
+                torch.testing.assert_close(previous.final_obs[0], previous.next_obs[0])
+                assert float(record.obs[0, 0, 0]) == 0.0  # a fresh reset
+
+
+def test_a_worker_asked_to_shut_down_hands_its_group_on_with_a_marked_cut(connection, redis_url, run_name, workers):
+    """SIGTERM (RQ's warm shutdown) while the worker runs an endless group: the job cuts at its next rollout,
+    hands the group to a continuation and ends, so the worker exits at once, and the other worker goes on."""
+    n_steps = 8
+    first = workers.start("first")
+    workers.wait_registered(connection, 1)
+    with redis_actors(redis_url, run_name, env_factory=fixtures.make_endless_env, policy=fixtures.mlp_policy(1),
+                      n_rollout_steps=n_steps, n_actors=1, batch_size=1, actors_per_job=1) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        records = [actors.collect_outputs("cpu").record for _ in range(3)]
+        workers.start("second")
+        workers.wait_registered(connection, 2)
+        first.terminate()
+
+        def first_exited() -> bool:  # collecting meanwhile: its job may wait for queue space
+            records.append(actors.collect_outputs("cpu").record)
+            return first.poll() is not None
+
+        # before issue 12 the job kept its worker for max_job_seconds (60 s) after the signal
+        wait_until(first_exited, 30, interval=0, message="the first worker to exit after its warm shutdown")
+
+        def second_delivered() -> bool:
+            records.append(actors.collect_outputs("cpu").record)
+            return records[-1].worker == ("second",)
+
+        wait_until(second_delivered, 30, interval=0, message="a rollout by the second worker")
+        reruns = actors.get_epoch_stats_aggregator().current().get("groups_rerun")
+    assert first.returncode == 0
+    assert reruns is None  # handed on by the job itself, not re-run by the learner
+    assert [int(r.rollout_id[0]) for r in records] == list(range(len(records)))
+    handed = next(i for i, r in enumerate(records) if r.worker == ("second",))
+    assert all(r.worker == ("first",) for r in records[:handed])
+    assert bool(records[handed - 1].truncated[-1, 0]) and not bool(records[handed].continues_previous[0])
+    assert_one_uncut_episode(records[:handed - 1], n_steps)  # no cut before the shutdown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_episode_longer_than_a_minute_ends_by_itself(connection, redis_url, run_name):
+    """A 65 s episode (1300 steps of 50 ms) with the default slicing: it ends terminated at step 1300, never
+    truncated, across one job's slices (before issue 12, max_job_seconds = 60 cut it, and every episode)."""
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_minute_long_episode_env,
+                      policy=fixtures.mlp_policy(1), n_rollout_steps=100, n_actors=1, batch_size=1) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        records = []
+
+        def episode_ended() -> bool:
+            records.append(actors.collect_outputs("cpu").record)
+            return len(records[-1].episode_lengths) > 0
+
+        wait_until(episode_ended, 150, interval=0, message="the 65 s episode to end")
+    assert len(records) == 13
+    assert records[-1].episode_lengths.tolist() == [1300] and bool(records[-1].terminated[-1, 0])
+    assert not any(bool(record.truncated.any()) for record in records)
+    assert [bool(record.continues_previous[0]) for record in records] == [False] + [True] * 12

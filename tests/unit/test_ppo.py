@@ -1,0 +1,84 @@
+"""PPO's parts without Redis: GAE with TIMEOUT bootstrapping, and the training loop on an in-process sampler."""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+
+from rqrl import EnvSpec, EpisodeBatch, StepType, WorkerFactory
+from rqrl.algorithms.impala import ActorCritic, make_flat_env
+from rqrl.algorithms.ppo import PpoConfig, advantages_and_returns, gae, train
+from tests import fixtures  # noqa: F401 - registers RqrlGuessSign-v0
+
+
+def test_gae_stops_at_episode_ends_and_uses_the_given_next_values():
+    rewards, values = np.array([1.0, 1.0, 1.0]), np.array([0.5, 0.5, 0.5])
+    next_values = np.array([0.5, 0.0, 2.0])
+    ends = np.array([False, True, True])
+    advantages = gae(rewards, values, next_values, ends, discount=0.9, lam=0.5)
+    delta = rewards + 0.9 * next_values - values
+    assert advantages[2] == pytest.approx(delta[2])
+    assert advantages[1] == pytest.approx(delta[1])
+    assert advantages[0] == pytest.approx(delta[0] + 0.9 * 0.5 * delta[1])
+
+
+def batch_of(step_types: list[StepType]) -> EpisodeBatch:
+    spec = EnvSpec(gymnasium.spaces.Box(-10, 10, (2,), np.float32), gymnasium.spaces.Discrete(2))
+    n = len(step_types)
+    return EpisodeBatch(spec, {}, np.ones((n, 2), np.float32), np.full((1, 2), 3.0, np.float32),
+                        np.zeros(n, np.int64), np.ones(n), {}, {"log_prob": np.zeros(n, np.float32)},
+                        np.array(step_types), np.array([n]))
+
+
+def test_bootstraps_on_timeout_and_not_on_terminal():
+    torch.manual_seed(0)
+    model = ActorCritic(2, 2)
+    config = PpoConfig(discount=0.9, gae_lambda=1.0)
+    terminal, _ = advantages_and_returns(model, batch_of([StepType.FIRST, StepType.TERMINAL]), config,
+                                         torch.device("cpu"))
+    timeout, _ = advantages_and_returns(model, batch_of([StepType.FIRST, StepType.TIMEOUT]), config,
+                                        torch.device("cpu"))
+    with torch.no_grad():
+        last_value = float(model.values(torch.full((1, 2), 3.0)))
+    assert timeout[-1] - terminal[-1] == pytest.approx(0.9 * last_value, rel=1e-5)
+
+
+class InProcessSampler:
+    """garage's LocalSampler in miniature: logical workers round robin in this process (no Redis)."""
+
+    def __init__(self, model, env_id: str, n_workers: int = 2):
+        self.workers = [WorkerFactory(max_episode_length=20, n_workers=n_workers, seed=0)(w) for w in range(n_workers)]
+        for worker in self.workers:
+            worker.update_agent(ActorCritic(2, 2))
+            worker.update_env(make_flat_env(env_id))
+        self.dropped_episodes = 0
+
+    def obtain_samples(self, itr, num_samples, agent_update, env_update=None):
+        for worker in self.workers:
+            worker.update_agent(agent_update)
+        episodes, steps = [], 0
+        while steps < num_samples:
+            for worker in self.workers:
+                episodes.append(worker.rollout())
+                steps += int(episodes[-1].lengths.sum())
+        return EpisodeBatch.concatenate(*episodes)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        pass
+
+
+def test_the_training_loop_learns_a_trivial_env_and_writes_the_run_folder(tmp_path, one_torch_thread):
+    env_id = "tests.fixtures:RqrlGuessSign-v0"
+    config = PpoConfig(env_id=env_id, total_env_steps=4_000, num_samples=400, minibatch_size=100, learning_rate=3e-3,
+                       epochs=4, run_dir=str(tmp_path),
+                       run_name="ppo", progress=False, seed=1)
+    result = train(config, sampler=InProcessSampler(None, env_id))
+    assert result.mean_return is not None and result.mean_return > 15  # a random policy scores about 10
+    for name in ("final.safetensors", "best.safetensors", "checkpoint.safetensors", "metrics.csv", "summary.json",
+                 "learning_curve.png", "config.json"):
+        assert (tmp_path / "ppo" / name).is_file(), name
