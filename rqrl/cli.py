@@ -272,41 +272,45 @@ def _config_options(config_class: type[DataclassInstance], exclude: frozenset[st
 def _train_command() -> click.Command:
     import dataclasses
 
+    from rqrl.algorithms.dqn import DqnConfig
     from rqrl.algorithms.impala import ImpalaConfig
     from rqrl.algorithms.ppo import PpoConfig
 
     impala_fields = frozenset(spec.name for spec in dataclasses.fields(ImpalaConfig))
     ppo_fields = frozenset(spec.name for spec in dataclasses.fields(PpoConfig))
+    dqn_fields = frozenset(spec.name for spec in dataclasses.fields(DqnConfig))
 
     @main.command(name="train")
-    @click.option("--algo", type=click.Choice(["impala", "ppo"]), default="impala", show_default=True,
-                  help="impala: V-trace on distributed actors; ppo: PPO on the garage sampler (flags marked [ppo] are "
-                       "its own; shared flags left out take PpoConfig's defaults, not the ones shown).")
+    @click.option("--algo", type=click.Choice(["impala", "ppo", "dqn"]), default="impala", show_default=True,
+                  help="impala: V-trace on distributed actors; ppo: PPO on the garage sampler; dqn: Rainbow-style DQN "
+                       "on the SEED trainer (flags marked [ppo] or [dqn] are their own; shared flags left out take "
+                       "PpoConfig's or DqnConfig's defaults, not the ones shown).")
     @_config_options(ImpalaConfig)
     @_config_options(PpoConfig, exclude=impala_fields, prefix="[ppo] ")
+    @_config_options(DqnConfig, exclude=impala_fields | ppo_fields, prefix="[dqn] ")
     @click.option("--env", "env_alias", default=None, help="Alias of --env-id.")
     @click.option("--log-level", default="WARNING", show_default=True,
                   type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level.")
     def train(algo: str, env_alias: str | None, log_level: str, **options: Any) -> None:
-        """Train IMPALA (V-trace) on distributed actors, or PPO on the garage sampler (--algo ppo), until the env
-        is solved or the budget ends.
+        """Train IMPALA (V-trace) on distributed actors, PPO on the garage sampler (--algo ppo), or DQN on the SEED
+        trainer (--algo dqn), until the env is solved or the budget ends.
 
         Writes into RUN_DIR/RUN_NAME: final and best weights, a checkpoint for --resume, metrics.csv,
         TensorBoard events and learning_curve.png.
         """
-        from rqrl.algorithms import impala, ppo
+        from rqrl.algorithms import dqn, impala, ppo
         from rqrl.errors import RqrlError
         from rqrl.process import terminate_like_ctrl_c
 
         logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         context = click.get_current_context()
         given = {name for name in options if context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
-        own = ppo_fields if algo == "ppo" else impala_fields
-        other = (impala_fields | ppo_fields) - own
+        own = {"ppo": ppo_fields, "dqn": dqn_fields}.get(algo, impala_fields)
+        other = (impala_fields | ppo_fields | dqn_fields) - own
         if given & other:
             flags = ", ".join("--" + name.replace("_", "-") for name in sorted(given & other))
             raise click.UsageError(f"{flags} do(es) not apply to --algo {algo}")
-        # PPO takes only the flags given: the defaults shown are IMPALA's
+        # PPO and DQN take only the flags given: the defaults shown are IMPALA's
         options = {name: value for name, value in options.items()
                    if name in own and (algo == "impala" or name in given)}
         logging.captureWarnings(True)  # warnings as log records: they never break into the progress bar
@@ -318,6 +322,9 @@ def _train_command() -> click.Command:
         try:
             if algo == "ppo":
                 result = ppo.train(ppo.PpoConfig(**options), secret=secret_from_env(),
+                                   redis_server=redis_server_from_env())
+            elif algo == "dqn":
+                result = dqn.train(dqn.DqnConfig(**options), secret=secret_from_env(),
                                    redis_server=redis_server_from_env())
             else:
                 result = impala.train(impala.ImpalaConfig(**options), secret=secret_from_env(),
@@ -356,7 +363,9 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     if len(sources) != 1:
         raise click.UsageError("give either RUN_DIR or --checkpoint")
     try:
-        model, metadata = load_policy(sources[0])
+        from rqrl.algorithms.dqn import is_dqn_weights, load_q_model
+
+        model, metadata = load_q_model(sources[0]) if is_dqn_weights(sources[0]) else load_policy(sources[0])
     except (RqrlError, KeyError) as error:
         raise click.ClickException(f"cannot load a policy from {sources[0]}: {error}") from error
     returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample)

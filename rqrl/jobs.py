@@ -127,7 +127,8 @@ class RunContext:
 
 _CONTEXTS: dict[str, RunContext] = {}
 _MAX_CONTEXTS = 4
-ALLOWED_JOB_FUNCTIONS = frozenset({JOB_FUNCTION, SAMPLER_JOB_FUNCTION})
+ALLOWED_JOB_FUNCTIONS = frozenset({JOB_FUNCTION, SAMPLER_JOB_FUNCTION, "rqrl.seed_jobs.run_seed_actor",
+                                   "rqrl.seed_jobs.run_seed_server"})
 _secret: bytes | None = None
 _heartbeat_hook: Callable[[], None] | None = None
 _stop_requested_hook: Callable[[], bool] | None = None
@@ -168,6 +169,17 @@ def configure_secret(secret: str | bytes | None) -> None:
     """Set the shared secret this worker process verifies pickled payloads with."""
     global _secret
     _secret = secret_bytes(secret) if secret else None
+
+
+def beat_worker() -> None:
+    """Refresh RQ's heartbeats of the worker running this job now (long jobs call it; a no-op elsewhere)."""
+    if _heartbeat_hook is not None:
+        _heartbeat_hook()
+
+
+def worker_secret() -> bytes:
+    """The secret this worker verifies signed payloads with; SignatureError if it was started without one."""
+    return _require_secret()
 
 
 def _require_secret() -> bytes:

@@ -131,6 +131,10 @@ class RunKeys:
         """Next rollout id of an actor group: where a re-run continues."""
         return self._key("progress", group_id)
 
+    def seed(self, name: str) -> str:
+        """A key of the SEED trainer (rqrl.seed): settings, model, environment, requests, reply:{client}, ..."""
+        return self._key("seed", name)
+
     def group_of_job(self, job_id: str) -> int | None:
         """The actor group of one of this run's job ids, else None."""
         if not job_id.startswith(self.job_id_prefix):

@@ -529,8 +529,9 @@ def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dic
     return model.eval(), metadata
 
 
-def evaluate(model: ActorCritic, env_id: str, episodes: int = 10, seed: int = 0, greedy: bool = True) -> list[float]:
-    """Returns of ``episodes`` episodes with ``model`` (argmax actions if ``greedy``)."""
+def evaluate(model: nn.Module, env_id: str, episodes: int = 10, seed: int = 0, greedy: bool = True) -> list[float]:
+    """Returns of ``episodes`` episodes with ``model`` (argmax of its outputs if ``greedy``: an ActorCritic's
+    logits, a DQN's Q-values)."""
     env = make_flat_env(env_id)
     generator = torch.Generator().manual_seed(seed)
     returns = []

@@ -42,6 +42,20 @@ def test_rollout_loop_prints_loop_and_reference_per_env() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_inference_prints_round_trips_and_the_seed_comparison() -> None:
+    out = run_benchmark("inference.py", "--seconds", "0.3", "--batch-sizes", "2", "--threads", "2", "--envs", "2",
+                        "--hidden", "8")
+    rows = [line for line in out.splitlines() if line.startswith("| 2 | 2 |")]
+    assert len(rows) == 1, out
+    cells = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
+    assert float(cells[2]) > 0 and float(cells[4]) > 0, rows[0]  # p50 latency, inferences/s
+    seed_rows = [line for line in out.splitlines() if line.startswith("| 8 |")]
+    assert len(seed_rows) == 1, out
+    rates = [float(cell.strip().replace(",", "")) for cell in seed_rows[0].strip("|").split("|")[1:3]]
+    assert all(rate > 0 for rate in rates), seed_rows[0]
+
+
+@pytest.mark.timeout(300)
 def test_scale_prints_linear_ratio_and_redis_cost_per_worker_count() -> None:
     out = run_benchmark("scale.py", "--workers", "1", "2", "--seconds", "0.5", "--warmup", "0",
                         "--rollout-steps", "8", "--actors-per-worker", "2", "--step-ms", "1")

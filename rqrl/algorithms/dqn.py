@@ -1,0 +1,216 @@
+"""Rainbow-style DQN through the SEED trainer (``rqrl.seed``), in one file: what ``rqrl train --algo dqn`` runs.
+
+Writes the same run folder as the IMPALA learner: ``config.json``, ``metrics.csv`` (+ TensorBoard events),
+``best.safetensors`` and ``final.safetensors`` (the online network's weights), ``learning_curve.png`` and
+``summary.json``. There is no checkpoint to resume from yet: the replay is not saved.
+
+>>> config = DqnConfig(env_id="CartPole-v1", seconds=300)
+>>> result = train(config)  # doctest: +SKIP
+>>> result.solved, result.run_dir  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rqrl.algorithms.impala import TrainResult, env_spaces, make_flat_env
+from rqrl.checkpoint import load_weights, save_weights
+from rqrl.connection import redact_url
+from rqrl.dqn import Agent, AgentConfig, QModel
+from rqrl.errors import ConfigError, RqrlError
+from rqrl.metrics import MetricsWriter, plot_learning_curve
+from rqrl.seed import Config, Trainer
+
+log = logging.getLogger(__name__)
+
+METRIC_FIELDS = ["seconds", "train_steps", "steps_per_second", "mean_return", "episodes", "weights_version",
+                 "replay_size"]
+
+
+@dataclass
+class DqnConfig:
+    """Settings of one DQN run; each field's ``metadata["help"]`` is its one-line help."""
+
+    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector observations, "
+                                                                  "Discrete actions)."})
+    seconds: float = field(default=600.0, metadata={"help": "Time budget of the run."})
+    total_env_steps: int = field(default=2_000_000, metadata={"help": "Step budget: stop after this many env steps."})
+    target_return: float | None = field(default=None, metadata={
+        "help": "Stop when the mean return of the last 100 episodes reaches this (default: the env's threshold)."})
+    actor_processes: int = field(default=1, metadata={"help": "Actor processes."})
+    actor_threads: int = field(default=4, metadata={"help": "Env threads per actor process."})
+    inference_servers: int = field(default=1, metadata={"help": "Inference server processes."})
+    inference_batchsize: int = field(default=4, metadata={"help": "Most observations per forward pass."})
+    inference_delay: float = field(default=0.005, metadata={"help": "Most seconds a batch waits for more requests."})
+    n_step: int = field(default=3, metadata={"help": "Rewards summed per transition."})
+    epsilon: float = field(default=0.05, metadata={"help": "Probability of a random action at each actor step."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate."})
+    discount: float = field(default=0.99, metadata={"help": "Discount factor gamma."})
+    hidden_size: int = field(default=128, metadata={"help": "Width of the two hidden layers of the Q-network."})
+    batch_size: int = field(default=64, metadata={"help": "Transitions per train step."})
+    replay_capacity: int = field(default=50_000, metadata={"help": "Transitions the replay holds."})
+    minimum_buffer_size: int = field(default=1000, metadata={"help": "Transitions before training starts."})
+    target_update_steps: int = field(default=100, metadata={"help": "Train steps between target-network copies."})
+    max_train_frequency: float = field(default=-1, metadata={"help": "Most train steps per second; <= 0: no limit."})
+    distributional: bool = field(default=False, metadata={"help": "C51 distributional head."})
+    dueling: bool = field(default=False, metadata={"help": "Dueling head."})
+    v_min: float = field(default=0.0, metadata={"help": "Smallest return of the distributional support."})
+    v_max: float = field(default=100.0, metadata={"help": "Largest return of the distributional support."})
+    seed: int = field(default=0, metadata={"help": "Seed of the network, the replay and the actors."})
+    learner_device: str = field(default="cpu", metadata={"help": "Device of the learner: cpu, cuda, ..."})
+    inference_device: str = field(default="cpu", metadata={"help": "Device of the inference servers."})
+    learner_threads: int = field(default=1, metadata={"help": "Torch CPU threads of the learner."})
+    redis_url: str | None = field(default=None, metadata={"help": "Redis URL (default: an embedded private Redis)."})
+    run_dir: str = field(default="runs", metadata={"help": "Parent folder of run folders."})
+    run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
+
+    def __post_init__(self) -> None:
+        for name in ("seconds", "total_env_steps", "hidden_size", "learning_rate", "learner_threads"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"expected {name} > 0, got {getattr(self, name)!r}")
+
+
+class QNetwork(nn.Module):
+    """A two-hidden-layer ReLU MLP with the output shape the agent's head expects (see rqrl.dqn)."""
+
+    def __init__(self, obs_size: int, n_actions: int, hidden_size: int, atoms: int | None, dueling: bool):
+        super().__init__()
+        self.n_outputs, self.atoms, self.dueling = n_actions + int(dueling), atoms, dueling
+        self.layers = nn.Sequential(nn.Linear(obs_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size),
+                                    nn.ReLU(), nn.Linear(hidden_size, self.n_outputs * (atoms or 1)))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        out = self.layers(obs.flatten(1).float())
+        if self.atoms is None:
+            return out
+        logits = out.view(len(obs), self.n_outputs, self.atoms)
+        return logits if self.dueling else torch.softmax(logits, dim=-1)  # dueling: the head takes logits
+
+
+def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server: str | None = None) -> TrainResult:
+    """Train until solved, the time or step budget ends, or Ctrl-C; the run folder holds what it learned."""
+    obs_size, n_actions, threshold = env_spaces(config.env_id)
+    target_return = config.target_return if config.target_return is not None else threshold
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(config.learner_threads)
+    run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
+    run_dir = Path(config.run_dir) / run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({**asdict(config), "algo": "dqn", "run_name": run_name,
+                                                     "redis_url": redact_url(config.redis_url)}, indent=2))
+    agent_config = AgentConfig(
+        state_shape=(obs_size,), action_space_size=n_actions, replay_capacity=config.replay_capacity,
+        batch_size=config.batch_size, target_update_steps=config.target_update_steps,
+        discount_factor=config.discount, use_distributional=config.distributional, v_min=config.v_min,
+        v_max=config.v_max, dueling=config.dueling, huber_loss=True, network_device=config.learner_device,
+        seed=config.seed)
+    network = functools.partial(QNetwork, obs_size, n_actions, config.hidden_size,
+                                agent_config.n_atoms if config.distributional else None, config.dueling)
+    agent = Agent(agent_config, network, functools.partial(torch.optim.Adam, lr=config.learning_rate))
+    seed_config = Config(
+        n_step=config.n_step, epsilon=config.epsilon, actor_processes=config.actor_processes,
+        actor_threads=config.actor_threads, inference_servers=config.inference_servers,
+        broadcast_period=0.5, inference_batchsize=config.inference_batchsize,
+        inference_delay=config.inference_delay, inference_device=torch.device(config.inference_device),
+        minimum_buffer_size=config.minimum_buffer_size, max_train_frequency=config.max_train_frequency,
+        redis_url=config.redis_url, run_name=run_name, secret=secret, seed=config.seed, redis_server=redis_server)
+    metrics = MetricsWriter(run_dir, METRIC_FIELDS)
+    best: list[float] = []
+    started = time.monotonic()
+
+    def weights_metadata(trainer: Trainer) -> dict[str, object]:
+        return {"algo": "dqn", "env_id": config.env_id, "hidden_size": config.hidden_size,
+                "distributional": config.distributional, "dueling": config.dueling, "n_atoms": agent_config.n_atoms,
+                "v_min": config.v_min, "v_max": config.v_max,
+                "env_steps": trainer.stats.transitions_received, "mean_return": trainer.stats.mean_return}
+
+    def solved(trainer: Trainer) -> bool:
+        stats = trainer.stats
+        return (target_return is not None and stats.mean_return is not None
+                and len(stats.recent_returns) == stats.recent_returns.maxlen and stats.mean_return >= target_return)
+
+    def progress(trainer: Trainer) -> None:
+        stats, seconds = trainer.stats, time.monotonic() - started
+        metrics.write(stats.transitions_received, {
+            "seconds": seconds, "train_steps": stats.train_steps, "mean_return": stats.mean_return,
+            "steps_per_second": stats.transitions_received / max(seconds, 1e-9), "episodes": stats.episodes,
+            "weights_version": stats.weights_version, "replay_size": agent.buffer_size()})
+        if stats.mean_return is not None and len(stats.recent_returns) >= 10 and (
+                not best or stats.mean_return > best[0]):
+            best[:] = [stats.mean_return]
+            save_weights(run_dir / "best.safetensors", agent.model_instance.network.state_dict(),
+                         weights_metadata(trainer))
+        if solved(trainer) or stats.transitions_received >= config.total_env_steps:
+            trainer.stop()
+
+    trainer = Trainer(agent, seed_config, functools.partial(make_flat_env, config.env_id), on_progress=progress)
+    interrupted = False
+    try:
+        trainer.start(config.seconds)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress(trainer)  # the last row: the run's end state
+        save_weights(run_dir / "final.safetensors", agent.model_instance.network.state_dict(),
+                     weights_metadata(trainer))
+        metrics.close()
+        try:
+            plot_learning_curve(run_dir / "metrics.csv", run_dir / "learning_curve.png", target=target_return,
+                                title=f"DQN (SEED) on {config.env_id}")
+        except Exception:  # a missing plot must not lose the run's other outputs
+            log.exception("could not plot the learning curve")
+    stats = trainer.stats
+    result = TrainResult(run_dir=run_dir, solved=solved(trainer), interrupted=interrupted,
+                         env_steps=stats.transitions_received, updates=stats.train_steps,
+                         seconds=time.monotonic() - started, mean_return=stats.mean_return,
+                         best_mean_return=best[0] if best else None, episodes=stats.episodes)
+    (run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+    return result
+
+
+def weights_file(path: str | Path) -> Path:
+    """The weights file of a run folder (best, else final), or ``path`` itself if it is a file."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    found = [candidate for candidate in (path / "best.safetensors", path / "final.safetensors") if candidate.is_file()]
+    if not found:
+        raise ConfigError(f"{path} holds no best.safetensors or final.safetensors; is it a run folder?")
+    return found[0]
+
+
+def is_dqn_weights(path: str | Path) -> bool:
+    """Whether ``path`` (a run folder or weights file) holds weights written by this module."""
+    try:
+        return load_weights(weights_file(path))[1].get("algo") == "dqn"
+    except RqrlError:
+        return False
+
+
+def load_q_model(path: str | Path, device: str = "cpu") -> tuple[QModel, dict[str, Any]]:
+    """The Q-model of a DQN run folder or weights file: ``forward(obs)`` gives Q-values, so argmax is greedy."""
+    state_dict, metadata = load_weights(weights_file(path), device)
+    if metadata.get("algo") != "dqn":
+        raise ConfigError(f"{path} holds no DQN weights (written by rqrl.algorithms.dqn)")
+    obs_size, n_actions, _ = env_spaces(metadata["env_id"])
+    defaults = DqnConfig()
+    distributional = bool(metadata.get("distributional", defaults.distributional))
+    agent_config = AgentConfig(state_shape=(obs_size,), action_space_size=n_actions,
+                               n_atoms=int(metadata.get("n_atoms", 51)), use_distributional=distributional,
+                               dueling=bool(metadata.get("dueling", defaults.dueling)),
+                               v_min=float(metadata.get("v_min", defaults.v_min)),
+                               v_max=float(metadata.get("v_max", defaults.v_max)))
+    network = QNetwork(obs_size, n_actions, int(metadata["hidden_size"]),
+                       agent_config.n_atoms if distributional else None, agent_config.dueling)
+    network.load_state_dict(state_dict)
+    return QModel(network, agent_config).to(device).eval(), metadata

@@ -1,0 +1,159 @@
+"""Central inference over a real Redis: batches run when full or when the delay expires, answers equal a local
+forward pass, servers load weights before serving and pick up new versions, clients re-send when a server
+vanishes with their request, unsigned requests are refused."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rqrl.codec import weights_key
+from rqrl.errors import RunStoppedError
+from rqrl.inference import InferenceClient, InferenceServer
+from rqrl.keys import RunKeys
+from rqrl.seed_store import SeedRun, seal, unseal
+from rqrl.weights import WeightStore
+from tests.conftest import TEST_SECRET
+from tests.seed_fixtures import mlp
+
+
+@pytest.fixture
+def run(connection, run_name):
+    return SeedRun(connection, RunKeys(run_name), TEST_SECRET)
+
+
+def publish(run, model):
+    return WeightStore(run.connection, run.keys, weights_key(TEST_SECRET, run.keys.run_name)).publish(
+        model.state_dict())
+
+
+class ServerThread:
+    """An InferenceServer looping in a thread of the test process; stopped at the end of the test."""
+
+    def __init__(self, run, model, batch_size=4, delay=0.1, broadcast_period=0.1):
+        self.server = InferenceServer(run, model, "server-t", batch_size, delay, "cpu", broadcast_period)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.server.run_forever, args=(self.stop,), daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self.server
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+def evaluate_concurrently(run, observations, timeout=10.0):
+    answers = [None] * len(observations)
+
+    def ask(index):
+        answers[index] = InferenceClient(run, f"c{index}", timeout).evaluate(observations[index])
+
+    threads = [threading.Thread(target=ask, args=(index,)) for index in range(len(observations))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return answers
+
+
+def test_a_full_batch_runs_at_once_and_answers_equal_a_local_forward_pass(run, one_torch_thread):
+    torch.manual_seed(1)
+    reference = mlp()
+    publish(run, reference)
+    torch.manual_seed(2)
+    observations = [np.random.default_rng(index).normal(size=4).astype(np.float32) for index in range(4)]
+    with ServerThread(run, mlp(), batch_size=4, delay=20.0) as server:  # random init: must load v1 first
+        answers = evaluate_concurrently(run, observations)
+    assert [(answer.reason, answer.batch_size, answer.version) for answer in answers] == [("full", 4, 1)] * 4
+    expected = reference(torch.as_tensor(np.stack(observations))).detach().numpy()
+    np.testing.assert_allclose(np.stack([answer.q_values for answer in answers]), expected, rtol=1e-5, atol=1e-6)
+    assert server.batches == {"full": 1, "delay": 0}
+    assert run.counters()["batches_full"] == 1 and run.counters()["inferences"] == 4
+
+
+def test_a_lone_request_runs_when_the_delay_expires(run):
+    publish(run, mlp())
+    with ServerThread(run, mlp(), batch_size=4, delay=0.3):
+        client = InferenceClient(run, "lone", 10.0)
+        client.evaluate(np.zeros(4, np.float32))  # the server is up and holds weights
+        started = time.monotonic()
+        answer = client.evaluate(np.zeros(4, np.float32))
+        waited = time.monotonic() - started
+    assert (answer.reason, answer.batch_size) == ("delay", 1)
+    assert waited >= 0.3  # it waited for company the whole delay
+
+
+def test_new_weights_reach_the_server(run):
+    torch.manual_seed(0)
+    model = mlp()
+    publish(run, model)
+    obs = np.ones(4, np.float32)
+    with ServerThread(run, mlp(), batch_size=1, delay=0.0, broadcast_period=0.05):
+        client = InferenceClient(run, "w", 10.0)
+        assert client.evaluate(obs).version == 1
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(1.0)
+        assert publish(run, model) == 2
+        deadline = time.monotonic() + 20
+        while (answer := client.evaluate(obs)).version != 2:
+            assert time.monotonic() < deadline, "version 2 never reached the server"
+            time.sleep(0.02)
+    np.testing.assert_allclose(answer.q_values, model(torch.as_tensor(obs[None])).detach().numpy()[0], rtol=1e-5)
+
+
+def test_a_request_lost_with_its_server_is_sent_again_to_another(run):
+    publish(run, mlp())
+    client = InferenceClient(run, "orphan", timeout=0.5)
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("answer", client.evaluate(np.zeros(4, np.float32))))
+    thread.start()
+    # a server takes the request and dies before answering
+    assert run.connection.blpop([run.keys.seed("requests")], timeout=10) is not None
+    with ServerThread(run, mlp(), batch_size=1, delay=0.0):
+        thread.join(20)
+    assert result["answer"].batch_size == 1 and client.resent >= 1
+
+
+def test_a_waiting_client_gives_up_when_the_run_stops(run):
+    client = InferenceClient(run, "stopped", timeout=5.0)
+    run.stop()
+    with pytest.raises(RunStoppedError):
+        client.evaluate(np.zeros(4, np.float32))
+
+
+def test_unsigned_and_forged_requests_are_dropped(run, caplog):
+    from rqrl.codec import encode_arrays
+
+    publish(run, mlp())
+    server = InferenceServer(run, mlp(), "s", 2, 0.0)
+    assert server.load_weights()
+    unsigned = encode_arrays({"obs": np.zeros(4, np.float32)}, {"reply": "x", "id": "0"})
+    forged = seal({"obs": np.zeros(4, np.float32)}, {"reply": "x", "id": "0"}, b"not-the-key")
+    run.connection.rpush(run.keys.seed("requests"), unsigned, forged)
+    assert server.serve_once(1.0) == 0
+    assert not run.connection.exists("x")
+    assert "not a signed observation" in caplog.text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_server_runs_on_the_inference_device(run):
+    torch.manual_seed(3)
+    reference = mlp()
+    publish(run, reference)
+    server = InferenceServer(run, mlp(), "gpu", 1, 0.0, device="cuda")
+    assert server.load_weights()
+    assert next(server.model.parameters()).device.type == "cuda"
+    obs = np.random.default_rng(0).normal(size=4).astype(np.float32)
+    run.connection.rpush(run.keys.seed("requests"), seal({"obs": obs}, {"reply": "r", "id": "0"}, run.message_key))
+    assert server.serve_once(1.0) == 1
+    arrays, _ = unseal(run.connection.lpop("r"), run.message_key)
+    np.testing.assert_allclose(arrays["q"], reference(torch.as_tensor(obs[None])).detach().numpy()[0], rtol=1e-4,
+                               atol=1e-5)

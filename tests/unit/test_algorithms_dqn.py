@@ -1,0 +1,53 @@
+"""rqrl.algorithms.dqn without processes: the Q-network's shapes for every head, and its weights files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rqrl.algorithms.dqn import DqnConfig, QNetwork, is_dqn_weights, load_q_model
+from rqrl.checkpoint import save_weights
+from rqrl.dqn import AgentConfig, QModel
+from rqrl.errors import ConfigError
+
+
+@pytest.mark.parametrize("distributional", [False, True])
+@pytest.mark.parametrize("dueling", [False, True])
+def test_every_head_gives_q_values_per_action(distributional, dueling):
+    config = AgentConfig(state_shape=(4,), action_space_size=3, use_distributional=distributional, dueling=dueling,
+                         n_atoms=5, v_min=0, v_max=10)
+    network = QNetwork(4, 3, 8, 5 if distributional else None, dueling)
+    model = QModel(network, config)
+    q = model(torch.zeros(2, 4))
+    assert q.shape == (2, 3)
+    if distributional:
+        dist = model.dist(torch.zeros(2, 4))
+        assert dist.shape == (2, 3, 5) and torch.allclose(dist.sum(-1), torch.ones(2, 3))
+        assert ((q >= 0) & (q <= 10)).all()
+
+
+@pytest.mark.parametrize("distributional", [False, True])
+def test_weights_files_load_back_into_the_same_model(tmp_path, distributional):
+    config = AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=distributional, dueling=True,
+                         n_atoms=7, v_min=0, v_max=50)
+    network = QNetwork(4, 2, 8, 7 if distributional else None, True)
+    save_weights(tmp_path / "final.safetensors", network.state_dict(),
+                 {"algo": "dqn", "env_id": "CartPole-v1", "hidden_size": 8, "distributional": distributional,
+                  "dueling": True, "n_atoms": 7, "v_min": 0, "v_max": 50})
+    assert is_dqn_weights(tmp_path)
+    loaded, metadata = load_q_model(tmp_path)
+    obs = torch.randn(3, 4)
+    assert torch.allclose(loaded(obs), QModel(network, config)(obs))
+    assert metadata["env_id"] == "CartPole-v1"
+
+
+def test_other_weights_are_not_taken_for_dqn(tmp_path):
+    save_weights(tmp_path / "final.safetensors", {"w": torch.zeros(1)}, {"env_id": "CartPole-v1", "hidden_size": 8})
+    assert not is_dqn_weights(tmp_path) and not is_dqn_weights(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="no DQN weights"):
+        load_q_model(tmp_path)
+
+
+def test_config_checks():
+    with pytest.raises(ConfigError, match="seconds"):
+        DqnConfig(seconds=0)

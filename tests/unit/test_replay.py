@@ -1,0 +1,73 @@
+"""The replay: ring storage, uniform and prioritized sampling, importance weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rqrl.nstep import TransitionBatch
+from rqrl.replay import ReplayBuffer, SumTree
+
+
+def batch(values):
+    values = np.asarray(values, np.float32)
+    size = len(values)
+    return TransitionBatch(values[:, None], np.arange(size), values, np.ones(size, np.float32), values[:, None],
+                           np.ones((size, 2), bool))
+
+
+def test_sum_tree_sums_and_finds():
+    tree = SumTree(5)
+    tree.set(np.arange(5), np.array([1.0, 2.0, 3.0, 0.0, 4.0]))
+    assert tree.total == 10
+    assert tree.find(np.array([0.0, 0.99, 1.0, 2.5, 3.0, 5.99, 6.0, 9.99])).tolist() == [0, 0, 1, 1, 2, 2, 4, 4]
+
+
+def test_ring_overwrites_the_oldest():
+    buffer = ReplayBuffer(3, (1,), 2, prioritized=False, seed=0)
+    buffer.add(batch([1, 2]))
+    buffer.add(batch([3, 4]))
+    assert len(buffer) == 3 and buffer.added == 4
+    assert sorted(buffer.rewards.tolist()) == [2, 3, 4]
+    buffer.add(batch([5, 6, 7, 8]))
+    assert sorted(buffer.rewards.tolist()) == [6, 7, 8]
+
+
+def test_uniform_sampling_only_from_what_is_stored():
+    buffer = ReplayBuffer(10, (1,), 2, prioritized=False, seed=0)
+    buffer.add(batch([1, 2, 3]))
+    sampled, indices, weights = buffer.sample(64)
+    assert set(sampled.rewards.tolist()) <= {1, 2, 3} and (weights == 1).all() and indices.max() < 3
+
+
+def test_prioritized_sampling_follows_priorities_and_weights_the_rare():
+    buffer = ReplayBuffer(4, (1,), 2, prioritized=True, alpha=1.0, seed=0)
+    buffer.add(batch([0, 1, 2, 3]))
+    buffer.update_priorities(np.arange(4), np.array([1.0, 1.0, 1.0, 97.0]))
+    sampled, indices, weights = buffer.sample(1000, beta=1.0)
+    share = np.mean(indices == 3)
+    assert 0.9 < share < 1.0
+    assert weights[indices == 3].max() < weights[indices != 3].min()
+    assert weights.max() == pytest.approx(1.0)
+
+
+def test_new_transitions_get_the_largest_priority_and_nan_means_unknown():
+    buffer = ReplayBuffer(4, (1,), 2, prioritized=True, alpha=1.0, seed=0)
+    buffer.add(batch([0]), priorities=np.array([5.0]))
+    buffer.add(batch([1, 2]), priorities=np.array([np.nan, 2.0]))
+    assert buffer.tree.leaves(np.arange(3)).tolist() == [5.0, 5.0, 2.0]
+
+
+def test_empty_replay_refuses_to_sample():
+    from rqrl.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        ReplayBuffer(4, (1,), 2).sample(1)
+
+
+def test_transitions_of_another_shape_are_refused_with_the_fix():
+    from rqrl.errors import ConfigError
+
+    buffer = ReplayBuffer(4, (2,), 2)
+    with pytest.raises(ConfigError, match=r"obs of shape \(1,\) do not fit the replay's \(2,\).*state_shape"):
+        buffer.add(batch([1.0]))
