@@ -23,16 +23,16 @@ def rows(table: str) -> dict[str, list[str]]:
 
 def test_table_has_a_row_per_e_with_median_rates_and_paired_ratios_to_rqrl() -> None:
     results = results_of({
-        "rqrl": {8: [100.0, 200.0, 300.0], 32: [1000.0, 1000.0, 1000.0]},
+        "rqrl": {8: [100.0, 200.0, 400.0], 32: [1000.0, 1000.0, 1000.0]},
         "reference": {8: [200.0, 200.0, 200.0], 32: [2000.0, 1500.0, 1000.0]},
-        "pufferlib": {8: [50.0, 100.0, 300.0], 32: [500.0, 2000.0, 250.0]},
+        "pufferlib": {8: [100.0, 50.0, 400.0], 32: [500.0, 2000.0, 250.0]},
     })
     table = build_table(results)
     by_e = rows(table)
     assert by_e["E (envs per worker)"] == ["E (envs per worker)", "rqrl steps/s", "reference steps/s",
                                            "reference / rqrl", "PufferLib steps/s", "PufferLib / rqrl"]
-    # E=8: pufferlib's per-round ratios are 0.5, 0.5, 1.0 (median 0.5), not 200/200
-    assert by_e["8"] == ["8", "200", "200", "1.00", "100", "0.50"]
+    # E=8: pufferlib's per-round ratios are 1.0, 0.25, 1.0: median 1.00, not the ratio of the medians (100 / 200)
+    assert by_e["8"] == ["8", "200", "200", "1.00", "100", "1.00"]
     assert by_e["32"] == ["32", "1,000", "1,500", "1.50", "500", "0.50"]
 
 
