@@ -1,0 +1,218 @@
+"""rqrl next to the reference and every peer that installed, side by side in one run, rounds interleaved.
+
+Each measurement is a fresh subprocess printing one JSON line (see harness.py): rqrl and the reference run
+benchmarks/peers/rqrl_throughput.py in the project's venv (this interpreter unless --python), each peer runs
+``<peer>_throughput.py`` in its own venv under benchmarks/peers/.venvs (made by install.sh). Within a round every
+E measures every system, in an order that rotates from round to round so machine noise hits all of them. The
+table shows medians over rounds; each ratio is the median of the per-round (paired) ratios to rqrl.
+
+Run from the repository root, after ``bash benchmarks/peers/install.sh``::
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/peers/run.py --rounds 3 --seconds 10 --envs-per-worker 8 32
+
+This module uses the standard library only, so its table builder is testable without any peer installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+VENVS = HERE / ".venvs"
+OURS = ("rqrl", "reference")
+PEERS = ("sample_factory", "rllib", "pufferlib", "torchrl", "gymnasium_async")
+TITLES = {
+    "rqrl": "rqrl",
+    "reference": "reference",
+    "sample_factory": "Sample Factory",
+    "rllib": "RLlib",
+    "pufferlib": "PufferLib",
+    "torchrl": "TorchRL",
+    "gymnasium_async": "AsyncVectorEnv",
+}
+
+
+@dataclass
+class Results:
+    """Steps/s per system, E and round (None where that round's run failed), and why systems are missing."""
+
+    envs_per_worker: list[int]
+    systems: list[str]
+    rates: dict[str, dict[int, list[float | None]]] = field(default_factory=dict)
+    not_installed: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, list[str]] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def add(self, system: str, envs: int, rate: float | None) -> None:
+        self.rates.setdefault(system, {}).setdefault(envs, []).append(rate)
+
+    def fail(self, system: str, envs: int, reason: str) -> None:
+        self.add(system, envs, None)
+        self.failures.setdefault(system, []).append(f"E={envs}: {reason}")
+
+
+def install_status(peer: str, venvs: Path = VENVS) -> tuple[bool, str]:
+    """(installed, versions or why not) from the STATUS file install.sh leaves in the peer's venv."""
+    status = venvs / peer / "STATUS"
+    if not status.is_file():
+        return False, "not installed (run benchmarks/peers/install.sh)"
+    text = status.read_text().strip()
+    if text.startswith("ok"):
+        return True, text[2:].strip()
+    return False, text.removeprefix("failed:").strip() or "install failed"
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def median_rate(results: Results, system: str, envs: int) -> float | None:
+    return _median([rate for rate in results.rates.get(system, {}).get(envs, []) if rate is not None])
+
+
+def median_ratio(results: Results, system: str, envs: int, base: str = "rqrl") -> float | None:
+    """Median over rounds of system / base, pairing the two measurements of each round."""
+    tops = results.rates.get(system, {}).get(envs, [])
+    bottoms = results.rates.get(base, {}).get(envs, [])
+    return _median([top / bottom for top, bottom in zip(tops, bottoms, strict=False)
+                    if top is not None and bottom is not None and bottom > 0])
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def build_table(results: Results) -> str:
+    """The markdown report: one row per E, steps/s per system and each system's ratio to rqrl, then notes."""
+    others = [system for system in results.systems if system != "rqrl"]
+    header = ["E (envs per worker)", "rqrl steps/s"]
+    for system in others:
+        header += [f"{TITLES.get(system, system)} steps/s", f"{TITLES.get(system, system)} / rqrl"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "--:|" * len(header)]
+    for envs in results.envs_per_worker:
+        row = [str(envs), _cell(median_rate(results, "rqrl", envs), ",.0f")]
+        for system in others:
+            row += [_cell(median_rate(results, system, envs), ",.0f"), _cell(median_ratio(results, system, envs),
+                                                                              ".2f")]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append("Medians over rounds; each ratio is the median of the per-round (paired) ratios to rqrl; "
+                 "below 1.00 means the system is slower than rqrl.")
+    for system in results.systems:
+        if system in results.paths or system in results.versions:
+            lines.append(f"- {TITLES.get(system, system)}: {results.paths.get(system, '?')} "
+                         f"({results.versions.get(system, 'versions unknown')})")
+    for system, reason in results.not_installed.items():
+        lines.append(f"- {TITLES.get(system, system)}: did not install: {reason}")
+    for system, reasons in results.failures.items():
+        lines.append(f"- {TITLES.get(system, system)}: failed to run: {'; '.join(reasons)}")
+    return "\n".join(lines)
+
+
+def command(system: str, envs: int, args: argparse.Namespace) -> list[str]:
+    """The subprocess that measures ``system`` at ``envs`` envs per worker and prints one JSON line."""
+    common = ["--envs-per-worker", str(envs), "--workers", str(args.workers), "--rollout-steps",
+              str(args.rollout_steps), "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+    if system in OURS:
+        return [args.python, str(HERE / "rqrl_throughput.py"), "--system", system, *common]
+    return [str(VENVS / system / "bin" / "python"), str(HERE / f"{system}_throughput.py"), *common]
+
+
+def measure(system: str, envs: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one measurement; its last JSON line, or RuntimeError with the tail of its stderr."""
+    env = dict(os.environ)
+    if system in OURS:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        completed = subprocess.run(command(system, envs, args), cwd=REPO_ROOT, env=env, capture_output=True,
+                                   text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired as error:
+        raise RuntimeError(f"no result within {args.timeout:g} s") from error
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
+    if completed.returncode != 0 or not lines:
+        tail = " | ".join(completed.stderr.strip().splitlines()[-3:])[-400:]
+        raise RuntimeError(f"exit code {completed.returncode}: {tail or 'no output'}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def versions_of(system: str, args: argparse.Namespace) -> str:
+    if system in OURS:
+        completed = subprocess.run([args.python, str(HERE / "rqrl_throughput.py"), "--check"], cwd=REPO_ROOT,
+                                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True,
+                                   timeout=120)
+        return completed.stdout.strip().splitlines()[-1] if completed.returncode == 0 else "versions unknown"
+    return install_status(system)[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--envs-per-worker", type=int, nargs="+", default=[8, 32], help="E values")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--rollout-steps", type=int, default=128, help="rollout length, where a system has one")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per system and E")
+    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds before each window")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="peers to include")
+    parser.add_argument("--no-reference", action="store_true", help="leave the reference out")
+    parser.add_argument("--python", default=sys.executable, help="interpreter with rqrl for rqrl and the reference")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take at most")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.seconds <= 0 or args.workers < 1 or min(args.envs_per_worker) < 1:
+        parser.error("expected --rounds, --workers, --envs-per-worker >= 1 and --seconds > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    ours = ["rqrl"] if args.no_reference else list(OURS)
+    installed = []
+    results = Results(envs_per_worker=list(args.envs_per_worker), systems=[])
+    for peer in args.peers:
+        ok, detail = install_status(peer)
+        if ok:
+            installed.append(peer)
+        else:
+            results.not_installed[peer] = detail
+    results.systems = ours + installed
+    for system in results.systems:
+        results.versions[system] = versions_of(system, args)
+    for round_index in range(args.rounds):
+        for envs in args.envs_per_worker:
+            shift = round_index % len(results.systems)
+            for system in results.systems[shift:] + results.systems[:shift]:
+                started = time.monotonic()
+                try:
+                    measured = measure(system, envs, args)
+                except RuntimeError as error:
+                    results.fail(system, envs, str(error))
+                    print(f"round {round_index + 1}/{args.rounds} E={envs} {system}: failed: {error}",
+                          file=sys.stderr, flush=True)
+                    continue
+                rate = float(measured["steps_per_second"])
+                results.add(system, envs, rate)
+                results.paths[system] = str(measured.get("path", "?"))
+                print(f"round {round_index + 1}/{args.rounds} E={envs} {system}: {rate:,.0f} steps/s "
+                      f"({time.monotonic() - started:.0f} s with start-up)", file=sys.stderr, flush=True)
+    print()
+    print(f"## Peers: CartPole-v1, {args.workers} worker processes x E envs, 4-64-64-2 tanh MLP, "
+          f"{args.rollout_steps}-step rollouts where the system has them, {args.seconds:g} s windows, "
+          f"{args.rounds} round(s)")
+    print()
+    print(build_table(results))
+
+
+if __name__ == "__main__":
+    main()
