@@ -11,11 +11,12 @@ once ``seed:token:{name}`` names another job: the trainer gave its place to a ne
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from rq import Queue, get_current_job
@@ -29,6 +30,8 @@ from rqrl.keys import PREFIX, RunKeys
 from rqrl.rq_safety import failed_registry, rollout_queue
 from rqrl.seed_actor import Actor
 from rqrl.seed_store import SeedRun
+
+log = logging.getLogger(__name__)
 
 ACTOR_JOB = "rqrl.seed_jobs.run_seed_actor"
 SERVER_JOB = "rqrl.seed_jobs.run_seed_server"
@@ -128,6 +131,8 @@ def run_seed_server(run_name: str, server_index: int, token: str) -> None:
 
 
 JOB_START_SECONDS = 60.0
+QUEUED_WARNING_SECONDS = 15.0
+"""A job still queued after this long is waiting for a worker that may never come: say so, once."""
 """A job that left the queue but never beat within this long is taken for lost and enqueued again."""
 
 
@@ -139,6 +144,8 @@ class PlacedJob:
     job_id: str
     left_queue_at: float | None = None
     seen: bool = False
+    queued_at: float = field(default_factory=time.monotonic)
+    warned: bool = False
 
 
 class JobFleet:
@@ -169,6 +176,7 @@ class JobFleet:
             if queued is None:
                 queued = set(rollout_queue(self.queue_name, self.connection).get_job_ids())
             if placed.job_id in queued:
+                self._warn_if_starved(name, placed, now)
                 continue  # waiting for a free worker
             if placed.seen:
                 found.append((name, f"stopped beating: its worker was killed or its job {placed.job_id} failed "
@@ -178,6 +186,17 @@ class JobFleet:
             if now - placed.left_queue_at > JOB_START_SECONDS:
                 found.append((name, f"never started: job {placed.job_id} left the queue {JOB_START_SECONDS:.0f} s ago"))
         return found
+
+    def _warn_if_starved(self, name: str, placed: PlacedJob, now: float) -> None:
+        """Every actor and server job holds its worker for the whole run: with fewer workers than jobs the
+        rest wait forever, so a job queued for QUEUED_WARNING_SECONDS gets one warning naming the fix."""
+        if placed.warned or now - placed.queued_at < QUEUED_WARNING_SECONDS:
+            return
+        placed.warned = True
+        log.warning("run %s: %s's job has waited %.0f s on queue %r for a free worker; job mode runs %d jobs at "
+                    "once (inference_servers + actor_processes), each holding a worker for the whole run: start "
+                    "at least %d `rqrl worker --queue %s` processes", self.keys.run_name, name, now - placed.queued_at,
+                    self.queue_name, len(self.jobs), len(self.jobs), self.queue_name)
 
     def stop(self, timeout: float) -> None:
         """Wait up to ``timeout`` for the jobs to see the run's stop flag, then delete every job of the run."""

@@ -40,7 +40,7 @@ WORKER_RULES = (
     "+ping +info +client|setname +multi +exec +watch +unwatch "
     "+get +set +mget +exists +del +expire +pexpire +persist "
     "+incr +hget +hgetall +hset +hsetnx +hdel +hincrby +hincrbyfloat +sadd +srem +smembers +sismember "
-    "+llen +lrange +rpush +lrem +lmove +blmove "
+    "+llen +lrange +rpush +lpop +blpop +ltrim +lrem +lmove +blmove "
     "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +xadd "
     "+evalsha +script|load +subscribe +unsubscribe"
 )
@@ -379,6 +379,39 @@ def test_a_sampler_and_its_workers_run_under_the_learner_and_worker_users(acl_se
     assert not admin.keys("rqrl:acl-sampler:*"), "shutdown left keys behind"
     # the sampler never asks for proto-max-bulk-len, so CONFIG GET may not show; CLIENT LIST by 'worker' shows
     # the local worker logged in as 'worker'
+    denials = acl_denials(acl_server)
+    assert ("worker", "client|list") in denials and denials <= EXPECTED_DENIALS, admin.acl_log(count=20)
+
+
+@pytest.mark.timeout(150)
+def test_seed_actors_and_servers_run_as_jobs_under_the_worker_user(acl_server):
+    """The SEED trainer in job mode under the documented rules: the learner user runs the trainer, the
+    actors and inference servers run on an `rqrl worker` logged in as 'worker'."""
+    from rqrl.seed import Config, Trainer
+    from tests.seed_fixtures import cartpole_agent, make_cartpole
+
+    admin = acl_server.admin
+    admin.execute_command("ACL", "LOG", "RESET")
+    config = Config(redis_url=acl_url(acl_server, "learner"), run_name="acl-seed", secret=TEST_SECRET,
+                    actor_threads=2, minimum_buffer_size=50, inference_batchsize=2, inference_delay=0.01,
+                    broadcast_period=0.5, request_timeout=1.0, queue_name="rqrl-seed-acl")
+
+    def stop_once_trained(trainer) -> None:  # noqa: ANN001 - a Trainer
+        if trainer.stats.train_steps >= 5:
+            trainer.stop()
+
+    with workers_on(acl_url(acl_server, "worker")) as workers:
+        for index in range(2):  # one inference server and one actor, each holding a worker for the run
+            workers.start(f"acl-seed-worker-{index}", queue="rqrl-seed-acl")
+        workers.wait_registered(admin, 2, queue="rqrl-seed-acl")
+        trainer = Trainer(cartpole_agent(), config, make_cartpole, on_progress=stop_once_trained,
+                          progress_seconds=0.1)
+        trainer.start(90.0)
+    stats = trainer.stats
+    assert stats.train_steps >= 5, stats
+    assert stats.counters["pushed"] == stats.transitions_received > 0, stats
+    assert stats.restarts == []
+    assert not admin.keys("rqrl:acl-seed:*"), "the trainer left keys behind"
     denials = acl_denials(acl_server)
     assert ("worker", "client|list") in denials and denials <= EXPECTED_DENIALS, admin.acl_log(count=20)
 

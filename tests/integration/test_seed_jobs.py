@@ -91,3 +91,23 @@ def test_a_killed_workers_job_goes_to_another_worker(redis_url, connection, run_
     assert any("stopped beating" in line for line in trainer.stats.restarts), trainer.stats.restarts
     time.sleep(0.1)
     assert_no_job_or_key(connection, run_name)
+
+
+@pytest.mark.timeout(120)
+def test_too_few_workers_for_the_jobs_is_named_in_a_warning(redis_url, connection, run_name, workers, monkeypatch,
+                                                             caplog):
+    """One worker for a server and an actor: the server holds it for the whole run, so the actor's job waits
+    forever; the trainer says so instead of training silently on nothing."""
+    import rqrl.seed_jobs
+
+    monkeypatch.setattr(rqrl.seed_jobs, "QUEUED_WARNING_SECONDS", 1.0)
+    workers.start("seed-only", queue=QUEUE)
+    workers.wait_registered(connection, 1, queue=QUEUE)
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_cartpole)
+    with caplog.at_level("WARNING", logger="rqrl.seed_jobs"):
+        trainer.start(6.0)
+    warnings = [record.getMessage() for record in caplog.records if "for a free worker" in record.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    assert "start at least 2 `rqrl worker --queue rqrl-seed-test`" in warnings[0]
+    assert trainer.stats.transitions_received == 0
+    assert_no_job_or_key(connection, run_name)
