@@ -225,29 +225,36 @@ class TrajectoryQueue:
         duplicates: list[PendingRollout] = []
         poll, waited = 0.0005, False
         started = last_check = time.monotonic()
-        while pending:
-            results = self.try_push(pending, token, lease) if chunks == 1 else self._try_push_chunked(pending, token,
-                                                                                                      lease)
+        room = len(pending)  # the first attempt sends everything: one round trip when the queue has space
+        while True:
+            sent, rest = pending[:room], pending[room:]
+            results = self.try_push(sent, token, lease) if chunks == 1 else self._try_push_chunked(sent, token, lease)
             if NOT_HOLDER in results:
                 assert lease is not None
                 raise LeaseLostError(f"{lease[0]} no longer names {lease[1]} (another job took the group over, "
                                      f"or Redis restarted and lost it): not pushing")
-            refused = [rollout for rollout, result in zip(pending, results, strict=True) if result == DUPLICATE]
-            retry = self._impossible_markers(pending, refused)
+            refused = [rollout for rollout, result in zip(sent, results, strict=True) if result == DUPLICATE]
+            retry = self._impossible_markers(sent, refused)
             duplicates += [rollout for rollout in refused if rollout not in retry]
-            pending = [rollout for rollout, result in zip(pending, results, strict=True) if result == FULL] + retry
-            if retry:
-                continue
+            pending = [rollout for rollout, result in zip(sent, results, strict=True) if result == FULL] + retry + rest
             if not pending:
                 break
-            time.sleep(poll)
-            waited = True
-            poll = min(poll * 2, max_poll_seconds)
-            if time.monotonic() - last_check > 0.2:
-                last_check = time.monotonic()
-                on_wait()
-                if is_stopped():
-                    raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
+            if retry:
+                room = len(pending)
+                continue
+            # while the queue is full, ask its length (no payload), and send only what fits: a full queue would
+            # otherwise have every waiting rollout's bytes sent again at every poll
+            room = self.bound - self.size()
+            while room <= 0:
+                time.sleep(poll)
+                waited = True
+                poll = min(poll * 2, max_poll_seconds)
+                if time.monotonic() - last_check > 0.2:
+                    last_check = time.monotonic()
+                    on_wait()
+                    if is_stopped():
+                        raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
+                room = self.bound - self.size()
         return PushReport(time.monotonic() - started if waited else 0.0, tuple(duplicates))
 
     def _value_limit(self) -> int:

@@ -399,3 +399,35 @@ def test_a_rollout_the_doorbell_does_not_know_of_is_found_after_one_timeout(conn
     queue = TrajectoryQueue(connection, keys, bound=5)
     connection.rpush(keys.trajectories, b"foreign")  # e.g. the doorbell lost in a restart
     assert queue.wait_until_not_empty(0.1) is True
+
+
+@pytest.mark.timeout(60)
+def test_a_pusher_waiting_on_a_full_queue_does_not_resend_its_rollouts(connection, redis_url, run_name):
+    """While the queue is full the pusher asks its length, and then sends only what fits: resending every
+    waiting rollout at every poll moved their bytes into Redis again and again."""
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=2)
+    queue.try_push([rollout(9, 0), rollout(9, 1)])  # full
+    big = [PendingRollout(actor, 0, bytes([actor]) * 2**20) for actor in range(4)]
+    errors: list[BaseException] = []
+
+    def push() -> None:
+        try:
+            with redis.Redis.from_url(redis_url) as pusher_connection:
+                TrajectoryQueue(pusher_connection, keys, bound=2).push(big, never_stopped, max_poll_seconds=0.005)
+        except BaseException as error:  # noqa: B036 - reported to the main thread
+            errors.append(error)
+
+    pusher = threading.Thread(target=push, daemon=True)
+    pusher.start()
+    time.sleep(0.5)  # the point: the first attempt (4 MB) is over and the pusher polls
+    received_before = int(connection.info("stats")["total_net_input_bytes"])
+    time.sleep(1.0)
+    received = int(connection.info("stats")["total_net_input_bytes"]) - received_before
+    assert received < 2**20, f"a waiting pusher sent {received} bytes in one second"
+    popped: list[bytes] = []
+    wait_until(lambda: popped.extend(queue.pop_available(1)) or len(popped) == 6, 30, interval=0.01,
+               message=lambda: f"{len(popped)} of 6 popped")
+    pusher.join(timeout=10)
+    assert not errors
+    assert popped[2:] == [rollout.payload for rollout in big]  # in order, each once
