@@ -225,8 +225,18 @@ class TrajectoryQueue:
         duplicates: list[PendingRollout] = []
         poll, waited = 0.0005, False
         started = last_check = time.monotonic()
-        room = len(pending)  # the first attempt sends everything: one round trip when the queue has space
+        room = self._room(len(pending))
         while True:
+            while room <= 0:  # no payload is sent until there is room for it
+                time.sleep(poll)
+                waited = True
+                poll = min(poll * 2, max_poll_seconds)
+                if time.monotonic() - last_check > 0.2:
+                    last_check = time.monotonic()
+                    on_wait()
+                    if is_stopped():
+                        raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
+                room = self.bound - self.size()
             sent, rest = pending[:room], pending[room:]
             results = self.try_push(sent, token, lease) if chunks == 1 else self._try_push_chunked(sent, token, lease)
             if NOT_HOLDER in results:
@@ -239,23 +249,15 @@ class TrajectoryQueue:
             pending = [rollout for rollout, result in zip(sent, results, strict=True) if result == FULL] + retry + rest
             if not pending:
                 break
-            if retry:
-                room = len(pending)
-                continue
-            # while the queue is full, ask its length (no payload), and send only what fits: a full queue would
-            # otherwise have every waiting rollout's bytes sent again at every poll
-            room = self.bound - self.size()
-            while room <= 0:
-                time.sleep(poll)
-                waited = True
-                poll = min(poll * 2, max_poll_seconds)
-                if time.monotonic() - last_check > 0.2:
-                    last_check = time.monotonic()
-                    on_wait()
-                    if is_stopped():
-                        raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
-                room = self.bound - self.size()
+            room = len(pending) if retry else self.bound - self.size()
         return PushReport(time.monotonic() - started if waited else 0.0, tuple(duplicates))
+
+    def _room(self, wanted: int) -> int:
+        """How many of ``wanted`` rollouts the first attempt sends: what fits (one LLEN, no payload). Sending them
+        all into a full queue would move every refused rollout's bytes to Redis for nothing."""
+        if wanted <= 1:
+            return wanted  # the push script says FULL for one rollout as cheaply as LLEN would
+        return min(wanted, self.bound - self.size())
 
     def _value_limit(self) -> int:
         """The largest value the server takes in one command (proto-max-bulk-len; 512 MB if not readable)."""
