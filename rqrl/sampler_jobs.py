@@ -29,11 +29,12 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from rqrl.codec import RECORD_MAGIC, loads_object, records_key, sign, weights_key
-from rqrl.episodes import encode_episodes
+from rqrl.episodes import EpisodeBatch, encode_episodes
 from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError
 from rqrl.jobs import ERROR_TTL_SECONDS, SAMPLER_JOB_FUNCTION, JobSlice, read_config, require_secret, worker_label
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder
+from rqrl.lockstep import Lockstep, lockstep_ready
 from rqrl.run_config import RunConfig
 from rqrl.sampler_store import (
     AGENT,
@@ -214,29 +215,78 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
         def quota_met(w: int) -> bool:
             return next_k[w] >= call.count if call.mode == EXACT else steps[w] >= call.count
 
+        def reseed(w: int) -> None:
+            if getattr(workers[w], "seed", None) is not None:
+                workers[w].reseed(((version - 1) << 32) | next_k[w])
+
+        def push(w: int, batch: EpisodeBatch) -> dict[str, Any] | None:
+            """Push episode ``next_k[w]`` of ``w``; a result to return when the job must stop."""
+            nonlocal pushed
+            k, length = next_k[w], int(batch.lengths.sum())
+            blob = sign(encode_episodes(batch, {"worker": str(w), "episode": str(k), "version": str(version)}),
+                        context.records_key, RECORD_MAGIC)
+            result = store.push(version, group_id, w, k, length, blob, held.holder)
+            if result in (STALE, STOPPED):
+                return {"episodes": pushed, "stale": result == STALE, "stopped": result == STOPPED}
+            if result == LEASE_LOST:
+                raise LeaseLostError(f"sampler group {group_id} was taken over by another job")
+            pushed += result == PUSHED
+            if result not in (PUSHED, DUPLICATE):
+                raise RecordError(f"the episode push script answered {result}")
+            next_k[w], steps[w] = k + 1, steps[w] + length
+            held.touch()
+            return None
+
         work = JobSlice(connection, config)
         active = [w for w in members if not quota_met(w)]
+        if active and lockstep_ready([workers[w] for w in active]):
+            group = Lockstep([workers[w] for w in active])
+            yielding = False
+            try:
+                for w in active:
+                    current = (w, next_k[w])
+                    reseed(w)
+                    group.begin(workers[w])
+                while group.running:
+                    try:
+                        finished = group.step()
+                    except Exception:
+                        if group.current is not None:
+                            current = (group.current, next_k[group.current])
+                        raise
+                    held.touch()  # a long episode is not a hung job
+                    if finished and not group.globals_untouched():  # an env drew from a global RNG: re-run
+                        for worker in finished:  # what is in flight as rollouts, on each worker's own streams
+                            worker._clear_episode()
+                        break
+                    for worker in finished:
+                        w = worker.worker_number
+                        current = (w, next_k[w])
+                        stop = push(w, worker.collect_episode())
+                        if stop is not None:
+                            return stop
+                        if quota_met(w):
+                            active.remove(w)
+                        elif not yielding:
+                            current = (w, next_k[w])
+                            reseed(w)
+                            group.begin(worker)
+                    if finished:
+                        work.heartbeat()
+                        yielding = yielding or (bool(active) and work.should_yield())  # then let the rest finish
+            finally:
+                group.abandon()  # a job that stops early leaves its warm workers between episodes
+                group.close()
+            if yielding and active:
+                enqueue_sampler_group(connection, config, group_id, version, holder=held.holder)
+                return {"episodes": pushed, "yielded": True}
         while active:
             for w in list(active):
-                k = next_k[w]
-                current = (w, k)
-                worker = workers[w]
-                if getattr(worker, "seed", None) is not None:
-                    worker.reseed(((version - 1) << 32) | k)
-                batch = worker.rollout(on_step=held.touch)  # a long episode is not a hung job
-                length = int(batch.lengths.sum())
-                blob = sign(encode_episodes(batch, {"worker": str(w), "episode": str(k), "version": str(version)}),
-                            context.records_key, RECORD_MAGIC)
-                result = store.push(version, group_id, w, k, length, blob, held.holder)
-                if result in (STALE, STOPPED):
-                    return {"episodes": pushed, "stale": result == STALE, "stopped": result == STOPPED}
-                if result == LEASE_LOST:
-                    raise LeaseLostError(f"sampler group {group_id} was taken over by another job")
-                pushed += result == PUSHED
-                if result not in (PUSHED, DUPLICATE):
-                    raise RecordError(f"the episode push script answered {result}")
-                next_k[w], steps[w] = k + 1, steps[w] + length
-                held.touch()
+                current = (w, next_k[w])
+                reseed(w)
+                stop = push(w, workers[w].rollout(on_step=held.touch))  # a long episode is not a hung job
+                if stop is not None:
+                    return stop
                 if quota_met(w):
                     active.remove(w)
             work.heartbeat()
