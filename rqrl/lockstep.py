@@ -22,7 +22,13 @@ import gymnasium
 import numpy as np
 import torch
 
-from rqrl.sampler_worker import LogicalWorker, ModuleAgent, global_rng_states, set_global_rng_states
+from rqrl.sampler_worker import (
+    LaneDistribution,
+    LogicalWorker,
+    ModuleAgent,
+    global_rng_states,
+    set_global_rng_states,
+)
 
 _TRAINING_SENSITIVE = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
 
@@ -87,10 +93,10 @@ class Lockstep:
                 slot = worker.agent.slot
                 (later if slot in rows else batch).append(worker)
                 rows.setdefault(slot, worker._prev_obs)
-            logits = self._agent.lane_logits(rows)
+            lanes = LaneDistribution(self._agent.lane_logits(rows))
             for worker in batch:
                 self.current = worker.worker_number
-                if worker._step_with(*worker.agent.sample(logits[worker.agent.slot])):
+                if worker._step_with(*worker.agent.sample(lanes)):
                     finished.append(worker)
                     del self.running[worker.worker_number]
             pending = later

@@ -242,6 +242,7 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
         if active and lockstep_ready([workers[w] for w in active]):
             group = Lockstep([workers[w] for w in active])
             yielding = False
+            waiting: list[int] = []  # workers between episodes, held back so as not to run ahead
             try:
                 for w in active:
                     current = (w, next_k[w])
@@ -267,10 +268,17 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
                             return stop
                         if quota_met(w):
                             active.remove(w)
-                        elif not yielding:
+                        else:
+                            waiting.append(w)
+                    # samples: the call takes a round-robin prefix, so a worker starts episode k only once every
+                    # other worker of the group has pushed episode k - 2 (a lead of one episode, as in rollouts)
+                    lowest = min((next_k[w] for w in active), default=0)
+                    for w in [] if yielding else sorted(waiting):
+                        if call.mode == EXACT or next_k[w] <= lowest + 1:
+                            waiting.remove(w)
                             current = (w, next_k[w])
                             reseed(w)
-                            group.begin(worker)
+                            group.begin(workers[w])
                     if finished:
                         work.heartbeat()
                         yielding = yielding or (bool(active) and work.should_yield())  # then let the rest finish

@@ -40,7 +40,6 @@ from rqrl.policy import (
     as_state_dict,
     check_state_dict,
     make_act_function,
-    sample_logits,
 )
 
 T = TypeVar("T")
@@ -219,6 +218,23 @@ def apply_env_update(old_env: gymnasium.Env[Any, Any] | None,
 
 # --- agents ------------------------------------------------------------------------------------------------
 
+class LaneDistribution:
+    """The categorical distributions of a ``lanes``-row forward's logits, computed once for all rows;
+    ``sample(slot, rng)`` draws like ``rqrl.policy.sample_logits`` on row ``slot`` (inverse CDF, one draw)."""
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.shifted = logits - logits.max(axis=-1, keepdims=True)
+        self.cdf = np.cumsum(np.exp(self.shifted), axis=-1)
+        self.total = self.cdf[:, -1]  # >= 1: the largest weight is exp(0)
+        self.log_total = np.log(self.total)
+
+    def sample(self, slot: int, rng: np.random.Generator) -> tuple[int, dict[str, Any]]:
+        """An action for row ``slot`` and its ``{"log_prob": ...}``; u < total strictly (see sample_logits)."""
+        u = np.float64(rng.random()) * np.float64(self.total[slot])
+        action = int((self.cdf[slot] <= u).sum())
+        return action, {"log_prob": np.float32(self.shifted[slot, action] - self.log_total[slot])}
+
+
 class ModuleAgent:
     """A plain ``torch.nn.Module`` giving logits for a Discrete action space, as a garage policy: actions are
     sampled with ``rng`` in numpy (a CPU module), else with ``generator`` in torch; ``agent_info`` holds the
@@ -294,18 +310,16 @@ class ModuleAgent:
         """One action (an int for Discrete) and its ``{"log_prob": ...}``."""
         observation = to_array(observation)
         if isinstance(observation, np.ndarray) and self.numpy_sampling:
-            logits = self.lane_logits({self.slot: observation})
-            return self.sample(logits[self.slot])
+            return self.sample(LaneDistribution(self.lane_logits({self.slot: observation})))
         batch = observation[None] if isinstance(observation, np.ndarray) else map_tree(
             lambda array: np.asarray(array)[None], observation)
         actions, infos = self.get_actions(batch)
         return actions[0].item(), {key: value[0] for key, value in infos.items()}
 
-    def sample(self, logits: np.ndarray) -> tuple[int, dict[str, Any]]:
-        """An action drawn from one row of logits with ``rng``, and its ``{"log_prob": ...}``."""
+    def sample(self, lanes: LaneDistribution) -> tuple[int, dict[str, Any]]:
+        """An action drawn with ``rng`` from this worker's row of ``lanes``, and its ``{"log_prob": ...}``."""
         assert self.rng is not None
-        actions, log_probs = sample_logits(logits[None], self.rng)
-        return int(actions[0]), {"log_prob": log_probs[0].astype(np.float32)}
+        return lanes.sample(self.slot, self.rng)
 
     def get_param_values(self) -> dict[str, torch.Tensor]:
         """The module's state dict (detached copies)."""
