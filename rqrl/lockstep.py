@@ -69,6 +69,7 @@ class Lockstep:
 
     def __init__(self, workers: Sequence[LogicalWorker]):
         self._agent: ModuleAgent = workers[0].agent
+        self._workers = list(workers)
         self.running: dict[int, LogicalWorker] = {}
         self.current: int | None = None
         """The worker being started or stepped (named in a failure report)."""
@@ -107,9 +108,10 @@ class Lockstep:
         return _same_states(self._globals, global_rng_states())
 
     def abandon(self) -> list[int]:
-        """Drop the episodes in flight; returns their workers' numbers."""
+        """Drop the episodes in flight and those finished but not collected; returns the running workers'
+        numbers. Every worker is left between episodes, ready for updates."""
         dropped = sorted(self.running)
-        for worker in self.running.values():
+        for worker in self._workers:
             worker._clear_episode()
         self.running.clear()
         return dropped

@@ -257,8 +257,7 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
                         raise
                     held.touch()  # a long episode is not a hung job
                     if finished and not group.globals_untouched():  # an env drew from a global RNG: re-run
-                        for worker in finished:  # what is in flight as rollouts, on each worker's own streams
-                            worker._clear_episode()
+                        group.abandon()  # what is in flight as rollouts, on each worker's own streams
                         break
                     for worker in finished:
                         w = worker.worker_number
@@ -283,7 +282,7 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
                         work.heartbeat()
                         yielding = yielding or (bool(active) and work.should_yield())  # then let the rest finish
             finally:
-                group.abandon()  # a job that stops early leaves its warm workers between episodes
+                group.abandon()  # a job that stops early (stale, yield, error) leaves no half-collected episode
                 group.close()
             if yielding and active:
                 enqueue_sampler_group(connection, config, group_id, version, holder=held.holder)

@@ -133,3 +133,16 @@ def test_a_draw_from_a_global_rng_is_detected_and_the_globals_are_put_back():
     group.close()
     assert np.random.random() == expected
     assert workers[0].rollout().lengths[0] >= 1  # an abandoned worker starts afresh
+
+
+def test_abandon_leaves_every_worker_between_episodes_even_one_finished_but_not_collected():
+    workers = built_workers([0, 1, 2], 3, fixtures.mlp_policy(), max_length=3)
+    workers[1].update_env(gymnasium.make("CartPole-v1", max_episode_steps=1))  # ends first
+    group = Lockstep(workers)
+    for worker in workers:
+        group.begin(worker)
+    assert [worker.worker_number for worker in group.step()] == [1]  # finished, not collected
+    assert group.abandon() == [0, 2]
+    for worker in workers:
+        worker.update_agent(fixtures.mlp_policy(seed=1))  # allowed: between episodes
+        assert len(worker.rollout().lengths) == 1
