@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
@@ -54,6 +55,12 @@ from rqrl.sampler_store import (
 from rqrl.sampler_worker import LogicalWorker, WorkerFactory
 
 log = logging.getLogger(__name__)
+
+OTHERS_LEAD = 2
+"""Samples mode: episodes a logical worker may run ahead of the slowest worker of other groups (its own
+group's are stepped together and kept within one); what runs further ahead would only be dropped."""
+PACE_SECONDS = 0.01
+"""How often a job whose workers are held back reads the call's progress."""
 
 SAMPLER_KIND = "garage-sampler"
 """``RunConfig.extra["kind"]`` of a sampler run: its job refuses runs of any other kind."""
@@ -242,13 +249,40 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
         if active and lockstep_ready([workers[w] for w in active]):
             group = Lockstep([workers[w] for w in active])
             yielding = False
-            waiting: list[int] = []  # workers between episodes, held back so as not to run ahead
+            waiting = list(active)  # workers between episodes, held back while they are ahead (samples mode)
+            others = _lowest_elsewhere(progress, call, members)
+            paced = time.monotonic()
             try:
-                for w in active:
-                    current = (w, next_k[w])
-                    reseed(w)
-                    group.begin(workers[w])
-                while group.running:
+                while True:
+                    # samples: the call takes a round-robin prefix, so a worker starts episode k only once every
+                    # worker of its group has pushed episode k - 2 (a lead of one episode, as in rollouts) and
+                    # every other logical worker of the call k - 1 - OTHERS_LEAD (progress read at most every
+                    # PACE_SECONDS while it holds someone back)
+                    lowest = min((next_k[w] for w in active), default=0)
+                    if not yielding and call.mode != EXACT and any(next_k[w] > others + OTHERS_LEAD for w in waiting) \
+                            and time.monotonic() - paced > PACE_SECONDS:
+                        others, over = _pace(store, version, call, members)
+                        paced = time.monotonic()
+                        if over:
+                            return {"episodes": pushed, "stale": True}
+                    for w in [] if yielding else sorted(waiting):
+                        if call.mode == EXACT or (next_k[w] <= lowest + 1 and next_k[w] <= others + OTHERS_LEAD):
+                            waiting.remove(w)
+                            current = (w, next_k[w])
+                            reseed(w)
+                            group.begin(workers[w])
+                    if not group.running:
+                        if not waiting or yielding:
+                            break
+                        # every worker of the group is ahead of the other groups: give the process to a waiting
+                        # job, else wait for them
+                        if work.jobs_waiting():
+                            yielding = True
+                            break
+                        time.sleep(PACE_SECONDS)
+                        held.touch()
+                        work.heartbeat()
+                        continue
                     try:
                         finished = group.step()
                     except Exception:
@@ -269,15 +303,6 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
                             active.remove(w)
                         else:
                             waiting.append(w)
-                    # samples: the call takes a round-robin prefix, so a worker starts episode k only once every
-                    # other worker of the group has pushed episode k - 2 (a lead of one episode, as in rollouts)
-                    lowest = min((next_k[w] for w in active), default=0)
-                    for w in [] if yielding else sorted(waiting):
-                        if call.mode == EXACT or next_k[w] <= lowest + 1:
-                            waiting.remove(w)
-                            current = (w, next_k[w])
-                            reseed(w)
-                            group.begin(workers[w])
                     if finished:
                         work.heartbeat()
                         yielding = yielding or (bool(active) and work.should_yield())  # then let the rest finish
@@ -320,6 +345,19 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
     finally:
         if lease is not None:
             lease.release()
+
+
+def _lowest_elsewhere(progress: dict[int, tuple[int, int]], call: SamplerCall, members: list[int]) -> int:
+    """The fewest episodes pushed by a logical worker outside ``members`` that still has steps to give."""
+    member_set = set(members)
+    counts = [k for w, (k, steps) in ((w, progress.get(w, (0, 0))) for w in range(len(call.agent_chains)))
+              if w not in member_set and steps < call.count]
+    return min(counts, default=1 << 62)
+
+
+def _pace(store: SamplerStore, version: int, call: SamplerCall, members: list[int]) -> tuple[int, bool]:
+    progress, over = store.pace(version)
+    return _lowest_elsewhere(progress, call, members), over
 
 
 def _check_job_arguments(config: RunConfig, group_id: object, version: object) -> None:

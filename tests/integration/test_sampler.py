@@ -299,6 +299,18 @@ def test_envs_drawing_from_global_rngs_get_each_workers_own_streams_as_in_the_lo
     np.testing.assert_array_equal(distributed.actions, local.actions)
 
 
+def test_more_groups_than_processes_do_not_run_far_ahead_of_the_round_robin_prefix(connection, redis_url):
+    # 4 one-worker groups on one process: a job whose worker is 2 episodes ahead of the slowest other worker
+    # hands the process to a waiting job, so a call drops a few episodes, not each worker's whole quota
+    # (num_samples steps of its own: ~60 episodes a call here before pacing)
+    policy = fixtures.mlp_policy(seed=3)
+    with make_sampler(redis_url, policy, fixtures.make_cartpole(), n_workers=4, seed=11, max_episode_length=60,
+                      workers_per_job=1) as sampler:
+        for _ in range(3):
+            assert int(sampler.obtain_samples(0, 400, policy.state_dict()).lengths.sum()) >= 400
+        assert sampler.dropped_episodes <= 60
+
+
 def test_one_rqrl_worker_serves_actors_and_samplers(connection, redis_url, workers):
     from tests.factories import redis_actors
 
