@@ -10,7 +10,8 @@ Global RNGs: a rollout swaps each worker's private ``random``/``np.random``/torc
 more than a CartPole step, so a Lockstep does not; instead ``globals_untouched()`` says whether anything drew
 from the process's global streams since it began, and the job falls back to rollouts (re-running the episodes
 in flight) when something did. Envs that draw from their own ``np_random``, as gymnasium's do, never do.
-Knows nothing of Redis.
+Knows nothing of Redis. It drives a LogicalWorker's step machinery directly (``_start_episode``,
+``_step_with``, ``_clear_episode``): the same code ``rollout()`` runs, without the RNG swaps.
 """
 
 from __future__ import annotations
