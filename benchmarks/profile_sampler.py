@@ -17,6 +17,7 @@ import functools
 import io
 import os
 import pstats
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -42,6 +43,14 @@ def _timed(target: Any, path: str, **kwargs: Any) -> Any:
 
 
 def main() -> None:
+    folder = tempfile.mkdtemp(prefix="rqrl-profile-")
+    try:
+        report(os.path.join(folder, "worker.prof"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def report(path: str) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=8, help="logical workers (n_workers)")
     parser.add_argument("--num-samples", type=int, default=4000)
@@ -58,7 +67,6 @@ def main() -> None:
     from rqrl import RQSampler, WorkerFactory
 
     torch.set_num_threads(1)
-    path = os.path.join(tempfile.mkdtemp(prefix="rqrl-profile-"), "worker.prof")
     wrapper = _timed if args.cpu_only else _profiled
     rqrl.local_workers.run_worker = functools.partial(wrapper, rqrl.local_workers.run_worker, path)  # type: ignore[assignment]
     env = gymnasium.make("CartPole-v1")
