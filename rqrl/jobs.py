@@ -269,6 +269,10 @@ class _Slice:
             self.started = now  # a new slice in place: the group keeps its worker, envs and episodes
         return False
 
+    def jobs_waiting(self) -> bool:
+        """Whether a job waits on a queue this job's worker serves (one round trip, no rate limit)."""
+        return self._jobs_waiting()
+
     def _jobs_waiting(self) -> bool:
         """Whether a job waits on the run's queue or on another queue this job's worker serves."""
         keys = list(dict.fromkeys([self.rq_queue_key, *(_queue_keys_hook() if _queue_keys_hook is not None else [])]))

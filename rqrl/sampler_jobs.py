@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
@@ -29,11 +30,12 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from rqrl.codec import RECORD_MAGIC, loads_object, records_key, sign, weights_key
-from rqrl.episodes import encode_episodes
+from rqrl.episodes import EpisodeBatch, encode_episodes
 from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError
 from rqrl.jobs import ERROR_TTL_SECONDS, SAMPLER_JOB_FUNCTION, JobSlice, read_config, require_secret, worker_label
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder
+from rqrl.lockstep import Lockstep, lockstep_ready
 from rqrl.run_config import RunConfig
 from rqrl.sampler_store import (
     AGENT,
@@ -53,6 +55,12 @@ from rqrl.sampler_store import (
 from rqrl.sampler_worker import LogicalWorker, WorkerFactory
 
 log = logging.getLogger(__name__)
+
+OTHERS_LEAD = 2
+"""Samples mode: episodes a logical worker may run ahead of the slowest worker of other groups (its own
+group's are stepped together and kept within one); what runs further ahead would only be dropped."""
+PACE_SECONDS = 0.01
+"""How often a job whose workers are held back reads the call's progress."""
 
 SAMPLER_KIND = "garage-sampler"
 """``RunConfig.extra["kind"]`` of a sampler run: its job refuses runs of any other kind."""
@@ -214,29 +222,103 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
         def quota_met(w: int) -> bool:
             return next_k[w] >= call.count if call.mode == EXACT else steps[w] >= call.count
 
+        def reseed(w: int) -> None:
+            if getattr(workers[w], "seed", None) is not None:
+                workers[w].reseed(((version - 1) << 32) | next_k[w])
+
+        def push(w: int, batch: EpisodeBatch) -> dict[str, Any] | None:
+            """Push episode ``next_k[w]`` of ``w``; a result to return when the job must stop."""
+            nonlocal pushed
+            k, length = next_k[w], int(batch.lengths.sum())
+            blob = sign(encode_episodes(batch, {"worker": str(w), "episode": str(k), "version": str(version)}),
+                        context.records_key, RECORD_MAGIC)
+            result = store.push(version, group_id, w, k, length, blob, held.holder)
+            if result in (STALE, STOPPED):
+                return {"episodes": pushed, "stale": result == STALE, "stopped": result == STOPPED}
+            if result == LEASE_LOST:
+                raise LeaseLostError(f"sampler group {group_id} was taken over by another job")
+            pushed += result == PUSHED
+            if result not in (PUSHED, DUPLICATE):
+                raise RecordError(f"the episode push script answered {result}")
+            next_k[w], steps[w] = k + 1, steps[w] + length
+            held.touch()
+            return None
+
         work = JobSlice(connection, config)
         active = [w for w in members if not quota_met(w)]
+        if active and lockstep_ready([workers[w] for w in active]):
+            group = Lockstep([workers[w] for w in active])
+            yielding = False
+            waiting = list(active)  # workers between episodes, held back while they are ahead (samples mode)
+            others = _lowest_elsewhere(progress, call, members)
+            paced = time.monotonic()
+            try:
+                while True:
+                    # samples: the call takes a round-robin prefix, so a worker starts episode k only once every
+                    # worker of its group has pushed episode k - 2 (a lead of one episode, as in rollouts) and
+                    # every other logical worker of the call k - 1 - OTHERS_LEAD (progress read at most every
+                    # PACE_SECONDS while it holds someone back)
+                    lowest = min((next_k[w] for w in active), default=0)
+                    if not yielding and call.mode != EXACT and any(next_k[w] > others + OTHERS_LEAD for w in waiting) \
+                            and time.monotonic() - paced > PACE_SECONDS:
+                        others, over = _pace(store, version, call, members)
+                        paced = time.monotonic()
+                        if over:
+                            return {"episodes": pushed, "stale": True}
+                    for w in [] if yielding else sorted(waiting):
+                        if call.mode == EXACT or (next_k[w] <= lowest + 1 and next_k[w] <= others + OTHERS_LEAD):
+                            waiting.remove(w)
+                            current = (w, next_k[w])
+                            reseed(w)
+                            group.begin(workers[w])
+                    if not group.running:
+                        if not waiting or yielding:
+                            break
+                        # every worker of the group is ahead of the other groups: give the process to a waiting
+                        # job, else wait for them
+                        if work.jobs_waiting():
+                            yielding = True
+                            break
+                        time.sleep(PACE_SECONDS)
+                        held.touch()
+                        work.heartbeat()
+                        continue
+                    try:
+                        finished = group.step()
+                    except Exception:
+                        if group.current is not None:
+                            current = (group.current, next_k[group.current])
+                        raise
+                    held.touch()  # a long episode is not a hung job
+                    if finished and not group.globals_untouched():  # an env drew from a global RNG: re-run
+                        group.abandon()  # what is in flight as rollouts, on each worker's own streams
+                        break
+                    for worker in finished:
+                        w = worker.worker_number
+                        current = (w, next_k[w])
+                        stop = push(w, worker.collect_episode())
+                        if stop is not None:
+                            return stop
+                        if quota_met(w):
+                            active.remove(w)
+                        else:
+                            waiting.append(w)
+                    if finished:
+                        work.heartbeat()
+                        yielding = yielding or (bool(active) and work.should_yield())  # then let the rest finish
+            finally:
+                group.abandon()  # a job that stops early (stale, yield, error) leaves no half-collected episode
+                group.close()
+            if yielding and active:
+                enqueue_sampler_group(connection, config, group_id, version, holder=held.holder)
+                return {"episodes": pushed, "yielded": True}
         while active:
             for w in list(active):
-                k = next_k[w]
-                current = (w, k)
-                worker = workers[w]
-                if getattr(worker, "seed", None) is not None:
-                    worker.reseed(((version - 1) << 32) | k)
-                batch = worker.rollout(on_step=held.touch)  # a long episode is not a hung job
-                length = int(batch.lengths.sum())
-                blob = sign(encode_episodes(batch, {"worker": str(w), "episode": str(k), "version": str(version)}),
-                            context.records_key, RECORD_MAGIC)
-                result = store.push(version, group_id, w, k, length, blob, held.holder)
-                if result in (STALE, STOPPED):
-                    return {"episodes": pushed, "stale": result == STALE, "stopped": result == STOPPED}
-                if result == LEASE_LOST:
-                    raise LeaseLostError(f"sampler group {group_id} was taken over by another job")
-                pushed += result == PUSHED
-                if result not in (PUSHED, DUPLICATE):
-                    raise RecordError(f"the episode push script answered {result}")
-                next_k[w], steps[w] = k + 1, steps[w] + length
-                held.touch()
+                current = (w, next_k[w])
+                reseed(w)
+                stop = push(w, workers[w].rollout(on_step=held.touch))  # a long episode is not a hung job
+                if stop is not None:
+                    return stop
                 if quota_met(w):
                     active.remove(w)
             work.heartbeat()
@@ -263,6 +345,19 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
     finally:
         if lease is not None:
             lease.release()
+
+
+def _lowest_elsewhere(progress: dict[int, tuple[int, int]], call: SamplerCall, members: list[int]) -> int:
+    """The fewest episodes pushed by a logical worker outside ``members`` that still has steps to give."""
+    member_set = set(members)
+    counts = [k for w, (k, steps) in ((w, progress.get(w, (0, 0))) for w in range(len(call.agent_chains)))
+              if w not in member_set and steps < call.count]
+    return min(counts, default=1 << 62)
+
+
+def _pace(store: SamplerStore, version: int, call: SamplerCall, members: list[int]) -> tuple[int, bool]:
+    progress, over = store.pace(version)
+    return _lowest_elsewhere(progress, call, members), over
 
 
 def _check_job_arguments(config: RunConfig, group_id: object, version: object) -> None:

@@ -249,16 +249,7 @@ class SamplerStore:
 
     def progress(self, version: int) -> dict[int, tuple[int, int]]:
         """Per logical worker that pushed in ``version``: (next episode index, steps pushed)."""
-        raw = self.connection.hgetall(self.keys.sampler_next(version))
-        counts: dict[int, list[int]] = {}
-        for field, value in raw.items():
-            name = field.decode() if isinstance(field, bytes) else str(field)
-            worker, _, what = name.partition(":")
-            try:
-                counts.setdefault(int(worker), [0, 0])[1 if what == "steps" else 0] = int(value)
-            except ValueError:
-                continue
-        return {worker: (k, steps) for worker, (k, steps) in counts.items()}
+        return _parse_progress(self.connection.hgetall(self.keys.sampler_next(version)))
 
     # -- the job's side --
 
@@ -268,6 +259,16 @@ class SamplerStore:
             return None if value is None else int(value)
         except ValueError:
             return None
+
+    def pace(self, version: int) -> tuple[dict[int, tuple[int, int]], bool]:
+        """``progress(version)`` and whether the call is over (superseded or finished), in one round trip."""
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.sampler_next(version))
+            pipe.get(self.keys.sampler_version)
+            pipe.exists(self.keys.sampler_done(version))
+            raw, current, done = pipe.execute()
+        over = bool(done) or current is None or current not in (str(version).encode(), str(version))
+        return _parse_progress(raw), over
 
     def read_call(self, version: int, n_workers: int) -> SamplerCall | None:
         """The call of ``version``, or None once the sampler forgot it."""
@@ -286,3 +287,15 @@ class SamplerStore:
                   keys.sampler_episodes(version), keys.sampler_next(version), keys.sampler_stale,
                   keys.lease(group_id)],
             args=[version, worker, episode, length, blob, holder]))
+
+
+def _parse_progress(raw: dict[Any, Any]) -> dict[int, tuple[int, int]]:
+    counts: dict[int, list[int]] = {}
+    for field, value in raw.items():
+        name = field.decode() if isinstance(field, bytes) else str(field)
+        worker, _, what = name.partition(":")
+        try:
+            counts.setdefault(int(worker), [0, 0])[1 if what == "steps" else 0] = int(value)
+        except ValueError:
+            continue
+    return {worker: (k, steps) for worker, (k, steps) in counts.items()}

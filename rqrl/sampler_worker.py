@@ -34,11 +34,23 @@ import torch
 from rqrl.episodes import EnvSpec, EpisodeBatch, StepType
 from rqrl.errors import ConfigError, EnvError, PolicyError
 from rqrl.observations import map_tree, stack_obs, to_array, to_tensor
-from rqrl.policy import ActFunction, LogitsActFunction, as_state_dict, check_state_dict, make_act_function
+from rqrl.policy import (
+    ActFunction,
+    LogitsActFunction,
+    as_state_dict,
+    check_state_dict,
+    make_act_function,
+)
 
 T = TypeVar("T")
 
 _ENV_STREAM, _EPISODE_STREAM = 1, 2  # SeedSequence tags: seeds derived for new envs and for reseeded episodes
+
+LANES = 8
+"""Rows of every CPU forward of a ModuleAgent: worker ``w`` always computes its logits in row ``w % lanes``
+(``lanes = min(LANES, n_workers)``) of a ``lanes``-row batch, alone or stepped together with others
+(``rqrl.lockstep``). A matrix product's row depends on the batch's shape and the row's place in it, never on
+the other rows, so this makes batched and unbatched steps give bit-identical episodes."""
 
 
 @runtime_checkable
@@ -101,8 +113,10 @@ class WorkerFactory:
             raise ValueError(f"Worker number is too big: {worker_number} >= n_workers={self.n_workers}")
         if worker_number < 0:
             raise ValueError(f"Worker number must be >= 0, got {worker_number}")
-        return self._worker_class(worker_number=worker_number, seed=self._seed,
-                                  max_episode_length=self._max_episode_length, **self._worker_args)
+        worker = self._worker_class(worker_number=worker_number, seed=self._seed,
+                                    max_episode_length=self._max_episode_length, **self._worker_args)
+        worker.lanes = min(LANES, self.n_workers)
+        return worker
 
 
 # --- env updates -------------------------------------------------------------------------------------------
@@ -204,18 +218,65 @@ def apply_env_update(old_env: gymnasium.Env[Any, Any] | None,
 
 # --- agents ------------------------------------------------------------------------------------------------
 
+class LaneDistribution:
+    """The categorical distributions of a ``lanes``-row forward's logits, computed once for all rows;
+    ``sample(slot, rng)`` draws like ``rqrl.policy.sample_logits`` on row ``slot`` (inverse CDF, one draw)."""
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.shifted = logits - logits.max(axis=-1, keepdims=True)
+        self.cdf = np.cumsum(np.exp(self.shifted), axis=-1)
+        self.total = self.cdf[:, -1]  # >= 1: the largest weight is exp(0)
+        self.log_total = np.log(self.total)
+
+    def sample(self, slot: int, rng: np.random.Generator) -> tuple[int, dict[str, Any]]:
+        """An action for row ``slot`` and its ``{"log_prob": ...}``; u < total strictly (see sample_logits)."""
+        u = np.float64(rng.random()) * np.float64(self.total[slot])
+        action = int((self.cdf[slot] <= u).sum())
+        return action, {"log_prob": np.float32(self.shifted[slot, action] - self.log_total[slot])}
+
+
 class ModuleAgent:
     """A plain ``torch.nn.Module`` giving logits for a Discrete action space, as a garage policy: actions are
     sampled with ``rng`` in numpy (a CPU module), else with ``generator`` in torch; ``agent_info`` holds the
     action's ``log_prob``; params are its state dict."""
 
     def __init__(self, module: torch.nn.Module, generator: torch.Generator,
-                 rng: np.random.Generator | None = None) -> None:
+                 rng: np.random.Generator | None = None, *, slot: int = 0, lanes: int = 1) -> None:
         self.module = module
         self.generator = generator
         self.rng = rng
+        self.slot, self.lanes = slot, lanes
         self._act: ActFunction | None = None
         self._action_space: gymnasium.Space[Any] | None = None
+        self._device: torch.device | None = None
+        self._lane_buffer: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """The module's device (of its first parameter; CPU without any), looked up once."""
+        if self._device is None:
+            self._device = next((parameter.device for parameter in self.module.parameters()), torch.device("cpu"))
+        return self._device
+
+    @property
+    def numpy_sampling(self) -> bool:
+        """Whether actions are sampled in numpy from ``rng`` after a CPU forward (what ``rqrl.lockstep`` batches)."""
+        return self.rng is not None and self.device.type == "cpu" and isinstance(self._act, LogitsActFunction)
+
+    def lane_logits(self, rows: Mapping[int, np.ndarray]) -> np.ndarray:
+        """Logits ``[lanes, n]`` of one forward of a ``lanes``-row batch holding ``rows[slot]`` in row ``slot``
+        (zeros elsewhere); see ``LANES``."""
+        assert isinstance(self._act, LogitsActFunction)
+        first = next(iter(rows.values()))
+        buffer = self._lane_buffer
+        if buffer is None or buffer.shape[1:] != first.shape:
+            buffer = self._lane_buffer = torch.zeros((self.lanes, *first.shape), dtype=torch.float32)
+        else:
+            buffer.zero_()
+        for slot, row in rows.items():
+            buffer[slot] = torch.from_numpy(np.asarray(row, dtype=np.float32))
+        with torch.no_grad():
+            return self._act.logits(buffer).numpy()
 
     def bind(self, action_space: gymnasium.Space[Any]) -> None:
         """Use ``action_space`` (the env's) to read the logits; PolicyError if it is not Discrete."""
@@ -230,7 +291,7 @@ class ModuleAgent:
         """Actions and ``{"log_prob": ...}`` for a batch of observations (a leading batch axis)."""
         if self._act is None:
             raise PolicyError("ModuleAgent.bind(action_space) must be called before it acts")
-        device = next((parameter.device for parameter in self.module.parameters()), torch.device("cpu"))
+        device = self.device
         if isinstance(observations, np.ndarray):  # the common case, without the tree walk
             batch = observations.astype(np.float32) if observations.dtype == np.float64 else observations
             obs: Any = torch.as_tensor(batch, device=device)
@@ -248,10 +309,17 @@ class ModuleAgent:
     def get_action(self, observation: Any) -> tuple[Any, dict[str, Any]]:
         """One action (an int for Discrete) and its ``{"log_prob": ...}``."""
         observation = to_array(observation)
+        if isinstance(observation, np.ndarray) and self.numpy_sampling:
+            return self.sample(LaneDistribution(self.lane_logits({self.slot: observation})))
         batch = observation[None] if isinstance(observation, np.ndarray) else map_tree(
             lambda array: np.asarray(array)[None], observation)
         actions, infos = self.get_actions(batch)
         return actions[0].item(), {key: value[0] for key, value in infos.items()}
+
+    def sample(self, lanes: LaneDistribution) -> tuple[int, dict[str, Any]]:
+        """An action drawn with ``rng`` from this worker's row of ``lanes``, and its ``{"log_prob": ...}``."""
+        assert self.rng is not None
+        return lanes.sample(self.slot, self.rng)
 
     def get_param_values(self) -> dict[str, torch.Tensor]:
         """The module's state dict (detached copies)."""
@@ -262,6 +330,7 @@ class ModuleAgent:
         state_dict = as_state_dict(params)
         check_state_dict(dict(self.module.state_dict()), state_dict)
         self.module.load_state_dict(state_dict)
+        self._device = None
 
 
 # --- the logical worker ------------------------------------------------------------------------------------
@@ -284,9 +353,12 @@ class LogicalWorker:
         self._worker_seed = None if seed is None else seed + worker_number
         self._envs_seen = 0
         self._pending_reset_seed: int | None = None
+        self.lanes = 1
+        """Rows of a ModuleAgent's forward (see ``LANES``); the WorkerFactory sets ``min(LANES, n_workers)``."""
         self.generator = torch.Generator()
         self.numpy_rng = np.random.default_rng()  # ModuleAgent's sampling stream; seeded in place below
-        self._global_states: tuple[Any, Any, torch.Tensor] | None = None
+        # private random/np.random/torch global states, or the seed they are derived from when first swapped in
+        self._global_states: tuple[Any, Any, torch.Tensor] | int | None = None
         if self._worker_seed is None:
             self.generator.seed()
         else:
@@ -324,7 +396,8 @@ class LogicalWorker:
             self.agent.set_param_values(agent_update)
         elif agent_update is not None:
             if isinstance(agent_update, torch.nn.Module) and not hasattr(agent_update, "get_action"):
-                agent_update = ModuleAgent(agent_update, self.generator, self.numpy_rng)
+                agent_update = ModuleAgent(agent_update, self.generator, self.numpy_rng,
+                                           slot=self._worker_number % self.lanes, lanes=self.lanes)
             elif not isinstance(agent_update, GaragePolicy):
                 raise PolicyError(f"expected a policy with get_action(obs) and reset() (garage's protocol) or a "
                                   f"torch.nn.Module giving logits, got {type(agent_update).__name__}")
@@ -371,15 +444,22 @@ class LogicalWorker:
         return int(np.random.SeedSequence(entropy).generate_state(1, np.uint32)[0])
 
     def _seed_streams(self, seed: int) -> None:
-        """Seed the torch generator and this worker's private ``random``/``np.random``/torch global states."""
+        """Seed the torch generator and this worker's private ``random``/``np.random``/torch global states (those
+        lazily: they are built from ``seed`` when first swapped in, which an episode that never swaps skips)."""
         self.generator.manual_seed(seed)
         self.numpy_rng.bit_generator.state = np.random.PCG64(seed).state
-        saved = _global_rng_states()
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.default_generator.manual_seed(seed)  # CPU only: the caller's CUDA streams are left alone
-        self._global_states = _global_rng_states()
-        _set_global_rng_states(saved)
+        self._global_states = seed
+
+    def _private_global_states(self) -> tuple[Any, Any, torch.Tensor] | None:
+        states = self._global_states
+        if isinstance(states, int):
+            saved = global_rng_states()
+            random.seed(states)
+            np.random.seed(states % 2**32)
+            torch.default_generator.manual_seed(states)  # CPU only: the caller's CUDA streams are left alone
+            states = self._global_states = global_rng_states()
+            set_global_rng_states(saved)
+        return states
 
     # --- episodes ---
 
@@ -444,10 +524,13 @@ class LogicalWorker:
         self._episode_length = 0
 
     def _step_episode(self) -> bool:
-        env = self._require_env()
         if self._prev_obs is None:
             raise EnvError("step_episode called outside an episode; call start_episode() first")
-        action, agent_info = self.agent.get_action(self._prev_obs)
+        return self._step_with(*self.agent.get_action(self._prev_obs))
+
+    def _step_with(self, action: Any, agent_info: Mapping[str, Any]) -> bool:
+        """Take ``action`` (the agent's, for ``self._prev_obs``) and record the step; True when the episode is over."""
+        env = self._require_env()
         obs, reward, terminated, truncated, info = env.step(action)
         self._episode_length += 1
         step_type = StepType.get_step_type(self._episode_length, self._max_episode_length, bool(terminated),
@@ -490,22 +573,26 @@ class LogicalWorker:
         if self._global_states is None or self._in_own_rngs:
             yield
             return
-        saved = _global_rng_states()
-        _set_global_rng_states(self._global_states)
+        private = self._private_global_states()
+        assert private is not None
+        saved = global_rng_states()
+        set_global_rng_states(private)
         self._in_own_rngs = True
         try:
             yield
         finally:
             self._in_own_rngs = False
-            self._global_states = _global_rng_states()
-            _set_global_rng_states(saved)
+            self._global_states = global_rng_states()
+            set_global_rng_states(saved)
 
 
-def _global_rng_states() -> tuple[Any, Any, torch.Tensor]:
+def global_rng_states() -> tuple[Any, Any, torch.Tensor]:
+    """The process's ``random``, ``np.random`` and torch (CPU) global RNG states."""
     return random.getstate(), np.random.get_state(), torch.get_rng_state()
 
 
-def _set_global_rng_states(states: tuple[Any, Any, torch.Tensor]) -> None:
+def set_global_rng_states(states: tuple[Any, Any, torch.Tensor]) -> None:
+    """Restore states from ``global_rng_states()``."""
     random.setstate(states[0])
     np.random.set_state(states[1])
     torch.set_rng_state(states[2])
@@ -520,6 +607,8 @@ def _info_arrays(info: Mapping[str, Any], first: Mapping[str, Any] | None = None
     """``info`` with array leaves; EnvError if its keys differ from the episode's first step's."""
     if not isinstance(info, Mapping):
         raise PolicyError(f"expected the {what} to be a dict, got {type(info).__name__}")
+    if not info and not first:
+        return {}
     arrays = {key: map_tree(np.asarray, value) for key, value in info.items()}
     if first is not None and set(arrays) != set(first):
         raise EnvError(f"{what} keys changed within an episode: the first step had {sorted(first)}, this step has "

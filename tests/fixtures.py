@@ -16,6 +16,19 @@ def make_cartpole() -> gymnasium.Env:
     return gymnasium.make("CartPole-v1")
 
 
+class GlobalRandomRewardCartPole(gymnasium.Wrapper):
+    """CartPole whose reward is drawn from the global np.random (as old gym envs draw): a logical worker's rewards
+    show whether it ran on its own global streams."""
+
+    def step(self, action):
+        obs, _, terminated, truncated, info = self.env.step(action)
+        return obs, float(np.random.random()), terminated, truncated, info
+
+
+def make_global_random_cartpole() -> gymnasium.Env:
+    return GlobalRandomRewardCartPole(gymnasium.make("CartPole-v1"))
+
+
 def mlp_policy(obs_size: int = 4, n_actions: int = 2, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(obs_size, 16), torch.nn.Tanh(), torch.nn.Linear(16, n_actions))

@@ -105,3 +105,13 @@ def test_train_cartpole_prints_ppo_next_to_its_single_process_baseline() -> None
                         "ppo-baseline", "--seeds", "0", "--budget", "500")
     assert "| learner and sampling | solved |" in out
     assert len([line for line in out.splitlines() if line.startswith("| PPO, ")]) == 2, out
+
+
+@pytest.mark.timeout(200)
+def test_profile_sampler_prints_the_worker_cpu_per_step_and_its_top_functions() -> None:
+    out = run_benchmark("profile_sampler.py", "--workers", "2", "--num-samples", "100", "--iterations", "1",
+                        "--top", "5")
+    assert "us per returned step" in out and "(run_worker)" in out, out
+    out = run_benchmark("profile_sampler.py", "--workers", "2", "--num-samples", "100", "--iterations", "1",
+                        "--cpu-only")
+    assert "us per returned step" in out and "ncalls" not in out, out

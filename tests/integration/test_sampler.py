@@ -284,6 +284,33 @@ def test_the_local_sampler_returns_exactly_the_episodes_of_the_distributed_one(c
     assert sampler.total_env_steps == sum(int(batch.lengths.sum()) for batch in local)
 
 
+def test_envs_drawing_from_global_rngs_get_each_workers_own_streams_as_in_the_local_sampler(connection, redis_url):
+    # 4 workers in one job step together (one batched forward per step) until a draw from a global RNG is seen;
+    # then the job re-runs their episodes one at a time on each worker's own global streams
+    policy = fixtures.mlp_policy(seed=3)
+    options = {"n_workers": 4, "seed": 11, "max_episode_length": 30}
+    with make_sampler(redis_url, policy, fixtures.make_global_random_cartpole(), workers_per_job=4,
+                      **options) as sampler:
+        distributed = sampler.obtain_exact_episodes(2, policy.state_dict())
+    local = LocalSampler(policy, fixtures.make_global_random_cartpole(), **options).obtain_exact_episodes(
+        2, policy.state_dict())
+    np.testing.assert_array_equal(distributed.lengths, local.lengths)
+    np.testing.assert_array_equal(distributed.rewards, local.rewards)
+    np.testing.assert_array_equal(distributed.actions, local.actions)
+
+
+def test_more_groups_than_processes_do_not_run_far_ahead_of_the_round_robin_prefix(connection, redis_url):
+    # 4 one-worker groups on one process: a job whose worker is 2 episodes ahead of the slowest other worker
+    # hands the process to a waiting job, so a call drops a few episodes, not each worker's whole quota
+    # (num_samples steps of its own: ~60 episodes a call here before pacing)
+    policy = fixtures.mlp_policy(seed=3)
+    with make_sampler(redis_url, policy, fixtures.make_cartpole(), n_workers=4, seed=11, max_episode_length=60,
+                      workers_per_job=1) as sampler:
+        for _ in range(3):
+            assert int(sampler.obtain_samples(0, 400, policy.state_dict()).lengths.sum()) >= 400
+        assert sampler.dropped_episodes <= 60
+
+
 def test_one_rqrl_worker_serves_actors_and_samplers(connection, redis_url, workers):
     from tests.factories import redis_actors
 
