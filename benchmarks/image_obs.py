@@ -106,7 +106,7 @@ class Measurement:
 def measure_rqrl(workers: int, envs: int, args: argparse.Namespace) -> Measurement:
     n_actors = workers * envs
     policy = ConvPolicy().eval()
-    actors = SubprocDistributedActors(make_env, policy, args.rollout_steps, n_actors, workers, 2.0, "fork",
+    actors = SubprocDistributedActors(make_env, policy, args.rollout_steps, n_actors, n_actors, 2.0, "fork",
                                       list(range(n_actors)), [1000 + a for a in range(n_actors)],
                                       n_workers=workers, actors_per_job=envs)
     with actors:
