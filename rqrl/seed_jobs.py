@@ -107,9 +107,20 @@ def _run(run_name: str) -> SeedRun:
     return SeedRun(job.connection, RunKeys(run_name), worker_secret())
 
 
+def _ended(run: SeedRun, name: str) -> bool:
+    """Whether the run stopped or was cleaned up before this job started (a job dequeued while the trainer
+    stopped): such a job ends at once and successfully, so RQ keeps no failed job of a finished run."""
+    if run.stopped() or not run.connection.exists(run.keys.seed("settings")):
+        log.info("run %s ended before its %s job started: nothing to do", run.keys.run_name, name)
+        return True
+    return False
+
+
 def run_seed_actor(run_name: str, actor_index: int, token: str) -> None:
     """Job: one actor (``actor_threads`` env threads) until the run stops or another job takes its place."""
     run = _run(run_name)
+    if _ended(run, f"actor-{actor_index}"):
+        return
     actor = Actor(run, actor_index)
     with _liveness(run, f"actor-{actor_index}", token, actor.stop.set):
         actor.run_forever(tick=_rate_limited(beat_worker, HEARTBEAT_SECONDS))
@@ -120,6 +131,8 @@ def run_seed_server(run_name: str, server_index: int, token: str) -> None:
     import torch
 
     run = _run(run_name)
+    if _ended(run, f"server-{server_index}"):
+        return
     settings = run.settings()
     torch.set_num_threads(settings["inference_threads"])
     server = InferenceServer(run, run.load("model")(), f"server-{server_index}.{token}",
@@ -201,9 +214,11 @@ class JobFleet:
     def stop(self, timeout: float) -> None:
         """Wait up to ``timeout`` for the jobs to see the run's stop flag, then delete every job of the run."""
         deadline = time.monotonic() + timeout
+        queue = rollout_queue(self.queue_name, self.connection)
+        for identifier in self.job_ids:  # first, so no worker starts a queued job while the others wind down
+            queue.remove(identifier)
         while any(alive(self.connection, self.keys, list(self.jobs)).values()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        queue = rollout_queue(self.queue_name, self.connection)
         failed = failed_registry(self.queue_name, self.connection)
         for identifier in self.job_ids:  # a killed worker's entry in the started registry is RQ's to clean up
             queue.remove(identifier)
