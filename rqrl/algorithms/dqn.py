@@ -32,6 +32,7 @@ from rqrl.dqn import Agent, AgentConfig, QModel
 from rqrl.errors import ConfigError, RqrlError
 from rqrl.metrics import MetricsWriter, plot_learning_curve
 from rqrl.process import Terminated
+from rqrl.progress import Progress
 from rqrl.seed import Config, Trainer
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,14 @@ class DqnConfig:
         "help": "Run folder or checkpoint file to continue from (networks, optimizer, counters; the replay starts "
                 "empty and refills to minimum_buffer_size)."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
+    progress: bool = field(default=True, metadata={
+        "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
+    progress_seconds: float = field(default=10.0, metadata={
+        "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
         for name in ("seconds", "total_env_steps", "hidden_size", "learning_rate", "learner_threads",
-                     "checkpoint_seconds"):
+                     "checkpoint_seconds", "progress_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)!r}")
 
@@ -165,6 +170,8 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
         minimum_buffer_size=config.minimum_buffer_size, max_train_frequency=config.max_train_frequency,
         redis_url=config.redis_url, run_name=run_name, secret=secret, seed=config.seed, redis_server=redis_server)
     metrics = MetricsWriter(run_dir, METRIC_FIELDS, resume_step=before["env_steps"] if config.resume else None)
+    shown = Progress(f"DQN {config.env_id}", total=config.total_env_steps, initial=int(before["env_steps"]),
+                     enabled=config.progress, interval=config.progress_seconds)
     best: list[float] = [before["best_mean_return"]] if before["best_mean_return"] is not None else []
     started = last_checkpoint = time.monotonic()
 
@@ -206,6 +213,7 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
             "steps_per_second": stats.transitions_received / max(seconds, 1e-9), "episodes": now["episodes"],
             "weights_version": now["weights_version"], "replay_size": agent.buffer_size()})
         metrics.flush()  # once a second: metrics.csv can be followed while the run goes on
+        shown.update(now["env_steps"], mean_return=mean_return(trainer))
         value = mean_return(trainer)
         if value is not None and len(recent_returns(trainer)) >= 10 and (not best or value > best[0]):
             best[:] = [value]
@@ -226,6 +234,7 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
         log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, run_dir)
     finally:
         progress(trainer)  # the last row: the run's end state
+        shown.close()
         save_weights(run_dir / "final.safetensors", agent.model_instance.network.state_dict(),
                      weights_metadata(trainer))
         save_agent_checkpoint(run_dir / "checkpoint.safetensors", agent, counters(trainer))

@@ -76,19 +76,21 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
     marker = uuid.uuid4().hex
     command = [sys.executable, "-m", "rqrl", "train", "--algo", "dqn", "--env", TRIVIAL_ENV, "--seconds", "600",
                "--minimum-buffer-size", "100", "--target-return", "1000", "--run-dir", str(tmp_path),
-               "--run-name", "resumable"]
+               "--run-name", "resumable", "--checkpoint-seconds", "0.5", "--progress-seconds", "0.5"]
     learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: learner.poll() is not None or trained(run), 120, interval=0.2,
-                   message="training to start")
+        wait_until(lambda: learner.poll() is not None or (trained(run) and (run / "checkpoint.safetensors").is_file()),
+                   120, interval=0.2, message="training to start and a periodic checkpoint")
         children = descendants(learner.pid)
         learner.send_signal(signal.SIGTERM)  # what `docker compose stop` sends
         stdout, stderr = learner.communicate(timeout=60)
     finally:
         stop_process(learner)
     assert learner.returncode == 143, stderr[-3000:]
-    assert "interrupted (SIGTERM)" in stderr + stdout
+    assert "interrupted (SIGTERM)" in stderr
+    progress = [line for line in stderr.splitlines() if line.startswith(f"DQN {TRIVIAL_ENV}:")]
+    assert progress and "\r" not in stderr and all("steps/s (last 10 s)" in line for line in progress), stderr[-3000:]
     wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,
                message=lambda: f"the learner's processes to exit after SIGTERM: {processes_with_marker(marker)}")
     summary = json.loads((run / "summary.json").read_text())
