@@ -126,10 +126,15 @@ def load_agent_checkpoint(path: str | Path, agent: Agent) -> dict[str, Any]:
     if state.counters.get("algo") != "dqn":
         raise ConfigError(f"{checkpoint_path} is no DQN checkpoint (algo {state.counters.get('algo')!r}); resume it "
                           f"with the --algo that wrote it")
-    for prefix, module in (("online.", agent.model_instance), ("target.", agent.target)):
-        module.load_state_dict({key[len(prefix):]: value for key, value in state.model.items()
-                                if key.startswith(prefix)})
-    agent.optimizer.load_state_dict(state.optimizer)
+    try:
+        for prefix, module in (("online.", agent.model_instance), ("target.", agent.target)):
+            module.load_state_dict({key[len(prefix):]: value for key, value in state.model.items()
+                                    if key.startswith(prefix)})
+        agent.optimizer.load_state_dict(state.optimizer)
+    except (RuntimeError, ValueError, KeyError) as error:
+        raise ConfigError(f"{checkpoint_path} does not fit this network (env {state.counters.get('env_id')!r}): "
+                          f"resume with the settings it was trained with (--hidden-size, --distributional, "
+                          f"--dueling): {error}") from error
     agent.train_steps = int(state.counters["agent_train_steps"])
     return state.counters
 

@@ -95,3 +95,16 @@ def test_a_checkpoint_of_another_algorithm_is_refused(tmp_path):
                   lambda: QNetwork(4, 2, 8, None, False))
     with pytest.raises(ConfigError, match="no DQN checkpoint"):
         load_agent_checkpoint(tmp_path, agent)
+
+
+def test_a_checkpoint_of_another_network_size_is_refused_with_the_fix(tmp_path):
+    from rqrl.algorithms.dqn import load_agent_checkpoint, save_agent_checkpoint
+    from rqrl.dqn import Agent
+
+    def make_agent(hidden: int) -> Agent:
+        return Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False),
+                     lambda: QNetwork(4, 2, hidden, None, False))
+
+    save_agent_checkpoint(tmp_path / "checkpoint.safetensors", make_agent(8), {"algo": "dqn", "env_id": "X"})
+    with pytest.raises(ConfigError, match="--hidden-size"):
+        load_agent_checkpoint(tmp_path, make_agent(16))
