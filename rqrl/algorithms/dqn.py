@@ -1,8 +1,10 @@
 """Rainbow-style DQN through the SEED trainer (``rqrl.seed``), in one file: what ``rqrl train --algo dqn`` runs.
 
 Writes the same run folder as the IMPALA learner: ``config.json``, ``metrics.csv`` (+ TensorBoard events),
-``best.safetensors`` and ``final.safetensors`` (the online network's weights), ``learning_curve.png`` and
-``summary.json``. There is no checkpoint to resume from yet: the replay is not saved.
+``best.safetensors`` and ``final.safetensors`` (the online network's weights), ``checkpoint.safetensors`` (online
+and target networks, optimizer state and counters, for ``resume``), ``learning_curve.png`` and ``summary.json``.
+The replay buffer is not saved: a resumed run starts with an empty replay and trains again once it holds
+``minimum_buffer_size`` transitions.
 
 >>> config = DqnConfig(env_id="CartPole-v1", seconds=300)
 >>> result = train(config)  # doctest: +SKIP
@@ -24,11 +26,13 @@ import torch
 from torch import nn
 
 from rqrl.algorithms.impala import TrainResult, env_spaces, make_flat_env
-from rqrl.checkpoint import load_weights, save_weights
+from rqrl.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
 from rqrl.connection import redact_url
 from rqrl.dqn import Agent, AgentConfig, QModel
 from rqrl.errors import ConfigError, RqrlError
 from rqrl.metrics import MetricsWriter, plot_learning_curve
+from rqrl.process import Terminated
+from rqrl.progress import Progress
 from rqrl.seed import Config, Trainer
 
 log = logging.getLogger(__name__)
@@ -73,9 +77,18 @@ class DqnConfig:
     redis_url: str | None = field(default=None, metadata={"help": "Redis URL (default: an embedded private Redis)."})
     run_dir: str = field(default="runs", metadata={"help": "Parent folder of run folders."})
     run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
+    resume: str | None = field(default=None, metadata={
+        "help": "Run folder or checkpoint file to continue from (networks, optimizer, counters; the replay starts "
+                "empty and refills to minimum_buffer_size)."})
+    checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
+    progress: bool = field(default=True, metadata={
+        "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
+    progress_seconds: float = field(default=10.0, metadata={
+        "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
-        for name in ("seconds", "total_env_steps", "hidden_size", "learning_rate", "learner_threads"):
+        for name in ("seconds", "total_env_steps", "hidden_size", "learning_rate", "learner_threads",
+                     "checkpoint_seconds", "progress_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)!r}")
 
@@ -97,12 +110,43 @@ class QNetwork(nn.Module):
         return logits if self.dueling else torch.softmax(logits, dim=-1)  # dueling: the head takes logits
 
 
+def save_agent_checkpoint(path: str | Path, agent: Agent, counters: dict[str, Any]) -> None:
+    """Write the agent's online and target networks, its optimizer state and ``counters`` (no replay)."""
+    model = {**{f"online.{key}": value for key, value in agent.model_instance.state_dict().items()},
+             **{f"target.{key}": value for key, value in agent.target.state_dict().items()}}
+    save_checkpoint(path, TrainingState(model, agent.optimizer.state_dict(),
+                                        {**counters, "agent_train_steps": agent.train_steps}))
+
+
+def load_agent_checkpoint(path: str | Path, agent: Agent) -> dict[str, Any]:
+    """Load what save_agent_checkpoint wrote into ``agent`` (a run folder or the file); returns the counters."""
+    path = Path(path)
+    checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path
+    state = load_checkpoint(checkpoint_path, str(agent.device))
+    if state.counters.get("algo") != "dqn":
+        raise ConfigError(f"{checkpoint_path} is no DQN checkpoint (algo {state.counters.get('algo')!r}); resume it "
+                          f"with the --algo that wrote it")
+    try:
+        for prefix, module in (("online.", agent.model_instance), ("target.", agent.target)):
+            module.load_state_dict({key[len(prefix):]: value for key, value in state.model.items()
+                                    if key.startswith(prefix)})
+        agent.optimizer.load_state_dict(state.optimizer)
+    except (RuntimeError, ValueError, KeyError) as error:
+        raise ConfigError(f"{checkpoint_path} does not fit this network (env {state.counters.get('env_id')!r}): "
+                          f"resume with the settings it was trained with (--hidden-size, --distributional, "
+                          f"--dueling): {error}") from error
+    agent.train_steps = int(state.counters["agent_train_steps"])
+    return state.counters
+
+
 def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server: str | None = None) -> TrainResult:
-    """Train until solved, the time or step budget ends, or Ctrl-C; the run folder holds what it learned."""
+    """Train until solved, the time or step budget ends, or Ctrl-C/SIGTERM; always leaves a checkpoint behind."""
     obs_size, n_actions, threshold = env_spaces(config.env_id)
     target_return = config.target_return if config.target_return is not None else threshold
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.learner_threads)
+    if config.resume and config.run_name is None and Path(config.resume).is_dir():
+        config.run_name, config.run_dir = Path(config.resume).name, str(Path(config.resume).parent)
     run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
     run_dir = Path(config.run_dir) / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -117,6 +161,12 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     network = functools.partial(QNetwork, obs_size, n_actions, config.hidden_size,
                                 agent_config.n_atoms if config.distributional else None, config.dueling)
     agent = Agent(agent_config, network, functools.partial(torch.optim.Adam, lr=config.learning_rate))
+    before: dict[str, Any] = {"env_steps": 0, "train_steps": 0, "episodes": 0, "seconds": 0.0, "recent_returns": [],
+                              "best_mean_return": None, "weights_version": 0}
+    if config.resume:
+        before.update(load_agent_checkpoint(config.resume, agent))
+        log.warning("resumed from %s at %d env steps; the replay starts empty and refills to %d transitions",
+                    config.resume, before["env_steps"], config.minimum_buffer_size)
     seed_config = Config(
         n_step=config.n_step, epsilon=config.epsilon, actor_processes=config.actor_processes,
         actor_threads=config.actor_threads, inference_servers=config.inference_servers,
@@ -124,56 +174,86 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
         inference_delay=config.inference_delay, inference_device=torch.device(config.inference_device),
         minimum_buffer_size=config.minimum_buffer_size, max_train_frequency=config.max_train_frequency,
         redis_url=config.redis_url, run_name=run_name, secret=secret, seed=config.seed, redis_server=redis_server)
-    metrics = MetricsWriter(run_dir, METRIC_FIELDS)
-    best: list[float] = []
-    started = time.monotonic()
+    metrics = MetricsWriter(run_dir, METRIC_FIELDS, resume_step=before["env_steps"] if config.resume else None)
+    shown = Progress(f"DQN {config.env_id}", total=config.total_env_steps, initial=int(before["env_steps"]),
+                     enabled=config.progress, interval=config.progress_seconds)
+    best: list[float] = [before["best_mean_return"]] if before["best_mean_return"] is not None else []
+    started = last_checkpoint = time.monotonic()
+
+    def env_steps(trainer: Trainer) -> int:
+        return int(before["env_steps"]) + trainer.stats.transitions_received
+
+    def recent_returns(trainer: Trainer) -> list[float]:
+        return [*before["recent_returns"], *trainer.stats.recent_returns][-100:]
+
+    def mean_return(trainer: Trainer) -> float | None:
+        returns = recent_returns(trainer)
+        return sum(returns) / len(returns) if returns else None
+
+    def counters(trainer: Trainer) -> dict[str, Any]:
+        stats = trainer.stats
+        return {"algo": "dqn", "env_id": config.env_id, "env_steps": env_steps(trainer),
+                "train_steps": int(before["train_steps"]) + stats.train_steps,
+                "episodes": int(before["episodes"]) + stats.episodes,
+                "seconds": float(before["seconds"]) + time.monotonic() - started,
+                "weights_version": int(before["weights_version"]) + stats.weights_version,
+                "recent_returns": recent_returns(trainer), "best_mean_return": best[0] if best else None}
 
     def weights_metadata(trainer: Trainer) -> dict[str, object]:
         return {"algo": "dqn", "env_id": config.env_id, "hidden_size": config.hidden_size,
                 "distributional": config.distributional, "dueling": config.dueling, "n_atoms": agent_config.n_atoms,
                 "v_min": config.v_min, "v_max": config.v_max,
-                "env_steps": trainer.stats.transitions_received, "mean_return": trainer.stats.mean_return}
+                "env_steps": env_steps(trainer), "mean_return": mean_return(trainer)}
 
     def solved(trainer: Trainer) -> bool:
-        stats = trainer.stats
-        return (target_return is not None and stats.mean_return is not None
-                and len(stats.recent_returns) == stats.recent_returns.maxlen and stats.mean_return >= target_return)
+        value = mean_return(trainer)
+        return (target_return is not None and value is not None and len(recent_returns(trainer)) == 100
+                and value >= target_return)
 
     def progress(trainer: Trainer) -> None:
-        stats, seconds = trainer.stats, time.monotonic() - started
-        metrics.write(stats.transitions_received, {
-            "seconds": seconds, "train_steps": stats.train_steps, "mean_return": stats.mean_return,
-            "steps_per_second": stats.transitions_received / max(seconds, 1e-9), "episodes": stats.episodes,
-            "weights_version": stats.weights_version, "replay_size": agent.buffer_size()})
-        if stats.mean_return is not None and len(stats.recent_returns) >= 10 and (
-                not best or stats.mean_return > best[0]):
-            best[:] = [stats.mean_return]
+        nonlocal last_checkpoint
+        stats, seconds, now = trainer.stats, time.monotonic() - started, counters(trainer)
+        metrics.write(now["env_steps"], {
+            "seconds": now["seconds"], "train_steps": now["train_steps"], "mean_return": mean_return(trainer),
+            "steps_per_second": stats.transitions_received / max(seconds, 1e-9), "episodes": now["episodes"],
+            "weights_version": now["weights_version"], "replay_size": agent.buffer_size()})
+        metrics.flush()  # once a second: metrics.csv can be followed while the run goes on
+        shown.update(now["env_steps"], mean_return=mean_return(trainer))
+        value = mean_return(trainer)
+        if value is not None and len(recent_returns(trainer)) >= 10 and (not best or value > best[0]):
+            best[:] = [value]
             save_weights(run_dir / "best.safetensors", agent.model_instance.network.state_dict(),
                          weights_metadata(trainer))
-        if solved(trainer) or stats.transitions_received >= config.total_env_steps:
+        if time.monotonic() - last_checkpoint > config.checkpoint_seconds:
+            save_agent_checkpoint(run_dir / "checkpoint.safetensors", agent, counters(trainer))
+            last_checkpoint = time.monotonic()
+        if solved(trainer) or now["env_steps"] >= config.total_env_steps:
             trainer.stop()
 
     trainer = Trainer(agent, seed_config, functools.partial(make_flat_env, config.env_id), on_progress=progress)
-    interrupted = False
+    stopped_by: str | None = None
     try:
         trainer.start(config.seconds)
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
+        stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
+        log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, run_dir)
     finally:
         progress(trainer)  # the last row: the run's end state
+        shown.close()
         save_weights(run_dir / "final.safetensors", agent.model_instance.network.state_dict(),
                      weights_metadata(trainer))
+        save_agent_checkpoint(run_dir / "checkpoint.safetensors", agent, counters(trainer))
         metrics.close()
         try:
             plot_learning_curve(run_dir / "metrics.csv", run_dir / "learning_curve.png", target=target_return,
                                 title=f"DQN (SEED) on {config.env_id}")
         except Exception:  # a missing plot must not lose the run's other outputs
             log.exception("could not plot the learning curve")
-    stats = trainer.stats
-    result = TrainResult(run_dir=run_dir, solved=solved(trainer), interrupted=interrupted,
-                         env_steps=stats.transitions_received, updates=stats.train_steps,
-                         seconds=time.monotonic() - started, mean_return=stats.mean_return,
-                         best_mean_return=best[0] if best else None, episodes=stats.episodes)
+    final = counters(trainer)
+    result = TrainResult(run_dir=run_dir, solved=solved(trainer), interrupted=stopped_by is not None,
+                         env_steps=final["env_steps"], updates=final["train_steps"], seconds=final["seconds"],
+                         mean_return=mean_return(trainer), best_mean_return=best[0] if best else None,
+                         episodes=final["episodes"], stopped_by=stopped_by)
     (run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
 

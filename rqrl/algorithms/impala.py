@@ -85,7 +85,9 @@ class ImpalaConfig:
         "help": "Torch CPU threads of the learner (1 leaves the other cores to local workers)."})
     run_dir: str = field(default="runs", metadata={"help": "Parent folder of run folders."})
     run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
-    resume: str | None = field(default=None, metadata={"help": "Run folder or checkpoint file to continue from."})
+    resume: str | None = field(default=None, metadata={
+        "help": "Run folder or checkpoint file to continue from (--algo dqn: the replay buffer is not saved, so the "
+                "resumed run refills it to --minimum-buffer-size before training again)."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every --progress-seconds (a file, a "

@@ -39,6 +39,8 @@ from rqrl.connection import redact_url
 from rqrl.episodes import EpisodeBatch, StepType
 from rqrl.errors import ConfigError
 from rqrl.metrics import MetricsWriter, plot_learning_curve
+from rqrl.process import Terminated
+from rqrl.progress import Progress
 from rqrl.sampler import RQSampler
 from rqrl.sampler_worker import NewEnvUpdate
 
@@ -80,7 +82,10 @@ class PpoConfig:
     run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
     resume: str | None = field(default=None, metadata={"help": "Run folder or checkpoint file to continue from."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
-    progress: bool = field(default=True, metadata={"help": "Show a live progress bar."})
+    progress: bool = field(default=True, metadata={
+        "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
+    progress_seconds: float = field(default=10.0, metadata={
+        "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
         for name in ("total_env_steps", "n_workers", "num_samples", "epochs", "minibatch_size", "hidden_size",
@@ -88,7 +93,7 @@ class PpoConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"expected {name} to be an int >= 1, got {value!r}")
-        for name in ("learning_rate", "clip_ratio", "max_grad_norm"):
+        for name in ("learning_rate", "clip_ratio", "max_grad_norm", "progress_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
         for name in ("discount", "gae_lambda"):
@@ -274,14 +279,16 @@ METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episo
 
 def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None = None,
           redis_server: str | None = None) -> TrainResult:
-    """Train until solved, the step budget ends, or Ctrl-C; always leaves a checkpoint behind. ``sampler`` is
+    """Train until solved, the step budget ends, or Ctrl-C/SIGTERM; always leaves a checkpoint behind. ``sampler`` is
     any object with garage's ``obtain_samples`` (default: ``make_sampler``)."""
     learner = PpoLearner(config)
     sampler = sampler if sampler is not None else make_sampler(config, learner.model, secret=secret,
                                                                redis_server=redis_server)
-    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS)
-    bar = _progress_bar(config, learner.env_steps)
-    started, last_checkpoint, interrupted = time.monotonic(), time.monotonic(), False
+    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS, resume_step=learner.env_steps if config.resume else None)
+    progress = Progress(f"PPO {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
+                        enabled=config.progress, interval=config.progress_seconds)
+    started, last_checkpoint = time.monotonic(), time.monotonic()
+    stopped_by: str | None = None
     try:
         with sampler:
             while learner.env_steps < config.total_env_steps and not learner.solved:
@@ -306,17 +313,12 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
                     learner.checkpoint(seconds)
                     metrics.flush()
                     last_checkpoint = time.monotonic()
-                if bar is not None:
-                    bar.n = min(learner.env_steps, config.total_env_steps)
-                    mean = learner.mean_return
-                    bar.set_postfix_str(f"return {mean if mean is not None else float('nan'):.1f} "
-                                        f"{learner.env_steps / max(seconds, 1e-9):,.0f} step/s", refresh=True)
-    except KeyboardInterrupt:
-        interrupted = True
-        log.warning("interrupted: writing a checkpoint; resume with --resume %s", learner.run_dir)
+                progress.update(learner.env_steps, mean_return=learner.mean_return)
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
+        stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
+        log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)
     finally:
-        if bar is not None:
-            bar.close()
+        progress.close()
         seconds = learner.elapsed_before + time.monotonic() - started
         learner.checkpoint(seconds)
         learner.save_weights("final")
@@ -326,18 +328,9 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
                                 target=learner.target_return, title=f"PPO on {config.env_id}")
         except Exception:  # a missing plot must not lose the run's other outputs
             log.exception("could not plot the learning curve")
-    result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=interrupted,
+    result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=stopped_by is not None,
                          env_steps=learner.env_steps, updates=learner.updates, seconds=seconds,
                          mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
-                         episodes=learner.episodes)
+                         episodes=learner.episodes, stopped_by=stopped_by)
     (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
-
-
-def _progress_bar(config: PpoConfig, initial: int) -> Any:
-    if not config.progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=config.total_env_steps, initial=initial, unit="step", unit_scale=True,
-                desc=f"PPO {config.env_id}", dynamic_ncols=True)

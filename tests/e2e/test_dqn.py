@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import uuid
 
 import pytest
+import torch
 
-from tests.processes import run_rqrl
+from rqrl.checkpoint import load_checkpoint, load_weights
+from tests.polling import wait_until
+from tests.processes import REPO_ROOT, alive, descendants, processes_with_marker, run_rqrl, stop_process, worker_env
 from tests.run_files import PNG_SIGNATURE, read_rows
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,3 +63,55 @@ def test_dqn_solves_cartpole(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "cartpole" / "summary.json").read_text())
     assert summary["solved"] and summary["mean_return"] >= 475, summary
+
+
+def trained(run) -> bool:
+    """Whether metrics.csv shows a train step."""
+    path = run / "metrics.csv"
+    return path.is_file() and any(int(row["train_steps"] or 0) > 0 for row in read_rows(path))
+
+
+def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(tmp_path):
+    run = tmp_path / "resumable"
+    marker = uuid.uuid4().hex
+    command = [sys.executable, "-m", "rqrl", "train", "--algo", "dqn", "--env", TRIVIAL_ENV, "--seconds", "600",
+               "--minimum-buffer-size", "100", "--target-return", "1000", "--run-dir", str(tmp_path),
+               "--run-name", "resumable", "--checkpoint-seconds", "0.5", "--progress-seconds", "0.5"]
+    learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: learner.poll() is not None or (trained(run) and (run / "checkpoint.safetensors").is_file()),
+                   120, interval=0.2, message="training to start and a periodic checkpoint")
+        children = descendants(learner.pid)
+        learner.send_signal(signal.SIGTERM)  # what `docker compose stop` sends
+        stdout, stderr = learner.communicate(timeout=60)
+    finally:
+        stop_process(learner)
+    assert learner.returncode == 143, stderr[-3000:]
+    assert "interrupted (SIGTERM)" in stderr
+    progress = [line for line in stderr.splitlines() if line.startswith(f"DQN {TRIVIAL_ENV}:")]
+    assert progress and "\r" not in stderr and all("steps/s (last 10 s)" in line for line in progress), stderr[-3000:]
+    wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,
+               message=lambda: f"the learner's processes to exit after SIGTERM: {processes_with_marker(marker)}")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM" and summary["updates"] > 0, summary
+    checkpoint = load_checkpoint(run / "checkpoint.safetensors")
+    assert checkpoint.counters["env_steps"] == summary["env_steps"]
+    assert checkpoint.counters["train_steps"] == summary["updates"]
+
+    # a replay that cannot fill in 4 s: no train step, so the resumed networks must be the checkpoint's, bit for bit
+    resumed = run_rqrl("train", "--algo", "dqn", "--resume", str(run), "--env", TRIVIAL_ENV, "--seconds", "4",
+                       "--minimum-buffer-size", "50000", "--target-return", "1000", timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "the replay starts empty" in resumed.stderr
+    after = json.loads((run / "summary.json").read_text())
+    assert after["env_steps"] > summary["env_steps"] and after["episodes"] > summary["episodes"], (summary, after)
+    assert after["updates"] == summary["updates"] and not after["interrupted"]
+    final, _ = load_weights(run / "final.safetensors")
+    resumed_checkpoint = load_checkpoint(run / "checkpoint.safetensors")
+    for name, value in final.items():
+        assert torch.equal(value, checkpoint.model[f"online.network.{name}"]), name
+        target = f"target.network.{name}"
+        assert torch.equal(resumed_checkpoint.model[target], checkpoint.model[target]), target
+    steps = [int(row["env_steps"]) for row in read_rows(run / "metrics.csv")]
+    assert steps == sorted(set(steps)), "metrics.csv went back in history after --resume"

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from rqrl.checkpoint import load_checkpoint
 from tests.polling import wait_until
 from tests.processes import REPO_ROOT, alive, descendants, processes_with_marker, run_rqrl, stop_process, worker_env
 from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
@@ -170,6 +171,32 @@ def test_train_ppo_resumes_where_it_stopped(tmp_path):
     summary = json.loads((tmp_path / "p" / "summary.json").read_text())
     assert summary["env_steps"] >= 1600 and summary["updates"] > 2 and steps >= 800
     assert int(float(read_rows(tmp_path / "p" / "metrics.csv")[-1]["env_steps"])) == summary["env_steps"]
+
+
+def test_sigterm_to_a_ppo_learner_stops_like_ctrl_c_and_progress_is_plain_lines(tmp_path):
+    marker = uuid.uuid4().hex
+    command = [sys.executable, "-m", "rqrl", "train", *PPO_ARGUMENTS, "--total-env-steps", "100000000",
+               "--target-return", "1000", "--checkpoint-seconds", "0.5", "--progress-seconds", "0.5",
+               "--run-dir", str(tmp_path), "--run-name", "ppo-terminated"]
+    learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "ppo-terminated"
+    try:
+        wait_until(lambda: rows_written(run, learner) >= 3, 120, interval=0.2, message="2 rows of metrics.csv")
+        children = descendants(learner.pid)
+        learner.send_signal(signal.SIGTERM)  # only the learner, as `docker compose stop` sends it
+        stdout, stderr = learner.communicate(timeout=60)
+    finally:
+        stop_process(learner)
+    assert learner.returncode == 143, stderr[-3000:]
+    assert "interrupted (SIGTERM)" in stderr, stderr[-3000:]
+    wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,
+               message=lambda: f"the learner's processes to exit after SIGTERM: {processes_with_marker(marker)}")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] and summary["stopped_by"] == "SIGTERM", summary
+    assert load_checkpoint(run / "checkpoint.safetensors").counters["env_steps"] == summary["env_steps"]
+    progress = [line for line in stderr.splitlines() if line.startswith(f"PPO {TRIVIAL_ENV}:")]
+    assert progress and "\r" not in stderr and all("steps/s (last 10 s)" in line for line in progress), stderr[-3000:]
 
 
 def start_learner(tmp_path, redis_url: str, run_name: str, *extra: str) -> subprocess.Popen:

@@ -51,3 +51,60 @@ def test_other_weights_are_not_taken_for_dqn(tmp_path):
 def test_config_checks():
     with pytest.raises(ConfigError, match="seconds"):
         DqnConfig(seconds=0)
+
+
+def test_a_checkpoint_loads_back_bit_identical_networks_optimizer_and_counters(tmp_path):
+    from rqrl.algorithms.dqn import load_agent_checkpoint, save_agent_checkpoint
+    from rqrl.dqn import Agent
+
+    def make_agent(seed: int) -> Agent:
+        torch.manual_seed(seed)
+        config = AgentConfig(state_shape=(4,), action_space_size=2, replay_capacity=100, batch_size=4,
+                             use_distributional=False)
+        return Agent(config, lambda: QNetwork(4, 2, 8, None, False),
+                     lambda parameters: torch.optim.Adam(parameters, lr=1e-3))
+
+    agent = make_agent(0)
+    for _ in range(3):  # an optimizer with state, and a target that differs from the online network
+        agent.optimizer.zero_grad()
+        agent.model_instance(torch.randn(5, 4)).pow(2).sum().backward()
+        agent.optimizer.step()
+    agent.train_steps = 3
+    save_agent_checkpoint(tmp_path / "checkpoint.safetensors", agent, {"algo": "dqn", "env_steps": 1234})
+    other = make_agent(1)
+    counters = load_agent_checkpoint(tmp_path, other)
+    assert counters["env_steps"] == 1234 and other.train_steps == 3
+    for mine, theirs in ((agent.model_instance, other.model_instance), (agent.target, other.target)):
+        for (name, value), loaded in zip(mine.state_dict().items(), theirs.state_dict().values(), strict=True):
+            assert torch.equal(value, loaded), name
+    assert not torch.equal(other.model_instance.network.layers[0].weight, other.target.network.layers[0].weight)
+    mine_state, their_state = agent.optimizer.state_dict()["state"], other.optimizer.state_dict()["state"]
+    assert mine_state.keys() == their_state.keys()
+    for index in mine_state:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(torch.as_tensor(mine_state[index][name]), torch.as_tensor(their_state[index][name]))
+
+
+def test_a_checkpoint_of_another_algorithm_is_refused(tmp_path):
+    from rqrl.algorithms.dqn import load_agent_checkpoint
+    from rqrl.checkpoint import TrainingState, save_checkpoint
+    from rqrl.dqn import Agent
+
+    save_checkpoint(tmp_path / "checkpoint.safetensors", TrainingState({}, {}, {"env_steps": 1}))
+    agent = Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False),
+                  lambda: QNetwork(4, 2, 8, None, False))
+    with pytest.raises(ConfigError, match="no DQN checkpoint"):
+        load_agent_checkpoint(tmp_path, agent)
+
+
+def test_a_checkpoint_of_another_network_size_is_refused_with_the_fix(tmp_path):
+    from rqrl.algorithms.dqn import load_agent_checkpoint, save_agent_checkpoint
+    from rqrl.dqn import Agent
+
+    def make_agent(hidden: int) -> Agent:
+        return Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False),
+                     lambda: QNetwork(4, 2, hidden, None, False))
+
+    save_agent_checkpoint(tmp_path / "checkpoint.safetensors", make_agent(8), {"algo": "dqn", "env_id": "X"})
+    with pytest.raises(ConfigError, match="--hidden-size"):
+        load_agent_checkpoint(tmp_path, make_agent(16))
