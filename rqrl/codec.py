@@ -136,6 +136,8 @@ def encode_state_dict(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[
             raise TypeError(f"state dict entry {name!r} is a {type(value).__name__}, expected a torch.Tensor")
         # clone so tied weights (shared storage) serialize as independent tensors
         tensors[name] = value.detach().to("cpu").contiguous().clone()
+    if not tensors:  # safetensors 0.4.0 writes an empty dict with metadata as invalid JSON ('{},"__metadata__"...')
+        return encode_arrays({}, metadata)
     return safetensors.torch.save(tensors, metadata=dict(metadata))
 
 

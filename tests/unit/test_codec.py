@@ -281,3 +281,9 @@ def _buffer(header: dict, data: bytes) -> bytes:
 def test_decode_arrays_refuses_malformed_buffers(header, data):
     with pytest.raises(RecordError):
         decode_arrays(_buffer(header, data))
+
+
+def test_an_empty_state_dict_round_trips_with_its_metadata():
+    """A policy without parameters publishes an empty state dict (safetensors 0.4.0 wrote that as invalid JSON)."""
+    tensors, metadata = decode_state_dict(encode_state_dict({}, {"version": "3"}))
+    assert tensors == {} and metadata == {"version": "3"}
