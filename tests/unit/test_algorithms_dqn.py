@@ -90,7 +90,7 @@ def test_a_checkpoint_of_another_algorithm_is_refused(tmp_path):
     from rqrl.checkpoint import TrainingState, save_checkpoint
     from rqrl.dqn import Agent
 
-    save_checkpoint(tmp_path / "checkpoint.safetensors", TrainingState({}, {}, {"env_steps": 1}))
+    save_checkpoint(tmp_path / "checkpoint.safetensors", TrainingState({"w": torch.zeros(1)}, {}, {"env_steps": 1}))
     agent = Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False),
                   lambda: QNetwork(4, 2, 8, None, False))
     with pytest.raises(ConfigError, match="no DQN checkpoint"):
