@@ -72,13 +72,6 @@ end
 return results
 """
 
-# KEYS[1] = queue, KEYS[2] = unacknowledged list, KEYS[3] = acknowledged counter (absolute index of
-# that list's head), KEYS[4] = the doorbell (cleared when the pop leaves the queue empty). ARGV[1] = how
-# many to pop, ARGV[2] = absolute index below which the learner is
-# done (-1: everything listed so far, for consumers that never look back). Absolute indices make a
-# retried call harmless: acknowledging twice drops nothing more, and a pop whose reply was lost
-# leaves its entries on the list where the next call's indices reveal them.
-# Returns {queue length before, popped entries, queue length after, list head, first popped index}.
 # KEYS[1] = hash actor id -> highest rollout id pushed; ARGV[1] = actor id, ARGV[2] = rollout id. Lowers
 # the actor's marker to just below the rollout if it is at or above it; returns the old marker or -1.
 _LOWER_MARKER = """
@@ -89,6 +82,13 @@ redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', rollout - 1))
 return string.format('%d', marker)
 """
 
+# KEYS[1] = queue, KEYS[2] = unacknowledged list, KEYS[3] = acknowledged counter (absolute index of
+# that list's head), KEYS[4] = the doorbell (cleared when the pop leaves the queue empty). ARGV[1] = how
+# many to pop, ARGV[2] = absolute index below which the learner is
+# done (-1: everything listed so far, for consumers that never look back). Absolute indices make a
+# retried call harmless: acknowledging twice drops nothing more, and a pop whose reply was lost
+# leaves its entries on the list where the next call's indices reveal them.
+# Returns {queue length before, popped entries, queue length after, list head, first popped index}.
 # An acknowledged counter that is no plain integer >= 0 of at most 15 digits (no rqrl process writes
 # another; tonumber would take 'inf' or '1e300', which Redis turns into -2^63) makes the list's indices
 # unknown: both keys are deleted, nothing is popped, and {-1} tells the caller to realign.
