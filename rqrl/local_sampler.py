@@ -19,7 +19,7 @@ from typing import Any, Self
 import cloudpickle
 
 from rqrl.episodes import EpisodeBatch
-from rqrl.sampler import NOT_GIVEN, call_form, check_count
+from rqrl.sampler import NOT_GIVEN, call_form, check_count, factory_or_parameters
 from rqrl.sampler_worker import LogicalWorker, WorkerFactory, check_env_update
 
 
@@ -31,12 +31,9 @@ class LocalSampler:
                  is_tf_worker: bool = False, seed: int | None = None, n_workers: int | None = None,
                  worker_class: type | None = None, worker_args: dict[str, Any] | None = None):
         factory, agents, envs = call_form(args, agents, envs, worker_factory)
-        if factory is None:
-            if max_episode_length is None:
-                raise TypeError("Must construct a sampler from WorkerFactory or parameters (at least "
-                                "max_episode_length)")
-            factory = WorkerFactory(max_episode_length=max_episode_length, is_tf_worker=is_tf_worker, seed=seed,
-                                    n_workers=n_workers, worker_class=worker_class, worker_args=worker_args)
+        factory = factory_or_parameters(factory, max_episode_length=max_episode_length, is_tf_worker=is_tf_worker,
+                                        seed=seed, n_workers=n_workers, worker_class=worker_class,
+                                        worker_args=worker_args)
         self._factory = factory
         self._workers: list[LogicalWorker] = [factory(w) for w in range(factory.n_workers)]
         self._version = 0

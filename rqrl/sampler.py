@@ -97,12 +97,9 @@ class MultiprocessingSampler:
                  redis_outage_seconds: float = DEFAULTS.redis_outage_seconds, worker_redis_url: str | None = None,
                  redis_server: str | None = None, options: RunOptions | None = None, progress: bool = True):
         factory, agents, envs = call_form(args, agents, envs, worker_factory)
-        if factory is None:
-            if max_episode_length is None:
-                raise TypeError("Must construct a sampler from WorkerFactory or parameters (at least "
-                                "max_episode_length)")
-            factory = WorkerFactory(max_episode_length=max_episode_length, is_tf_worker=is_tf_worker, seed=seed,
-                                    n_workers=n_workers, worker_class=worker_class, worker_args=worker_args)
+        factory = factory_or_parameters(factory, max_episode_length=max_episode_length, is_tf_worker=is_tf_worker,
+                                        seed=seed, n_workers=n_workers, worker_class=worker_class,
+                                        worker_args=worker_args)
         self._factory: WorkerFactory = factory
         self._agents, self._envs = agents, envs
         self.options = choose_options(options, RunOptions(
@@ -433,6 +430,16 @@ class _Order:
         if self.mode == EXACT:
             return [(w, k) for w in range(self.n_workers) for k in range(self.count)]
         return [(position % self.n_workers, position // self.n_workers) for position in range(self._cursor)]
+
+
+def factory_or_parameters(factory: WorkerFactory | None, *, max_episode_length: int | None,
+                          **parameters: Any) -> WorkerFactory:
+    """The given WorkerFactory, else one built from garage's keyword parameters (which need max_episode_length)."""
+    if factory is not None:
+        return factory
+    if max_episode_length is None:
+        raise TypeError("Must construct a sampler from WorkerFactory or parameters (at least max_episode_length)")
+    return WorkerFactory(max_episode_length=max_episode_length, **parameters)
 
 
 def call_form(args: tuple[Any, ...], agents: Any, envs: Any,
