@@ -440,6 +440,18 @@ def _drop_group(run_name: str, group_id: int) -> None:
             dropped.close()
 
 
+def push_error_report(connection: redis.Redis, keys: RunKeys, report: dict[str, Any]) -> None:
+    """Append a failure report (job id, actors, worker, error, traceback) to the run's error list, which the
+    learner or sampler raises from; a Redis error here is logged, not raised over the job's own error."""
+    try:
+        with connection.pipeline() as pipe:
+            pipe.rpush(keys.errors, json.dumps(report))
+            pipe.expire(keys.errors, ERROR_TTL_SECONDS)
+            pipe.execute()
+    except redis.RedisError:
+        log.exception("could not report the failure of job %s to the run", report.get("job_id"))
+
+
 def _report_failure(connection: redis.Redis, keys: RunKeys, job_id: str, group_id: int, rollout_id: int,
                     error: BaseException) -> None:
     """Tell the learner which job failed and why, with the full traceback from this worker."""
@@ -459,10 +471,4 @@ def _report_failure(connection: redis.Redis, keys: RunKeys, job_id: str, group_i
         "error": f"{type(error).__name__}: {error}",
         "traceback": traceback.format_exc(),
     }
-    try:
-        with connection.pipeline() as pipe:
-            pipe.rpush(keys.errors, json.dumps(report))
-            pipe.expire(keys.errors, ERROR_TTL_SECONDS)
-            pipe.execute()
-    except redis.RedisError:
-        log.exception("could not report the failure of job %s to the learner", job_id)
+    push_error_report(connection, keys, report)

@@ -17,7 +17,6 @@ recorded progress if the process dies. Job arguments are plain JSON: (run name, 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import traceback
@@ -32,7 +31,15 @@ from rq.serializers import JSONSerializer
 from rqrl.codec import RECORD_MAGIC, loads_object, records_key, sign, weights_key
 from rqrl.episodes import EpisodeBatch, encode_episodes
 from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError
-from rqrl.jobs import ERROR_TTL_SECONDS, SAMPLER_JOB_FUNCTION, JobSlice, read_config, require_secret, worker_label
+from rqrl.jobs import (
+    ERROR_TTL_SECONDS,
+    SAMPLER_JOB_FUNCTION,
+    JobSlice,
+    push_error_report,
+    read_config,
+    require_secret,
+    worker_label,
+)
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder
 from rqrl.lockstep import Lockstep, lockstep_ready
@@ -390,10 +397,4 @@ def _report_failure(connection: redis.Redis, keys: RunKeys, job_id: str, members
                  f"{error}",
         "traceback": traceback.format_exc(),
     }
-    try:
-        with connection.pipeline() as pipe:
-            pipe.rpush(keys.errors, json.dumps(report))
-            pipe.expire(keys.errors, ERROR_TTL_SECONDS)
-            pipe.execute()
-    except redis.RedisError:
-        log.exception("could not report the failure of job %s to the sampler", job_id)
+    push_error_report(connection, keys, report)
