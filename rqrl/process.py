@@ -93,12 +93,33 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so the same clean shutdown runs (``docker stop``)."""
 
 
-def terminate_like_ctrl_c() -> None:
+SHUTDOWN_GRACE_SECONDS = 45.0
+"""How long the clean-up after SIGTERM may take before the process exits anyway (under compose's 60 s
+stop_grace_period for the learner, so the container never needs SIGKILL)."""
+
+
+def terminate_like_ctrl_c(grace_seconds: float = SHUTDOWN_GRACE_SECONDS) -> None:
     """Make SIGTERM raise Terminated in the main thread, once: a second SIGTERM is ignored, so it cannot cut
-    the clean-up short (SIGKILL still can)."""
+    the clean-up short (SIGKILL still can). Should the clean-up hang, a watchdog prints every thread's stack
+    and exits 143 after ``grace_seconds``: a stop always ends, and says where it was stuck."""
 
     def handler(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        threading.Thread(target=_exit_after, args=(grace_seconds,), name="rqrl-shutdown-watchdog",
+                         daemon=True).start()
         raise Terminated("SIGTERM")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def _exit_after(seconds: float) -> None:
+    """The shutdown watchdog: after ``seconds``, the stacks of every thread to stderr, then exit 143."""
+    import faulthandler
+    import sys
+
+    time.sleep(seconds)
+    sys.stderr.write(f"rqrl: the clean-up after SIGTERM did not finish within {seconds:.0f} s; exiting 143 "
+                     f"without it (the last checkpoint stands). Where each thread was:\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    os._exit(143)

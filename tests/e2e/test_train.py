@@ -231,7 +231,7 @@ def test_sigterm_to_the_learner_stops_like_ctrl_c(tmp_path, connection, redis_ur
     finally:
         stop_process(learner)
     assert learner.returncode == 143, stderr[-3000:]
-    assert "interrupted (SIGTERM)" in stdout, stdout
+    assert "interrupted (SIGTERM)" in stdout, stdout + stderr[-3000:]
     assert (run / "checkpoint.safetensors").is_file() and (run / "final.safetensors").is_file()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["interrupted"] and summary["stopped_by"] == "SIGTERM"
