@@ -23,6 +23,8 @@ from rqrl.errors import (
     ServerError,
     SignatureError,
     VectorEnvError,
+    WorkersRefusedError,
+    WorkerUnfitError,
 )
 from rqrl.local_sampler import LocalSampler
 from rqrl.policy import ActorPolicy, Policy, PolicyStep, StatefulActorPolicy
@@ -84,5 +86,7 @@ __all__ = [
     "SubprocVectorEnv",
     "VectorEnvError",
     "WorkerFactory",
+    "WorkerUnfitError",
+    "WorkersRefusedError",
     "__version__",
 ]

@@ -222,6 +222,12 @@ class RedisDistributedActors(DistributedActors):
         """records_rejected by reason: unauthenticated, malformed, invalid, duplicate (see rqrl.inbox)."""
         return dict(self._inbox.rejected_by_reason)
 
+    @property
+    def sidelined_workers(self) -> dict[str, str]:
+        """Workers that could not run this run (a wrong RQRL_SECRET, env code that does not import there) and
+        hand its jobs back, by name, with the reason; as of the last collect_outputs."""
+        return {name: report["error"] for name, report in self.supervisor.sidelined.items()}
+
     def _new_inbox(self, resumed: bool = False) -> Inbox:
         # a Redis restart can lose an actor's queued rollouts (at most queue_bound) between two that arrive;
         # four such losses in a row still fit, a forged or runaway rollout id does not
@@ -369,6 +375,7 @@ class RedisDistributedActors(DistributedActors):
     def _collect(self, learner_device: str) -> CollectedOutputs:
         started = time.perf_counter()
         self.supervisor.raise_actor_failures(throttled=True)
+        self.supervisor.check_sidelined_workers(throttled=True)
         self._reap()
         inbox = self._inbox
         pending_before = len(inbox)
@@ -393,6 +400,7 @@ class RedisDistributedActors(DistributedActors):
         no_worker_since: float | None = None
         while len(self._inbox) < self.batch_size:
             self.supervisor.raise_actor_failures()
+            self.supervisor.check_sidelined_workers(throttled=True)
             now = time.monotonic()
             if self.workers_alive() == 0:  # re-read at most once a second
                 self.local_workers.raise_if_all_died()

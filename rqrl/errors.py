@@ -13,6 +13,8 @@
     ├── RecordError                        a queue entry that cannot be decoded
     ├── MissingStatsError (also KeyError)  a statistic with no values yet
     ├── ActorFailedError                   an env or policy raised on a worker
+    │   └── WorkersRefusedError            every live worker refused the run (secret, env code)
+    ├── WorkerUnfitError                   this worker cannot run a run's jobs (workers only)
     ├── CollectTimeoutError                nothing arrived within the timeout
     │   └── NoWorkersError                 ... because no worker is alive
     ├── RunStoppedError                    the run was stopped while waiting
@@ -96,6 +98,17 @@ class ActorFailedError(RqrlError):
         self.job_id = job_id
         self.actor_ids = actor_ids
         self.remote_traceback = remote_traceback
+
+
+class WorkersRefusedError(ActorFailedError):
+    """Every live worker on the run's queue refused its jobs (a wrong RQRL_SECRET, env code that does not
+    import there): with no worker able to run it, the run cannot go on."""
+
+
+class WorkerUnfitError(RqrlError):
+    """This worker cannot run a run's jobs: it cannot verify the run's signed payload (no or another
+    RQRL_SECRET), or cannot import the env or policy code. The job is handed back and the worker sidelined
+    for that run; other workers go on with it."""
 
 
 class CollectTimeoutError(RqrlError, TimeoutError):

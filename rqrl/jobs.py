@@ -31,7 +31,14 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from rqrl.codec import loads_object, records_key, secret_bytes, weights_key
-from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError, SignatureError
+from rqrl.errors import (
+    ForbiddenJobError,
+    LeaseLostError,
+    RecordError,
+    RunStoppedError,
+    SignatureError,
+    WorkerUnfitError,
+)
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder, recorded_progress, start_rollout
 from rqrl.policy import ActFunction, Policy, make_act_function
@@ -49,6 +56,7 @@ HEARTBEAT_SECONDS = 5.0
 LIVENESS_SECONDS = 4 * HEARTBEAT_SECONDS  # no heartbeat for this long: the worker is gone
 STOP_CHECK_SECONDS = 0.1
 ERROR_TTL_SECONDS = 24 * 3600
+SIDELINE_MAX_SECONDS = 30.0  # the longest a sidelined worker waits before it dequeues again
 
 
 def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rollout_id: int,
@@ -63,6 +71,11 @@ def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rol
     keys = RunKeys(config.run_name)
     queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
     new_holder = keys.job_id(group_id, rollout_id)
+    holder_job = holder.partition("#")[0] if holder is not None else None
+    if holder_job is not None and (holder_job == new_holder or holder_job.startswith(new_holder + "_a")):
+        # a job handing its group back before it ran a rollout: under its own id, the new job would be deleted
+        # with the old one's hash when that ends (result_ttl=0), or overwritten when it is filed as failed
+        new_holder = keys.job_id(group_id, rollout_id, again=uuid.uuid4().hex[:8])
     if holder is not None:
         if not hand_over_from(connection, keys, group_id, holder, new_holder, rollout_id, config.lease_seconds):
             raise LeaseLostError(f"group {group_id} is no longer {holder}'s: enqueueing no continuation")
@@ -75,7 +88,7 @@ def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rol
         config.run_name,
         group_id,
         rollout_id,
-        job_id=keys.job_id(group_id, rollout_id),
+        job_id=new_holder,
         description=f"rqrl {config.run_name} actors {config.actor_groups[group_id]} from rollout {rollout_id}",
         result_ttl=0,
         failure_ttl=ERROR_TTL_SECONDS,
@@ -216,16 +229,30 @@ def load_context(connection: redis.Redis, run_name: str) -> RunContext:
     # None: the run is gone; workers connect without decode_responses, so a value is bytes
     if not isinstance(env_factory_blob, bytes) or not isinstance(policy_blob, bytes):
         raise RunStoppedError(f"run {run_name!r} has no env factory or policy in Redis")
-    secret = _require_secret()
-    policy = loads_object(policy_blob, secret)
+    secret, policy, env_factory = _load_payloads(run_name, policy_blob, env_factory_blob)
     if isinstance(policy, torch.nn.Module):
         policy.eval()
-    context = RunContext(config=config, env_factory=loads_object(env_factory_blob, secret), policy=policy, keys=keys,
+    context = RunContext(config=config, env_factory=env_factory, policy=policy, keys=keys,
                          records_key=records_key(secret, config.run_id), weights_key=weights_key(secret, config.run_id))
     while len(_CONTEXTS) >= _MAX_CONTEXTS:
         _CONTEXTS.pop(next(iter(_CONTEXTS))).close()
     _CONTEXTS[run_name] = context
     return context
+
+
+def _load_payloads(run_name: str, policy_blob: bytes, env_factory_blob: bytes) -> tuple[bytes, Policy, EnvFactory]:
+    """The secret, and the run's policy and env factory unpickled; WorkerUnfitError if this worker cannot
+    verify them (no or another secret) or cannot import their code: the run may well go on elsewhere."""
+    try:
+        secret = _require_secret()
+        return secret, loads_object(policy_blob, secret), loads_object(env_factory_blob, secret)
+    except SignatureError as error:
+        raise WorkerUnfitError(f"this worker cannot verify run {run_name!r}'s signed payload: {error}") from error
+    except Exception as error:  # unpickling imports the user's code: ModuleNotFoundError, AttributeError, ...
+        raise WorkerUnfitError(
+            f"this worker cannot load run {run_name!r}'s env factory or policy ({type(error).__name__}: {error}); "
+            f"install the env's code in this worker's environment, at the learner's version (docs/service.md)"
+        ) from error
 
 
 def _drop_context(run_name: str) -> None:
@@ -341,8 +368,9 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         config = context.config
         rollout_id = first_rollout = start_rollout(keys, group_id, rollout_id,
                                                    recorded_progress(connection, keys, group_id))
-        group = context.group(group_id)
+        group = _build_group(context, group_id)
         act = context.act_for(group)
+        _UNFIT_STREAKS.pop(run_name, None)
         store = WeightStore(connection, keys, context.weights_key, config.weights_ttl_seconds)
         queue = TrajectoryQueue(connection, keys, config.queue_bound, marker_grace_seconds=2 * config.lease_seconds)
         work = _Slice(connection, config)
@@ -401,6 +429,19 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         return {"rollouts": rollout_id - first_rollout, "stopped": True}
     except ForbiddenJobError:
         raise  # a job rqrl did not enqueue: into RQ's failed registry, never reported as the run's failure
+    except WorkerUnfitError as error:
+        # this worker's fault, not the actors': hand the group back to a worker that can run it, wait so
+        # that one gets it, then fail, so the job shows in RQ's failed registry (and the dashboard)
+        if lease is not None:
+            try:
+                enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
+            except LeaseLostError:
+                pass  # the reaper gave the group to another job meanwhile
+            lease.release()
+            lease = None
+        _sideline(connection, keys, job.id, error)
+        _back_off(run_name)
+        raise
     except LeaseLostError:
         log.warning("job %s lost actor group %d to another job; stopping", job.id, group_id)
         # its envs may be ahead of what was pushed: whoever runs the group here next starts afresh
@@ -419,6 +460,48 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
     finally:
         if lease is not None:
             lease.release()
+
+
+def _build_group(context: RunContext, group_id: int) -> ActorGroup:
+    """The run's envs of one actor group; WorkerUnfitError if their code does not import on this worker."""
+    try:
+        return context.group(group_id)
+    except ImportError as error:
+        raise WorkerUnfitError(
+            f"this worker cannot build run {context.keys.run_name!r}'s envs ({type(error).__name__}: {error}); "
+            f"install the env's package in this worker's environment (docs/service.md)"
+        ) from error
+
+
+_UNFIT_STREAKS: dict[str, int] = {}  # run name -> jobs in a row this worker could not run
+
+
+def _sideline(connection: redis.Redis, keys: RunKeys, job_id: str, error: WorkerUnfitError) -> None:
+    """Tell the learner (and ``rqrl status``) that this worker cannot run the run, and why."""
+    name = worker_label()
+    log.error("worker %s cannot run %s and hands its jobs back to other workers: %s", name, keys.run_name, error)
+    report = {"worker": name, "job_id": job_id, "error": str(error), "at": time.time(),
+              "traceback": traceback.format_exc()}
+    try:
+        with connection.pipeline() as pipe:
+            pipe.hset(keys.sidelined, name, json.dumps(report))
+            pipe.expire(keys.sidelined, ERROR_TTL_SECONDS)
+            pipe.execute()
+    except redis.RedisError:
+        log.exception("could not report to run %s that worker %s is sidelined", keys.run_name, name)
+
+
+def _back_off(run_name: str) -> None:
+    """Wait 1, 2, 4, ... up to SIDELINE_MAX_SECONDS (longer for each job of the run in a row it could not
+    run) before dequeueing again, so the job handed back goes to a worker that can run it."""
+    streak = _UNFIT_STREAKS[run_name] = _UNFIT_STREAKS.get(run_name, 0) + 1
+    deadline = time.monotonic() + min(SIDELINE_MAX_SECONDS, 2.0 ** (streak - 1))
+    last_beat = -float("inf")
+    while (now := time.monotonic()) < deadline and not shutdown_requested():
+        if now - last_beat >= HEARTBEAT_SECONDS:
+            beat_worker()
+            last_beat = now
+        time.sleep(min(0.25, deadline - now))
 
 
 def _check_job_arguments(config: RunConfig, group_id: object, rollout_id: object) -> None:

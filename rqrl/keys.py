@@ -109,6 +109,12 @@ class RunKeys:
         return self._key("errors")
 
     @property
+    def sidelined(self) -> str:
+        """Hash worker name -> JSON report of a worker that cannot run this run (a wrong RQRL_SECRET, env code
+        that does not import there): it hands the run's jobs back instead of running them."""
+        return self._key("sidelined")
+
+    @property
     def stopped(self) -> str:
         """Set when the learner stops the run; jobs finish and enqueue no continuation."""
         return self._key("stopped")
@@ -142,9 +148,10 @@ class RunKeys:
         group = job_id[len(self.job_id_prefix):].split("_")[0]
         return int(group[1:]) if group[:1] in ("g", "s") and group[1:].isdigit() else None
 
-    def job_id(self, group_id: int, rollout_id: int) -> str:
-        """RQ job id of one actor group's slice starting at ``rollout_id``."""
-        return f"{PREFIX}_{self.run_name}_g{group_id}_r{rollout_id}"
+    def job_id(self, group_id: int, rollout_id: int, again: str | None = None) -> str:
+        """RQ job id of one actor group's slice starting at ``rollout_id``; ``again`` tells apart a job handed
+        back before it ran a rollout from the job it replaces (same group, same start)."""
+        return f"{PREFIX}_{self.run_name}_g{group_id}_r{rollout_id}" + (f"_a{again}" if again else "")
 
     def sampler_job_id(self, group_id: int, version: int, token: str) -> str:
         """RQ job id of one sampler group's job for one obtain_* call (``token`` tells continuations apart)."""

@@ -20,7 +20,7 @@ from rqrl.codec import dumps_object
 from rqrl.errors import ConfigError
 from rqrl.keys import RunKeys
 from rqrl.leases import group_is_leased, set_progress
-from rqrl.rq_safety import failed_registry, started_registry
+from rqrl.rq_safety import started_registry
 from rqrl.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,9 @@ class RunStore:
             pipe.execute()
 
     def stop(self, queue: Queue, timeout: float) -> None:
-        """Tell jobs to stop, wait up to ``timeout`` for running ones, then delete the run's queued and
-        failed jobs and every key of the run."""
+        """Tell jobs to stop, wait up to ``timeout`` for running ones, then delete the run's queued jobs and
+        every key of the run. Its failed jobs stay in RQ's failed registry, with their tracebacks, for
+        rq-dashboard and ``rq`` to show until their failure_ttl (a day) ends."""
         connection = self.connection
         connection.set(self.keys.stopped, 1)
         deadline = time.monotonic() + timeout
@@ -119,10 +120,6 @@ class RunStore:
             log.warning("jobs of run %s still running after %.0f s; deleting its keys anyway", self.keys.run_name,
                         timeout)
         self._remove_queued_jobs(queue)
-        failed = failed_registry(queue.name, connection)
-        for job_id in failed.get_job_ids():
-            if job_id.startswith(self.keys.job_id_prefix):
-                failed.remove(job_id, delete_job=True)
         keys = list(connection.scan_iter(match=self.keys.pattern, count=1000))
         if keys:
             connection.delete(*keys)

@@ -15,6 +15,7 @@ from rqrl.jobs import LIVENESS_SECONDS
 from rqrl.keys import PREFIX, RunKeys
 from rqrl.rq_safety import RolloutJob, failed_registry, rollout_queue, started_registry
 from rqrl.run_config import RunConfig
+from rqrl.supervisor import read_sideline_reports
 
 RECENT_FAILURES = 3
 
@@ -52,6 +53,8 @@ class RunStatus:
     failures: list[tuple[str, str]] = field(default_factory=list)
     """(job id, last line of its traceback) of its most recent failed jobs."""
     workers: list[WorkerStatus] = field(default_factory=list)
+    sidelined: dict[str, str] = field(default_factory=dict)
+    """Workers that cannot run this run (wrong RQRL_SECRET, env code missing) and hand its jobs back: name -> why."""
 
     def learner_age(self, now: float) -> float | None:
         """Seconds since the learner's last heartbeat; None if it published none."""
@@ -94,7 +97,8 @@ def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
         n_groups=len(config.actor_groups), learner=learner, stopped=bool(connection.exists(keys.stopped)),
         queued_rollouts=int(connection.llen(keys.trajectories)), jobs_queued=len(queued), jobs_started=len(started),
         jobs_failed=len(failed), failures=[(job_id, _failure(connection, job_id)) for job_id in recent],
-        workers=read_workers(connection, config.queue_name))
+        workers=read_workers(connection, config.queue_name),
+        sidelined={name: report["error"] for name, report in read_sideline_reports(connection, keys).items()})
 
 
 def read_workers(connection: redis.Redis, queue_name: str) -> list[WorkerStatus]:
@@ -154,7 +158,10 @@ def format_status(runs: list[RunStatus], now: float | None = None) -> str:
             doing = (f"group {group} of this run ({job})" if group is not None else f"{job}" if job else "idle")
             age = f"{worker.heartbeat_age:.0f} s ago" if worker.heartbeat_age is not None else "never"
             lines.append(f"    {worker.name}  {worker.state}  {doing}  heartbeat {age}"
-                         + ("" if worker.alive else "  (no recent heartbeat)"))
+                         + ("" if worker.alive else "  (no recent heartbeat)")
+                         + ("  SIDELINED (see below)" if worker.name in run.sidelined else ""))
+        for name, reason in sorted(run.sidelined.items()):
+            lines.append(f"  sidelined {name} hands this run's jobs back: {reason}")
         for job_id, line in run.failures:
             lines.append(f"  failed    {job_id}: {line}")
         blocks.append("\n".join(lines))

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from rq import Queue
+from rq import Queue, Worker
 from rq.job import Job
 from rq.utils import utcparse
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from rqrl.errors import ActorFailedError, CollectTimeoutError, NoWorkersError
+from rqrl.errors import ActorFailedError, CollectTimeoutError, NoWorkersError, WorkersRefusedError
 from rqrl.jobs import LIVENESS_SECONDS, enqueue_group
 from rqrl.keys import RunKeys
 from rqrl.leases import Reaper, recorded_progress
@@ -41,6 +41,8 @@ class Supervisor:
         self._last_failure_check = 0.0
         self._workers_alive = (-1e9, 0)
         self.error_reports_rejected = 0
+        self._last_sideline_check = 0.0
+        self.sidelined: dict[str, dict[str, Any]] = {}  # worker name -> its report (see check_sidelined_workers)
 
     def start_groups(self) -> None:
         """Enqueue one job per actor group of a new run."""
@@ -107,6 +109,29 @@ class Supervisor:
             remote_traceback=report["traceback"],
         )
 
+    def check_sidelined_workers(self, throttled: bool = False) -> None:
+        """Warn once for each worker that cannot run this run (it hands the jobs back, the run goes on); raise
+        WorkersRefusedError when every live worker on the queue is such a worker. At most once a second if
+        ``throttled``."""
+        now = time.monotonic()
+        if throttled and now - self._last_sideline_check < 1.0:
+            return
+        self._last_sideline_check = now
+        for name, report in read_sideline_reports(self.connection, self.keys).items():
+            if name not in self.sidelined:
+                log.warning("worker %s cannot run %s and is sidelined: it hands the run's jobs back, and the run "
+                            "goes on with the other workers. %s", name, self.keys.run_name, report["error"])
+            self.sidelined[name] = report
+        if not self.sidelined:
+            return
+        live = live_worker_names(self.connection, self.queue)
+        if live and live <= self.sidelined.keys():
+            first = self.sidelined[min(live)]
+            raise WorkersRefusedError(
+                f"every live worker on queue {self.queue.name!r} ({', '.join(sorted(live))}) refused run "
+                f"{self.keys.run_name!r}, so nothing can run it; {first['worker']}: {first['error']}",
+                job_id=first["job_id"], actor_ids=[], remote_traceback=first["traceback"])
+
     def no_workers_error(self, seconds: float) -> CollectTimeoutError:
         """What to raise when no worker has sent a heartbeat for ``seconds``: NoWorkersError, unless jobs of
         the run that started still hold live leases, i.e. their workers are alive and the jobs hung (a
@@ -164,26 +189,51 @@ def parse_error_report(raw: bytes | str) -> dict[str, Any] | None:
     return report
 
 
+_SIDELINE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "worker": str, "job_id": str, "error": str, "traceback": str, "at": (int, float)}
+
+
+def read_sideline_reports(connection: redis.Redis, keys: RunKeys) -> dict[str, dict[str, Any]]:
+    """The run's sidelined workers (rqrl.jobs._sideline): name -> report; entries that are not a worker's
+    report (job data is anyone's who can write to Redis) are left out."""
+    reports = {}
+    for raw_name, raw in connection.hgetall(keys.sidelined).items():
+        try:
+            name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+            report = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(report, dict) and all(isinstance(report.get(field), kind)
+                                            for field, kind in _SIDELINE_FIELDS.items()):
+            reports[name] = report
+    return reports
+
+
 def count_live_workers(connection: redis.Redis, queue: Queue) -> int:
-    """Workers listening on ``queue`` whose last heartbeat is at most LIVENESS_SECONDS old.
+    """How many workers listen on ``queue`` with a heartbeat at most LIVENESS_SECONDS old (see live_worker_names)."""
+    return len(live_worker_names(connection, queue))
+
+
+def live_worker_names(connection: redis.Redis, queue: Queue) -> set[str]:
+    """Names of the workers listening on ``queue`` whose last heartbeat is at most LIVENESS_SECONDS old.
 
     Reads only each worker hash's ``last_heartbeat`` (RQ's ``Worker.all`` parses every field and
     fails on the first hash with junk in one); a heartbeat that does not parse counts as none."""
     cutoff = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=LIVENESS_SECONDS)
     worker_keys = sorted(connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name))
     if not worker_keys:
-        return 0
+        return set()
     with connection.pipeline(transaction=False) as pipe:
         for key in worker_keys:
             pipe.hget(key, "last_heartbeat")
         heartbeats = pipe.execute()
-    live = 0
-    for heartbeat in heartbeats:
+    live = set()
+    for key, heartbeat in zip(worker_keys, heartbeats, strict=True):
         try:
             when = utcparse(heartbeat.decode())
+            name = key.decode() if isinstance(key, bytes) else str(key)
         except (AttributeError, UnicodeDecodeError, ValueError):
             continue
         if when >= cutoff:
-            live += 1
+            live.add(name.removeprefix(Worker.redis_worker_namespace_prefix))
     return live
-

@@ -55,10 +55,12 @@ class WorkerProcesses:
         self.redis_url = redis_url
         self.processes: list[subprocess.Popen] = []
 
-    def start(self, name: str, queue: str = "rqrl", extra: list[str] | None = None) -> subprocess.Popen:
+    def start(self, name: str, queue: str = "rqrl", extra: list[str] | None = None,
+              env: dict[str, str] | None = None) -> subprocess.Popen:
+        """`rqrl worker --name NAME` on ``queue``; ``env`` overrides variables of worker_env()."""
         command = [sys.executable, "-m", "rqrl", "worker", "--redis-url", self.redis_url, "--queue", queue,
                    "--name", name, "--log-level", "WARNING", *(extra or [])]
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.DEVNULL,
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(**(env or {})), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE)
         self.processes.append(process)
         return process

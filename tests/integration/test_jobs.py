@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import functools
+import importlib
+import os
 import time
 
 import pytest
 import torch
 
+from rqrl.rq_safety import RolloutJob, failed_registry
 from tests import fixtures
 from tests.factories import redis_actors
 from tests.polling import wait_until
+from tests.processes import REPO_ROOT, run_rqrl
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,3 +131,56 @@ def test_an_episode_longer_than_a_minute_ends_by_itself(connection, redis_url, r
     assert records[-1].episode_lengths.tolist() == [1300] and bool(records[-1].terminated[-1, 0])
     assert not any(bool(record.truncated.any()) for record in records)
     assert [bool(record.continues_previous[0]) for record in records] == [False] + [True] * 12
+
+
+LEARNER_ONLY_ENV = '''
+import gymnasium
+
+
+def make_env():
+    return gymnasium.make("CartPole-v1")
+'''
+
+
+@pytest.mark.parametrize("unfit", ["another-secret", "env-code-missing"])
+def test_a_worker_that_cannot_run_the_run_is_sidelined_and_the_run_goes_on(connection, redis_url, run_name, workers,
+                                                                           tmp_path, monkeypatch, unfit):
+    """Issue 14: one worker with another RQRL_SECRET, or without the env's code, hands the run's jobs back,
+    is reported by name (learner, `rqrl status`, RQ's failed registry) and keeps running; the healthy worker
+    delivers every actor's rollouts."""
+    env_factory, good_env, bad_env = fixtures.make_cartpole, {}, {"RQRL_SECRET": "not-the-learner-secret"}
+    if unfit == "env-code-missing":  # a module only the learner and the good worker can import
+        (tmp_path / "rqrl_learner_only_env.py").write_text(LEARNER_ONLY_ENV)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        env_factory = importlib.import_module("rqrl_learner_only_env").make_env
+        good_env, bad_env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path)])}, {}
+    bad = workers.start("bad", env=bad_env)
+    workers.start("good", env=good_env)
+    workers.wait_registered(connection, 2)
+    with redis_actors(redis_url, run_name, env_factory=env_factory, n_actors=4, batch_size=2, actors_per_job=1,
+                      min_job_seconds=0.2) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        delivered: dict[int, set[str]] = {}
+
+        def collected_from_every_actor_and_saw_the_bad_worker() -> bool:
+            record = actors.collect_outputs("cpu").record
+            for actor_id, worker in zip(record.actor_id.tolist(), record.worker, strict=True):
+                delivered.setdefault(actor_id, set()).add(worker)
+            return len(delivered) == 4 and "bad" in actors.sidelined_workers
+
+        wait_until(collected_from_every_actor_and_saw_the_bad_worker, 90, interval=0,
+                   message=lambda: f"rollouts of every actor and the bad worker sidelined: {delivered}, "
+                                   f"{actors.sidelined_workers}")
+        reason = actors.sidelined_workers["bad"]
+        assert ("different RQRL_SECRET" if unfit == "another-secret" else "ModuleNotFoundError") in reason, reason
+        assert set(actors.sidelined_workers) == {"bad"}
+        assert all(workers_seen == {"good"} for workers_seen in delivered.values()), delivered
+        status = run_rqrl("status", "--redis-url", redis_url, timeout=60)
+        assert f"sidelined bad hands this run's jobs back: {reason}" in status.stdout, status.stdout
+        assert "SIDELINED" in next(line for line in status.stdout.splitlines() if line.strip().startswith("bad ")), \
+            status.stdout
+        failed = [RolloutJob.fetch(job_id, connection=connection)
+                  for job_id in failed_registry("rqrl", connection).get_job_ids()
+                  if job_id.startswith(actors.keys.job_id_prefix)]
+        assert failed and all("WorkerUnfitError" in job.latest_result().exc_string for job in failed), failed
+    assert bad.poll() is None, "the sidelined worker keeps serving the queue (other runs may suit it)"

@@ -182,6 +182,8 @@ def test_sigterm_to_a_worker_waiting_for_first_weights_hands_the_group_back(conn
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=15)  # without the hand-back it would wait for weights until the run stops
         assert worker.returncode == 0
-        job_id = f"rqrl_{run_name}_g0_r0"
-        assert connection.lrange("rq:queue:rqrl", 0, -1) == [job_id.encode()], "the continuation is queued"
-        assert connection.get(f"rqrl:{run_name}:lease:0").decode() == job_id, "and holds the group's lease"
+        queued = [job_id.decode() for job_id in connection.lrange("rq:queue:rqrl", 0, -1)]
+        assert len(queued) == 1 and queued[0].startswith(f"rqrl_{run_name}_g0_r0_a"), \
+            f"the continuation is queued under an id of its own: {queued}"
+        assert connection.exists(f"rq:job:{queued[0]}"), "its job survives the end of the job it replaces"
+        assert connection.get(f"rqrl:{run_name}:lease:0").decode() == queued[0], "and holds the group's lease"
