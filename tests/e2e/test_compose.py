@@ -83,6 +83,27 @@ def test_compose_file_is_well_formed(compose):
     assert "ARG EXTRA_PACKAGES" in dockerfile and "ARG TORCH_INDEX" in dockerfile
 
 
+def check_compose_schema(path: Path) -> subprocess.CompletedProcess:
+    """check-jsonschema with the compose-spec JSON schema it ships (no network), as `docker compose config`
+    would check the file's structure."""
+    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+                           str(path)], capture_output=True, text=True, timeout=120)
+
+
+def test_compose_file_passes_the_compose_spec_schema():
+    result = check_compose_schema(REPO_ROOT / "compose.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_compose_spec_schema_check_catches_a_misspelt_key(compose, tmp_path):
+    broken = json.loads(json.dumps(compose))
+    broken["services"]["worker"]["stop_grace_perid"] = broken["services"]["worker"].pop("stop_grace_period")
+    path = tmp_path / "compose.yaml"
+    path.write_text(yaml.safe_dump(broken))
+    result = check_compose_schema(path)
+    assert result.returncode != 0 and "stop_grace_perid" in result.stdout + result.stderr, result.stdout
+
+
 def test_the_learner_trains_into_a_named_volume_its_user_owns(compose):
     learner = compose["services"]["learner"]
     assert learner["command"][:2] == ["rqrl", "train"]
