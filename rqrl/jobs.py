@@ -310,14 +310,42 @@ class _Slice:
                 pipe.llen(key)
             return any(int(length) > 0 for length in pipe.execute())
 
-    def heartbeat(self) -> None:
-        """Keep RQ's worker and started-job registry entries alive during a long slice."""
+    def heartbeat(self, env_steps: int = 0) -> None:
+        """Keep RQ's worker and started-job registry entries alive during a long slice; ``env_steps`` stepped
+        since the last call count towards this worker's steps/s on the run (see _publish_rate)."""
         now = time.monotonic()
+        if env_steps:
+            _publish_rate(self.connection, self.config.run_name, env_steps, now)
         if now - self.last_heartbeat < HEARTBEAT_SECONDS:
             return
         self.last_heartbeat = now
         if _heartbeat_hook is not None:
             _heartbeat_hook()
+
+
+_RATES: dict[str, tuple[float, int]] = {}  # run name -> (when this worker last published, env steps since)
+
+
+def _publish_rate(connection: redis.Redis, run_name: str, env_steps: int, now: float) -> None:
+    """Count ``env_steps``; every HEARTBEAT_SECONDS publish this worker process's env steps/s on the run (over
+    its jobs, however short their slices) for ``rqrl status``. A lost write only leaves a gap."""
+    since, steps = _RATES.get(run_name, (now, 0))
+    steps += env_steps
+    if now - since < HEARTBEAT_SECONDS:
+        _RATES[run_name] = (since, steps)
+        return
+    _RATES[run_name] = (now, 0)
+    while len(_RATES) > _MAX_CONTEXTS:  # runs this worker no longer serves
+        _RATES.pop(next(iter(_RATES)))
+    keys = RunKeys(run_name)
+    try:
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.worker_rates, worker_label(),
+                      json.dumps({"steps_per_second": round(steps / (now - since), 1), "at": time.time()}))
+            pipe.expire(keys.worker_rates, int(4 * HEARTBEAT_SECONDS))
+            pipe.execute()
+    except redis.RedisError as error:
+        log.debug("could not publish this worker's steps/s: %s", error)
 
 
 JobSlice = _Slice  # public for the sampler's job (rqrl.sampler_jobs), which slices the same way
@@ -420,7 +448,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             refused = {rollout.actor_id for rollout in report.duplicates}
             rollout_id += 1
             held.record_progress(rollout_id)
-            work.heartbeat()
+            work.heartbeat(len(records) * config.n_rollout_steps)
             if yield_now:
                 enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
                 return {"rollouts": rollout_id - first_rollout, "stopped": False}

@@ -109,6 +109,12 @@ class RunKeys:
         return self._key("errors")
 
     @property
+    def worker_rates(self) -> str:
+        """Hash worker name -> JSON {"steps_per_second", "at"}: each worker's own throughput on this run, which
+        its job publishes with its heartbeat (``rqrl status``)."""
+        return self._key("worker_rates")
+
+    @property
     def sidelined(self) -> str:
         """Hash worker name -> JSON report of a worker that cannot run this run (a wrong RQRL_SECRET, env code
         that does not import there): it hands the run's jobs back instead of running them."""

@@ -4,6 +4,7 @@ the workers on its queue and what each runs, and its recent failures. Reads only
 from __future__ import annotations
 
 import datetime
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -53,6 +54,8 @@ class RunStatus:
     failures: list[tuple[str, str]] = field(default_factory=list)
     """(job id, last line of its traceback) of its most recent failed jobs."""
     workers: list[WorkerStatus] = field(default_factory=list)
+    worker_rates: dict[str, float] = field(default_factory=dict)
+    """Each worker's env steps/s on this run, as its job last published it (within LIVENESS_SECONDS)."""
     sidelined: dict[str, str] = field(default_factory=dict)
     """Workers that cannot run this run (wrong RQRL_SECRET, env code missing) and hand its jobs back: name -> why."""
 
@@ -97,7 +100,7 @@ def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
         n_groups=len(config.actor_groups), learner=learner, stopped=bool(connection.exists(keys.stopped)),
         queued_rollouts=int(connection.llen(keys.trajectories)), jobs_queued=len(queued), jobs_started=len(started),
         jobs_failed=len(failed), failures=[(job_id, _failure(connection, job_id)) for job_id in recent],
-        workers=read_workers(connection, config.queue_name),
+        workers=read_workers(connection, config.queue_name), worker_rates=read_worker_rates(connection, keys),
         sidelined={name: report["error"] for name, report in read_sideline_reports(connection, keys).items()})
 
 
@@ -121,6 +124,22 @@ def read_workers(connection: redis.Redis, queue_name: str) -> list[WorkerStatus]
         workers.append(WorkerStatus(name=key.removeprefix("rq:worker:"), state=_text(state) if state else "?",
                                     current_job=_text(current_job) if current_job else None, heartbeat_age=age))
     return workers
+
+
+def read_worker_rates(connection: redis.Redis, keys: RunKeys, now: float | None = None) -> dict[str, float]:
+    """Worker name -> env steps/s on the run, as published by its job (rqrl.jobs) in the last LIVENESS_SECONDS;
+    entries that do not parse are left out."""
+    now = time.time() if now is None else now
+    rates = {}
+    for name, raw in connection.hgetall(keys.worker_rates).items():
+        try:
+            published = json.loads(raw)
+            rate, at = float(published["steps_per_second"]), float(published["at"])
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+            continue
+        if now - at <= LIVENESS_SECONDS:
+            rates[_text(name)] = rate
+    return rates
 
 
 def _failure(connection: redis.Redis, job_id: str) -> str:
@@ -157,7 +176,9 @@ def format_status(runs: list[RunStatus], now: float | None = None) -> str:
             group = keys.group_of_job(job) if job else None
             doing = (f"group {group} of this run ({job})" if group is not None else f"{job}" if job else "idle")
             age = f"{worker.heartbeat_age:.0f} s ago" if worker.heartbeat_age is not None else "never"
+            rate = run.worker_rates.get(worker.name)
             lines.append(f"    {worker.name}  {worker.state}  {doing}  heartbeat {age}"
+                         + (f"  {rate:,.0f} steps/s" if rate is not None else "")
                          + ("" if worker.alive else "  (no recent heartbeat)")
                          + ("  SIDELINED (see below)" if worker.name in run.sidelined else ""))
         for name, reason in sorted(run.sidelined.items()):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rqrl.rq_safety import RolloutJob, failed_registry
+from rqrl.status import read_worker_rates
 from tests import fixtures
 from tests.factories import redis_actors
 from tests.polling import wait_until
@@ -171,6 +172,12 @@ def test_a_worker_that_cannot_run_the_run_is_sidelined_and_the_run_goes_on(conne
         wait_until(collected_from_every_actor_and_saw_the_bad_worker, 90, interval=0,
                    message=lambda: f"rollouts of every actor and the bad worker sidelined: {delivered}, "
                                    f"{actors.sidelined_workers}")
+
+        def good_worker_rate() -> float | None:  # published every HEARTBEAT_SECONDS of work
+            actors.collect_outputs("cpu")
+            return read_worker_rates(connection, actors.keys).get("good")
+
+        assert wait_until(good_worker_rate, 60, interval=0, message="the good worker's steps/s") > 0
         reason = actors.sidelined_workers["bad"]
         assert ("different RQRL_SECRET" if unfit == "another-secret" else "ModuleNotFoundError") in reason, reason
         assert set(actors.sidelined_workers) == {"bad"}
@@ -178,6 +185,8 @@ def test_a_worker_that_cannot_run_the_run_is_sidelined_and_the_run_goes_on(conne
         status = run_rqrl("status", "--redis-url", redis_url, timeout=60)
         assert f"sidelined bad hands this run's jobs back: {reason}" in status.stdout, status.stdout
         assert "SIDELINED" in next(line for line in status.stdout.splitlines() if line.strip().startswith("bad ")), \
+            status.stdout
+        assert "steps/s" in next(line for line in status.stdout.splitlines() if line.strip().startswith("good ")), \
             status.stdout
         failed = [RolloutJob.fetch(job_id, connection=connection)
                   for job_id in failed_registry("rqrl", connection).get_job_ids()

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from rqrl.status import RunStatus, WorkerStatus, format_status
+import json
+
+import fakeredis
+
+from rqrl.keys import RunKeys
+from rqrl.status import RunStatus, WorkerStatus, format_status, read_worker_rates
 
 
 def test_the_screen_shows_learner_jobs_workers_and_failures():
@@ -14,7 +19,9 @@ def test_the_screen_shows_learner_jobs_workers_and_failures():
         jobs_queued=1, jobs_started=1, jobs_failed=1, queued_rollouts=2,
         failures=[("rqrl_r1_g1_r9", "ValueError: bad env")],
         workers=[WorkerStatus(name="w1", state="busy", current_job="rqrl_r1_g0_r17", heartbeat_age=2.0),
-                 WorkerStatus(name="w2", state="idle", current_job=None, heartbeat_age=600.0)],
+                 WorkerStatus(name="w2", state="idle", current_job=None, heartbeat_age=600.0),
+                 WorkerStatus(name="w3", state="busy", current_job="rqrl_r1_g1_r0_a1b2", heartbeat_age=1.0)],
+        worker_rates={"w1": 20512.6}, sidelined={"w3": "this worker cannot verify run 'r1''s signed payload"},
     )
     screen = format_status([run], now=101.5)
     assert screen.splitlines() == [
@@ -22,9 +29,11 @@ def test_the_screen_shows_learner_jobs_workers_and_failures():
         "  learner   alive, heartbeat 1.5 s ago; env steps 12,345, 1,500 steps/s (10 s), 1,400 (60 s); policy "
         "version 42, lag 1.2 mean / 3 max; queue 2/8; records rejected 0",
         "  jobs      queued 1, started 1, failed 1; rollouts waiting for the learner 2",
-        "  workers   1 alive of 2 registered on queue rqrl",
-        "    w1  busy  group 0 of this run (rqrl_r1_g0_r17)  heartbeat 2 s ago",
+        "  workers   2 alive of 3 registered on queue rqrl",
+        "    w1  busy  group 0 of this run (rqrl_r1_g0_r17)  heartbeat 2 s ago  20,513 steps/s",
         "    w2  idle  idle  heartbeat 600 s ago  (no recent heartbeat)",
+        "    w3  busy  group 1 of this run (rqrl_r1_g1_r0_a1b2)  heartbeat 1 s ago  SIDELINED (see below)",
+        "  sidelined w3 hands this run's jobs back: this worker cannot verify run 'r1''s signed payload",
         "  failed    rqrl_r1_g1_r9: ValueError: bad env",
     ]
 
@@ -39,3 +48,14 @@ def test_a_learner_past_its_timeout_shows_as_gone():
 
 def test_no_runs():
     assert format_status([]) == "no rqrl runs on this Redis"
+
+
+def test_worker_rates_older_than_liveness_or_malformed_are_left_out():
+    connection = fakeredis.FakeRedis()
+    keys = RunKeys("r1")
+    connection.hset(keys.worker_rates, mapping={
+        "fresh": json.dumps({"steps_per_second": 1234.5, "at": 1000.0}),
+        "stale": json.dumps({"steps_per_second": 99.0, "at": 900.0}),
+        "junk": "not json", "no-rate": json.dumps({"at": 1000.0}), "text-rate": json.dumps({"steps_per_second": "x",
+                                                                                          "at": 1000.0})})
+    assert read_worker_rates(connection, keys, now=1005.0) == {"fresh": 1234.5}
