@@ -103,7 +103,11 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
     try:
         keys = RunKeys(run_name)
         connection = redis.Redis.from_url(redis_url)
-        raw_config, deadline = connection.mget([keys.config, keys.learner_deadline])
+        raw_config, deadline, seed_settings = connection.mget([keys.config, keys.learner_deadline,
+                                                               keys.seed("settings")])
+        if raw_config is None and seed_settings is not None:  # a SEED trainer's run (rqrl train --algo dqn)
+            _stop_seed_run(connection, keys, run_name, wait)
+            return
         if raw_config is None:
             raise click.ClickException(f"no run {run_name!r} in the Redis at {redact_url(redis_url)} (already "
                                        f"stopped, or another Redis or database?)")
@@ -123,6 +127,21 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
     except (redis.RedisError, RqrlError) as error:
         raise click.ClickException(f"cannot stop run {run_name!r}: {error}") from error
     click.echo(f"run {run_name}: stopped by its learner (checkpoint written, keys removed)")
+
+
+def _stop_seed_run(connection: Any, keys: Any, run_name: str, wait: float) -> None:
+    """Set a SEED run's stop flag and wait for its trainer to end the run (its jobs end with the flag)."""
+    connection.set(keys.seed("stopped"), 1)
+    click.echo(f"run {run_name} (SEED trainer): stop requested; waiting up to {wait:g} s for its trainer to finish")
+    deadline_at = time.monotonic() + wait
+    while connection.exists(keys.seed("settings")):
+        if time.monotonic() > deadline_at:
+            raise click.ClickException(
+                f"run {run_name}: its trainer has not finished within {wait:g} s (raise --wait). Its actor and "
+                f"server jobs have stopped; if the trainer is gone, the run's keys rqrl:{run_name}:* stay until "
+                f"deleted")
+        time.sleep(0.2)
+    click.echo(f"run {run_name}: stopped by its trainer (checkpoint written, keys removed)")
 
 
 @main.command()

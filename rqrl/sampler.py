@@ -38,7 +38,7 @@ from rq.job import Job
 from rqrl.codec import RECORD_MAGIC, records_key, verify, weights_key
 from rqrl.connection import connect, redis_errors
 from rqrl.episodes import EnvSpec, EpisodeBatch, decode_episodes
-from rqrl.errors import CollectTimeoutError, RecordError, SignatureError
+from rqrl.errors import CollectTimeoutError, RecordError, RunStoppedError, SignatureError
 from rqrl.keys import RunKeys
 from rqrl.local_workers import LocalWorkers
 from rqrl.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
@@ -224,6 +224,7 @@ class MultiprocessingSampler:
         self._records_key = records_key(self._secret, self.config.run_id)
         self._weights_key = weights_key(self._secret, self.config.run_id)
         self._version = 0
+        self._last_check_in = -float("inf")
         self._agent_chains: list[list[ChainEntry]] = [[] for _ in range(self.n_workers)]
         self._env_chains: list[list[ChainEntry]] = [[] for _ in range(self.n_workers)]
         self._blob_keys: set[str] = set()
@@ -329,6 +330,7 @@ class MultiprocessingSampler:
         no_worker_since: float | None = None
         with self._progress_bar(mode, count) as bar:
             while not order.complete(episodes):
+                self._check_in()
                 self._supervisor.raise_actor_failures(throttled=True)
                 self.groups_rerun += len(self._supervisor.rerun_orphaned_groups(
                     rerun=lambda group_id: self._rerun(group_id, version, mode, count)))
@@ -354,6 +356,17 @@ class MultiprocessingSampler:
         chosen = order.chosen(episodes)
         self.dropped_episodes += len(episodes) - len(chosen)
         return EpisodeBatch.concatenate(*(episodes[key] for key in chosen))
+
+    def _check_in(self) -> None:
+        """At most once a second: move the learner's heartbeat deadline on (``rqrl status``, ``rqrl stop`` and the
+        workers tell a live sampler from a dead one by it); RunStoppedError if ``rqrl stop`` stopped the run."""
+        now = time.monotonic()
+        if now - self._last_check_in < 1.0:
+            return
+        self._last_check_in = now
+        _, stopped = self._run_store.check_in(self.options.learner_timeout)
+        if stopped:
+            raise RunStoppedError(f"run {self.config.run_name!r} was stopped from outside this sampler (rqrl stop)")
 
     def _receive(self, blob: bytes, version: int, limit: int | None, episodes: dict[tuple[int, int], EpisodeBatch],
                  bar: Any) -> None:

@@ -98,6 +98,7 @@ class Trainer:
         self.fleet: JobFleet | None = None  # the actor and server jobs, with Config.queue_name
         self.started_pids: list[int] = []  # every process the last start() started, replacements included
         self._stop = threading.Event()
+        self.stopped_from_outside = False  # the last start() ended on `rqrl stop RUN` (the run's stop flag)
 
     def stop(self) -> None:
         """Make a running ``start()`` (in another thread) end now, as if its duration had passed."""
@@ -110,6 +111,7 @@ class Trainer:
         deadline = time.monotonic() + duration
         config = self.config
         self._stop.clear()
+        self.stopped_from_outside = False
         self.started_pids = []
         self._failures.clear()
         self._restart_after.clear()
@@ -180,6 +182,10 @@ class Trainer:
                 self.stats.weights_version = weights.publish(agent.model_instance.state_dict())
                 next_broadcast = now + config.broadcast_period
             if now >= next_check:
+                if run.stopped():  # set by `rqrl stop RUN` (this trainer sets it only once it shuts down)
+                    log.warning("run %s was stopped from outside this trainer (rqrl stop)", run.keys.run_name)
+                    self.stopped_from_outside = True
+                    break
                 self._supervise(run)
                 next_check = now + SUPERVISE_SECONDS
             if self.on_progress is not None and now >= next_progress:

@@ -234,6 +234,9 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     stopped_by: str | None = None
     try:
         trainer.start(config.seconds)
+        if trainer.stopped_from_outside:
+            stopped_by = "rqrl stop"
+            log.warning("stopped by rqrl stop: writing a checkpoint; resume with --resume %s", run_dir)
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, run_dir)

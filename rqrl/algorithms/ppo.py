@@ -37,7 +37,7 @@ from rqrl.algorithms.impala import ActorCritic, TrainResult, env_spaces, make_fl
 from rqrl.checkpoint import TrainingState, load_checkpoint, save_checkpoint, save_weights
 from rqrl.connection import redact_url
 from rqrl.episodes import EpisodeBatch, StepType
-from rqrl.errors import ConfigError
+from rqrl.errors import ConfigError, RunStoppedError
 from rqrl.metrics import MetricsWriter, plot_learning_curve
 from rqrl.process import Terminated
 from rqrl.progress import Progress
@@ -268,7 +268,7 @@ def make_sampler(config: PpoConfig, model: ActorCritic, *, secret: str | bytes |
     """The default sampler: embedded Redis unless ``redis_url`` is given; each logical worker builds its env."""
     return RQSampler(copy.deepcopy(model).to("cpu"), NewEnvUpdate(functools.partial(make_flat_env, config.env_id)),
                      max_episode_length=max_episode_length(config), n_workers=config.n_workers, seed=config.seed,
-                     redis_url=config.redis_url, worker_redis_url=config.worker_redis_url,
+                     redis_url=config.redis_url, worker_redis_url=config.worker_redis_url, run_name=config.run_name,
                      n_local_workers=config.workers, start_method="forkserver", secret=secret,
                      redis_server=redis_server, progress=False)
 
@@ -317,6 +317,9 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)
+    except RunStoppedError as error:
+        stopped_by = "rqrl stop"
+        log.warning("%s: writing a checkpoint; resume with --resume %s", error, learner.run_dir)
     finally:
         progress.close()
         seconds = learner.elapsed_before + time.monotonic() - started

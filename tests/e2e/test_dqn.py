@@ -115,3 +115,26 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
         assert torch.equal(resumed_checkpoint.model[target], checkpoint.model[target]), target
     steps = [int(row["env_steps"]) for row in read_rows(run / "metrics.csv")]
     assert steps == sorted(set(steps)), "metrics.csv went back in history after --resume"
+
+
+def test_rqrl_stop_ends_a_dqn_run(tmp_path, connection, redis_url):
+    run = tmp_path / "dqn-stopped"
+    command = [sys.executable, "-m", "rqrl", "train", "--algo", "dqn", "--env", TRIVIAL_ENV, "--seconds", "600",
+               "--minimum-buffer-size", "100", "--target-return", "1000", "--redis-url", redis_url,
+               "--run-dir", str(tmp_path), "--run-name", "dqn-stopped", "--progress-seconds", "0.5"]
+    learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: learner.poll() is not None or trained(run), 120, interval=0.2,
+                   message="training to start")
+        stop = run_rqrl("stop", "dqn-stopped", "--redis-url", redis_url, timeout=90)
+        stdout, stderr = learner.communicate(timeout=60)
+    finally:
+        stop_process(learner)
+    assert stop.returncode == 0 and "stopped by its trainer" in stop.stdout, stop.stdout + stop.stderr
+    assert learner.returncode == 0, stderr[-3000:]
+    assert "stopped by rqrl stop" in stderr, stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] and summary["stopped_by"] == "rqrl stop" and summary["updates"] > 0, summary
+    assert load_checkpoint(run / "checkpoint.safetensors").counters["env_steps"] == summary["env_steps"]
+    assert connection.keys("rqrl:dqn-stopped:*") == []

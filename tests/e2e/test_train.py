@@ -199,6 +199,28 @@ def test_sigterm_to_a_ppo_learner_stops_like_ctrl_c_and_progress_is_plain_lines(
     assert progress and "\r" not in stderr and all("steps/s (last 10 s)" in line for line in progress), stderr[-3000:]
 
 
+def test_rqrl_stop_ends_a_ppo_run(tmp_path, connection, redis_url):
+    command = [sys.executable, "-m", "rqrl", "train", *PPO_ARGUMENTS, "--total-env-steps", "100000000",
+               "--target-return", "1000", "--redis-url", redis_url, "--run-dir", str(tmp_path),
+               "--run-name", "ppo-stopped"]
+    learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "ppo-stopped"
+    try:
+        wait_until(lambda: rows_written(run, learner) >= 3, 120, interval=0.2, message="2 rows of metrics.csv")
+        stop = rqrl("stop", "ppo-stopped", "--redis-url", redis_url, timeout=90)
+        stdout, stderr = learner.communicate(timeout=60)
+    finally:
+        stop_process(learner)
+    assert stop.returncode == 0 and "stopped by its learner" in stop.stdout, stop.stdout + stop.stderr
+    assert learner.returncode == 0, stderr[-3000:]
+    assert "stopped from outside this sampler (rqrl stop)" in stderr, stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] and summary["stopped_by"] == "rqrl stop", summary
+    assert load_checkpoint(run / "checkpoint.safetensors").counters["env_steps"] == summary["env_steps"]
+    assert connection.keys("rqrl:ppo-stopped:*") == []
+
+
 def start_learner(tmp_path, redis_url: str, run_name: str, *extra: str) -> subprocess.Popen:
     """`rqrl train` on ``redis_url`` with external workers only, until stopped."""
     command = [sys.executable, "-m", "rqrl", "train", "--env", TRIVIAL_ENV, "--n-actors", "2", "--batch-size", "2",
