@@ -356,6 +356,8 @@ def _train_command() -> click.Command:
         click.echo(f"{state}: {result.env_steps:,} env steps, {result.updates:,} updates in {result.seconds:.1f} s "
                    f"({result.env_steps / max(result.seconds, 1e-9):,.0f} steps/s); mean return of the last 100 "
                    f"episodes {mean} over {result.episodes:,} episodes")
+        if result.bottleneck_detail:
+            click.echo(result.bottleneck_detail)
         click.echo(f"run folder: {result.run_dir}")
         if result.stopped_by in INTERRUPTED_EXIT_CODES:
             raise SystemExit(INTERRUPTED_EXIT_CODES[result.stopped_by])

@@ -54,6 +54,56 @@ class MetricsWriter:
         self._tensorboard.close()
 
 
+class Bottleneck:
+    """Where an asynchronous learner's time goes, to name what limits a run's throughput: a learner that waits
+    for rollouts much of its time is fed too slowly (the workers), one that finds the out-of-sync queue full
+    batch after batch makes the workers wait (the learner)."""
+
+    WAITING = 0.25  # waiting this share of its time or more: the workers limit the run
+    FULL = 0.5  # finding the queue full in this share of batches or more: the learner limits the run
+
+    def __init__(self) -> None:
+        self.waited = self.elapsed = 0.0
+        self.batches = self.full_batches = 0
+
+    def add(self, waited: float, elapsed: float, queue_full: bool) -> None:
+        """One batch: ``waited`` seconds in collect_outputs out of ``elapsed`` seconds for the whole step."""
+        self.waited += waited
+        self.elapsed += elapsed
+        self.batches += 1
+        self.full_batches += int(queue_full)
+
+    @property
+    def waiting_share(self) -> float | None:
+        return self.waited / self.elapsed if self.elapsed > 0 else None
+
+    @property
+    def full_share(self) -> float | None:
+        return self.full_batches / self.batches if self.batches else None
+
+    def verdict(self) -> str | None:
+        """"workers", "learner" or "balanced"; None before the first batch."""
+        waiting, full = self.waiting_share, self.full_share
+        if waiting is None or full is None:
+            return None
+        if waiting >= self.WAITING:
+            return "workers"
+        return "learner" if full >= self.FULL else "balanced"
+
+    def explain(self) -> str:
+        """One line for the run's summary."""
+        verdict, waiting, full = self.verdict(), self.waiting_share, self.full_share
+        if verdict is None or waiting is None or full is None:
+            return "bottleneck: no batch trained on"
+        facts = (f"the learner waited for rollouts {waiting:.0%} of its time; the queue was full at {full:.0%} "
+                 f"of batches")
+        advice = {"workers": "the workers limit throughput: add workers or envs per worker",
+                  "learner": "the learner limits throughput: a faster learner (--learner-device cuda, more "
+                             "--learner-threads) or larger batches",
+                  "balanced": "learner and workers keep pace with each other"}[verdict]
+        return f"bottleneck: {advice} ({facts})"
+
+
 def truncate_rows(csv_path: Path, last_step: int, fields: list[str]) -> int:
     """Keep the rows of ``csv_path`` up to ``last_step`` env steps (rewritten with header ``fields``, atomically);
     returns how many were dropped. Rows whose env_steps does not parse are dropped too."""

@@ -36,7 +36,7 @@ from rqrl.actors import DistributedActors, RedisDistributedActors
 from rqrl.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
 from rqrl.connection import redact_url
 from rqrl.errors import ConfigError, RunStoppedError
-from rqrl.metrics import MetricsWriter, plot_learning_curve
+from rqrl.metrics import Bottleneck, MetricsWriter, plot_learning_curve
 from rqrl.observations import TensorObs, map_tree
 from rqrl.process import Terminated
 from rqrl.progress import Progress
@@ -275,6 +275,10 @@ class TrainResult:
     episodes: int
     stopped_by: str | None = None
     """What interrupted the run: "SIGINT" (Ctrl-C), "SIGTERM" or "rqrl stop"; None if it ran to its end."""
+    bottleneck: str | None = None
+    """What limited throughput: "workers", "learner" or "balanced" (rqrl.metrics.Bottleneck); None if unknown."""
+    bottleneck_detail: str | None = None
+    """The summary's line saying why."""
 
     def summary(self) -> dict[str, Any]:
         return {**asdict(self), "run_dir": str(self.run_dir)}
@@ -423,9 +427,11 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                         enabled=config.progress, interval=config.progress_seconds)
     started, last_checkpoint = time.monotonic(), time.monotonic()
     stopped_by: str | None = None
+    bottleneck = Bottleneck()
     try:
         with actors:
             actors.broadcast_updated_policy(learner.model.state_dict())
+            step_started = time.monotonic()
             while learner.env_steps < config.total_env_steps and not learner.solved:
                 record, queue_size, _, dequeue_seconds = actors.collect_outputs(str(learner.device))
                 learner_version = actors.policy_version
@@ -468,6 +474,10 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                     last_checkpoint = time.monotonic()
                 if learner.updates % 100 == 0:  # epochs of 100 updates keep the actors' statistics bounded
                     actors.get_epoch_stats_aggregator().reduce()
+                now = time.monotonic()
+                bound = _queue_bound(actors)
+                bottleneck.add(dequeue_seconds, now - step_started, bound is not None and queue_size >= bound)
+                step_started = now
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)
@@ -484,7 +494,8 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
     result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=stopped_by is not None,
                          env_steps=learner.env_steps, updates=learner.updates, seconds=seconds,
                          mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
-                         episodes=learner.episodes, stopped_by=stopped_by)
+                         episodes=learner.episodes, stopped_by=stopped_by, bottleneck=bottleneck.verdict(),
+                         bottleneck_detail=bottleneck.explain())
     (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
 

@@ -57,6 +57,8 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     random_policy_return = 10.0  # 20 coin flips
     assert summary["mean_return"] > random_policy_return + 5, summary
+    assert summary["bottleneck"] in ("workers", "learner", "balanced"), summary
+    assert summary["bottleneck_detail"] in result.stdout and "waited for rollouts" in result.stdout, result.stdout
     # stderr is a pipe: plain progress lines (one at the start, every 10 s, one at the end), never a redrawn bar
     progress = [line for line in result.stderr.splitlines() if line.startswith(f"IMPALA {TRIVIAL_ENV}:")]
     assert progress and "\r" not in result.stderr, result.stderr[-3000:]

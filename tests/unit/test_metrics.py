@@ -7,7 +7,9 @@ import math
 import struct
 import time
 
-from rqrl.metrics import MetricsWriter, plot_learning_curve
+import pytest
+
+from rqrl.metrics import Bottleneck, MetricsWriter, plot_learning_curve
 from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
 
 
@@ -126,3 +128,21 @@ def test_a_resume_tells_tensorboard_to_hide_the_old_points_past_the_checkpoint(t
             if event.HasField("session_log"):
                 purge_steps.append(event.step)
     assert purge_steps == [201]
+
+
+@pytest.mark.parametrize(("steps", "verdict"), [
+    ([(0.5, 1.0, False)] * 4, "workers"),  # waits half its time for rollouts
+    ([(0.01, 1.0, True)] * 3 + [(0.01, 1.0, False)], "learner"),  # never waits, the queue is full 3 times in 4
+    ([(0.1, 1.0, False)] * 3 + [(0.1, 1.0, True)], "balanced"),
+])
+def test_bottleneck_names_what_limits_the_run(steps, verdict):
+    bottleneck = Bottleneck()
+    for waited, elapsed, full in steps:
+        bottleneck.add(waited, elapsed, full)
+    assert bottleneck.verdict() == verdict
+    assert bottleneck.explain().startswith("bottleneck: ") and "%" in bottleneck.explain()
+
+
+def test_bottleneck_before_any_batch_says_so():
+    assert Bottleneck().verdict() is None
+    assert Bottleneck().explain() == "bottleneck: no batch trained on"
