@@ -51,6 +51,7 @@ __all__ = ["Actor", "Config", "Trainer", "TrainerStats"]
 log = logging.getLogger(__name__)
 
 SUPERVISE_SECONDS = 0.2
+DROP_CHECK_SECONDS = 2.0
 """How often the learner looks for dead actor and server processes and for reported thread deaths."""
 RECEIVE_MESSAGES = 256
 """Most transition messages the learner pops between two train steps."""
@@ -65,6 +66,8 @@ class TrainerStats:
     train_steps: int = 0
     weights_version: int = 0
     episodes: int = 0
+    transitions_dropped: int = 0
+    """Transitions the actors dropped because the list was full (Config.drop_when_full), as last read."""
     recent_returns: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=100))
     restarts: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
@@ -169,7 +172,7 @@ class Trainer:
         train_interval = 1.0 / config.max_train_frequency if config.max_train_frequency > 0 else 0.0
         now = time.monotonic()
         next_train, next_broadcast, next_check = now, now + config.broadcast_period, now + SUPERVISE_SECONDS
-        next_progress = now + self.progress_seconds
+        next_progress, next_drop_check = now + self.progress_seconds, now + DROP_CHECK_SECONDS
         while (now := time.monotonic()) < deadline and not self._stop.is_set():
             received = self._receive(run, RECEIVE_MESSAGES)
             trained = False
@@ -188,11 +191,24 @@ class Trainer:
                     break
                 self._supervise(run)
                 next_check = now + SUPERVISE_SECONDS
+            if config.drop_when_full and now >= next_drop_check:
+                self._report_drops(run)
+                next_drop_check = now + DROP_CHECK_SECONDS
             if self.on_progress is not None and now >= next_progress:
                 self.on_progress(self)
                 next_progress = now + self.progress_seconds
             if not received and not trained:
                 time.sleep(max(0.0, min(0.005, deadline - time.monotonic())))
+
+    def _report_drops(self, run: SeedRun) -> None:
+        """Log the transitions actors dropped since the last look (only with Config.drop_when_full)."""
+        dropped = run.counters().get("transitions_dropped", 0)
+        if dropped > self.stats.transitions_dropped:
+            log.warning("run %s: actors dropped %d transitions (%d in all) because the transition list was full: "
+                        "the learner falls behind them (drop_when_full=True; raise transition_queue_size or "
+                        "max_train_frequency, or set drop_when_full=False to make actors wait)", run.keys.run_name,
+                        dropped - self.stats.transitions_dropped, dropped)
+            self.stats.transitions_dropped = dropped
 
     def _receive(self, run: SeedRun, limit: int) -> int:
         """Pop up to ``limit`` transition messages into the replay; returns how many were popped."""
@@ -252,6 +268,7 @@ class Trainer:
                 while self._receive(run, 10_000):
                     pass
                 self.stats.counters = run.counters()
+                self.stats.transitions_dropped = self.stats.counters.get("transitions_dropped", 0)
                 run.delete()
         finally:
             if own_connection is not None:

@@ -33,10 +33,15 @@ STABLE_SECONDS = 10.0
 TRANSITIONS_PER_MESSAGE = 16
 """An actor thread sends its transitions in messages of this many (or fewer, at an episode's end)."""
 
-# KEYS: transitions list, stopped flag, stats hash; ARGV: bound, message, transitions in it
+# KEYS: transitions list, stopped flag, stats hash; ARGV: bound, message, transitions in it, "1" to drop when full
+# returns 1 pushed, 0 full (wait and retry), 2 full and dropped (counted), -1 the run stopped
 _BOUNDED_PUSH = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[1]) then
+  if ARGV[4] == '1' then
+    redis.call('HINCRBY', KEYS[3], 'transitions_dropped', ARGV[3])
+    return 2
+  end
   redis.call('HINCRBY', KEYS[3], 'full_waits', 1)
   return 0
 end
@@ -61,20 +66,24 @@ def decode_transitions(blob: bytes, key: bytes) -> tuple[TransitionBatch, np.nda
 
 
 class TransitionSender:
-    """Pushes transition messages onto the run's bounded list, waiting while it is full."""
+    """Pushes transition messages onto the run's bounded list, waiting while it is full (or, if ``drop_when_full``,
+    dropping the message and counting its transitions in the run's stats as transitions_dropped)."""
 
-    def __init__(self, run: SeedRun, bound: int):
-        self.run, self.bound = run, bound
+    def __init__(self, run: SeedRun, bound: int, drop_when_full: bool = False):
+        self.run, self.bound, self.drop_when_full = run, bound, drop_when_full
         self._push = run.connection.register_script(_BOUNDED_PUSH)
 
-    def send(self, message: bytes, count: int, stop: threading.Event | None = None) -> None:
-        """Push one message of ``count`` transitions; RunStoppedError if the run stops while it waits."""
+    def send(self, message: bytes, count: int, stop: threading.Event | None = None) -> bool:
+        """Push one message of ``count`` transitions; False if it was dropped (the list was full and
+        ``drop_when_full``). RunStoppedError if the run stops while it waits."""
         keys = [self.run.keys.seed("transitions"), self.run.keys.seed("stopped"), self.run.keys.seed("stats")]
         pause = 0.005
         while True:
-            result = self._push(keys=keys, args=[self.bound, message, count])
+            result = self._push(keys=keys, args=[self.bound, message, count, int(self.drop_when_full)])
             if result == 1:
-                return
+                return True
+            if result == 2:
+                return False
             if result == -1 or (stop is not None and stop.is_set()):
                 raise RunStoppedError(f"run {self.run.keys.run_name} stopped while transitions waited to be sent")
             time.sleep(pause)
@@ -142,7 +151,7 @@ class ActorThread(threading.Thread):
         client = InferenceClient(self.store, f"a{self.actor_index}.{self.thread_index}.{self.incarnation}."
                                  f"{threading.get_native_id()}", settings["request_timeout"],
                                  stopped=lambda: self.stop.is_set() or self.store.stopped())
-        sender = TransitionSender(self.store, settings["transition_queue_size"])
+        sender = TransitionSender(self.store, settings["transition_queue_size"], settings.get("drop_when_full", False))
         collector = NStepCollector(settings["n_step"], settings["gamma"])
         obs, info = env.reset(seed=env_seed)
         mask = legal_mask(info, n_actions)

@@ -55,6 +55,9 @@ class Config:
                                                    "from it."})
     transition_queue_size: int = field(default=1000, metadata={
         "help": "Bound of the Redis list of transition messages; actors wait while it is full."})
+    drop_when_full: bool = field(default=False, metadata={
+        "help": "While the transition list is full, drop the actors' messages (counted in the stats as "
+                "transitions_dropped, and logged) instead of waiting: actors never slow down for the learner."})
     request_timeout: float = field(default=5.0, metadata={
         "help": "Seconds an actor waits for an answer before sending the request again (to any live server)."})
     start_method: str | None = field(default=None, metadata={
@@ -109,6 +112,7 @@ class Config:
                 "broadcast_period": self.broadcast_period, "inference_batchsize": self.inference_batchsize,
                 "inference_delay": self.inference_delay, "inference_device": str(self.inference_device),
                 "seed": self.seed, "transition_queue_size": self.transition_queue_size,
+                "drop_when_full": self.drop_when_full,
                 "request_timeout": self.request_timeout, "inference_threads": self.inference_threads}
 
 

@@ -71,6 +71,35 @@ def test_no_transition_is_lost_under_a_slow_learner(redis_url, connection, run_n
     assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
 
 
+@pytest.mark.timeout(90)
+def test_with_drop_when_full_a_slow_learner_makes_actors_drop_and_the_trainer_reports_it(redis_url, connection,
+                                                                                        run_name, caplog):
+    agent = cartpole_agent()
+    agent.__class__ = SlowAgent  # the actors outrun the learner until they find the list full and drop
+
+    def actors_dropped():
+        return int(connection.hget(f"rqrl:{run_name}:seed:stats", "transitions_dropped") or 0) > 0
+
+    agent.block_until = actors_dropped
+
+    def stop_once_reported(trainer):
+        if trainer.stats.train_steps >= 3 and trainer.stats.transitions_dropped > 0:
+            trainer.stop()
+
+    trainer = Trainer(agent, config(redis_url, run_name, transition_queue_size=2, minimum_buffer_size=20,
+                                    drop_when_full=True),
+                      make_cartpole, on_progress=stop_once_reported, progress_seconds=0.05)
+    with caplog.at_level("WARNING", logger="rqrl.seed"):
+        trainer.start(60.0)
+    stats = trainer.stats
+    assert stats.transitions_dropped == stats.counters["transitions_dropped"] > 0, stats
+    assert "full_waits" not in stats.counters, stats  # nobody waited
+    assert stats.counters["pushed"] == stats.transitions_received == agent.replay.added > 0
+    assert any("dropped" in record.getMessage() and "drop_when_full=True" in record.getMessage()
+               for record in caplog.records), caplog.text
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
 @pytest.mark.timeout(150)
 def test_a_killed_server_and_a_killed_actor_are_replaced(redis_url, connection, run_name, caplog):
     trainer = Trainer(cartpole_agent(), config(redis_url, run_name, epsilon=0.0, max_train_frequency=20),

@@ -60,6 +60,16 @@ def test_a_full_list_makes_the_sender_wait_until_the_learner_takes_one(run):
     assert values == [1.0, 2.0] and run.counters()["pushed"] == 3
 
 
+def test_with_drop_when_full_a_full_list_drops_the_message_and_counts_its_transitions(run):
+    sender = TransitionSender(run, bound=1, drop_when_full=True)
+    assert sender.send(encode_transitions(one_transition(0), run.message_key), 1)
+    assert not sender.send(encode_transitions(TransitionBatch(*(np.concatenate([field, field]) for field in
+                                                                one_transition(1))), run.message_key), 2)
+    assert [batch.obs[0, 0] for batch in pop_transitions(run)] == [0.0]
+    counters = run.counters()
+    assert counters["transitions_dropped"] == 2 and counters["pushed"] == 1 and "full_waits" not in counters
+
+
 def test_a_waiting_sender_stops_with_the_run(run):
     sender = TransitionSender(run, bound=1)
     sender.send(encode_transitions(one_transition(), run.message_key), 1)
