@@ -107,6 +107,17 @@ def test_train_cartpole_prints_ppo_next_to_its_single_process_baseline() -> None
     assert len([line for line in out.splitlines() if line.startswith("| PPO, ")]) == 2, out
 
 
+@pytest.mark.slow  # about 30 s: an IMPALA run and a 3-second DQN run, each with its own Redis and processes
+@pytest.mark.timeout(200)
+def test_train_cartpole_prints_dqn_and_the_impala_bottleneck() -> None:
+    out = run_benchmark("train_cartpole.py", "--env", "tests.fixtures:RqrlGuessSign-v0", "--variants", "rqrl",
+                        "dqn", "--seeds", "0", "--budget", "2000", "--dqn-seconds", "3")
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and "," in line}
+    impala = rows["IMPALA, rqrl (Redis, local workers)"]
+    assert impala.rstrip(" |").split("|")[-1].strip() in ("workers", "learner", "balanced"), impala
+    assert rows["DQN, rqrl SEED (Redis, central inference)"].rstrip(" |").endswith("-"), rows
+
+
 @pytest.mark.timeout(200)
 def test_profile_sampler_prints_the_worker_cpu_per_step_and_its_top_functions() -> None:
     out = run_benchmark("profile_sampler.py", "--workers", "2", "--num-samples", "100", "--iterations", "1",
