@@ -241,11 +241,17 @@ def load_context(connection: redis.Redis, run_name: str) -> RunContext:
 
 
 def _load_payloads(run_name: str, policy_blob: bytes, env_factory_blob: bytes) -> tuple[bytes, Policy, EnvFactory]:
-    """The secret, and the run's policy and env factory unpickled; WorkerUnfitError if this worker cannot
-    verify them (no or another secret) or cannot import their code: the run may well go on elsewhere."""
+    """The secret, and the run's policy and env factory unpickled (see load_signed)."""
+    secret, (policy, env_factory) = load_signed(run_name, policy_blob, env_factory_blob)
+    return secret, policy, env_factory
+
+
+def load_signed(run_name: str, *blobs: bytes) -> tuple[bytes, list[Any]]:
+    """The secret, and each signed blob of the run unpickled; WorkerUnfitError if this worker cannot verify
+    them (no or another secret) or cannot import their code: the run may well go on on other workers."""
     try:
         secret = _require_secret()
-        return secret, loads_object(policy_blob, secret), loads_object(env_factory_blob, secret)
+        return secret, [loads_object(blob, secret) for blob in blobs]
     except SignatureError as error:
         raise WorkerUnfitError(f"this worker cannot verify run {run_name!r}'s signed payload: {error}") from error
     except Exception as error:  # unpickling imports the user's code: ModuleNotFoundError, AttributeError, ...
@@ -467,8 +473,8 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                 pass  # the reaper gave the group to another job meanwhile
             lease.release()
             lease = None
-        _sideline(connection, keys, job.id, error)
-        _back_off(run_name)
+        sideline(connection, keys, job.id, error)
+        back_off(run_name)
         raise
     except LeaseLostError:
         log.warning("job %s lost actor group %d to another job; stopping", job.id, group_id)
@@ -504,7 +510,7 @@ def _build_group(context: RunContext, group_id: int) -> ActorGroup:
 _UNFIT_STREAKS: dict[str, int] = {}  # run name -> jobs in a row this worker could not run
 
 
-def _sideline(connection: redis.Redis, keys: RunKeys, job_id: str, error: WorkerUnfitError) -> None:
+def sideline(connection: redis.Redis, keys: RunKeys, job_id: str, error: WorkerUnfitError) -> None:
     """Tell the learner (and ``rqrl status``) that this worker cannot run the run, and why."""
     name = worker_label()
     log.error("worker %s cannot run %s and hands its jobs back to other workers: %s", name, keys.run_name, error)
@@ -519,7 +525,7 @@ def _sideline(connection: redis.Redis, keys: RunKeys, job_id: str, error: Worker
         log.exception("could not report to run %s that worker %s is sidelined", keys.run_name, name)
 
 
-def _back_off(run_name: str) -> None:
+def back_off(run_name: str) -> None:
     """Wait 1, 2, 4, ... up to SIDELINE_MAX_SECONDS (longer for each job of the run in a row it could not
     run) before dequeueing again, so the job handed back goes to a worker that can run it."""
     streak = _UNFIT_STREAKS[run_name] = _UNFIT_STREAKS.get(run_name, 0) + 1

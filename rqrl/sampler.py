@@ -332,6 +332,7 @@ class MultiprocessingSampler:
             while not order.complete(episodes):
                 self._check_in()
                 self._supervisor.raise_actor_failures(throttled=True)
+                self._supervisor.check_sidelined_workers(throttled=True)
                 self.groups_rerun += len(self._supervisor.rerun_orphaned_groups(
                     rerun=lambda group_id: self._rerun(group_id, version, mode, count)))
                 popped = self._store.pop(version, _POP_BATCH, timeout=0.25)
@@ -356,6 +357,13 @@ class MultiprocessingSampler:
         chosen = order.chosen(episodes)
         self.dropped_episodes += len(episodes) - len(chosen)
         return EpisodeBatch.concatenate(*(episodes[key] for key in chosen))
+
+    @property
+    def sidelined_workers(self) -> dict[str, str]:
+        """Workers that could not run this sampler's jobs (a wrong RQRL_SECRET, agent or env code that does not
+        import there) and hand them back, by name, with the reason (see docs/service.md)."""
+        supervisor = getattr(self, "_supervisor", None)
+        return {name: report["error"] for name, report in supervisor.sidelined.items()} if supervisor else {}
 
     def _check_in(self) -> None:
         """At most once a second: move the learner's heartbeat deadline on (``rqrl status``, ``rqrl stop`` and the

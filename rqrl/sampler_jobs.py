@@ -28,16 +28,18 @@ import redis
 from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
-from rqrl.codec import RECORD_MAGIC, loads_object, records_key, sign, weights_key
+from rqrl.codec import RECORD_MAGIC, records_key, sign, weights_key
 from rqrl.episodes import EpisodeBatch, encode_episodes
-from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError
+from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError, WorkerUnfitError
 from rqrl.jobs import (
     ERROR_TTL_SECONDS,
     SAMPLER_JOB_FUNCTION,
     JobSlice,
+    back_off,
+    load_signed,
     push_error_report,
     read_config,
-    require_secret,
+    sideline,
     worker_label,
 )
 from rqrl.keys import RunKeys
@@ -171,8 +173,7 @@ def load_sampler_context(connection: redis.Redis, config: RunConfig) -> SamplerC
     blob = connection.get(keys.env_factory)
     if not isinstance(blob, bytes):
         raise RunStoppedError(f"sampler run {config.run_name!r} has no worker factory in Redis")
-    secret = require_secret()
-    factory = loads_object(blob, secret)
+    secret, (factory,) = load_signed(config.run_name, blob)
     if not isinstance(factory, WorkerFactory):
         raise RecordError(f"sampler run {config.run_name!r} stores a {type(factory).__name__}, not a WorkerFactory")
     context = SamplerContext(config=config, factory=factory, keys=keys, secret=secret,
@@ -221,7 +222,7 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
         workers: dict[int, LogicalWorker] = {}
         for w in members:
             current = (w, next_k[w])
-            prepared = context.prepared(store, w, call)
+            prepared = _prepare(context, store, w, call)
             if prepared is None:
                 return {"episodes": 0, "stale": True}
             workers[w] = prepared
@@ -338,6 +339,18 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
         return {"episodes": pushed, "stopped": True}
     except ForbiddenJobError:
         raise
+    except WorkerUnfitError as error:  # this worker's fault, not the episodes': as rqrl.jobs.run_actor_group
+        if lease is not None:
+            try:
+                enqueue_sampler_group(connection, config, group_id, version, holder=lease.holder)
+            except LeaseLostError:
+                pass
+            lease.release()
+            lease = None
+        _drop_workers(run_name, members)
+        sideline(connection, keys, job.id, error)
+        back_off(run_name)
+        raise
     except LeaseLostError:
         log.warning("job %s lost sampler group %d to another job; stopping", job.id, group_id)
         _drop_workers(run_name, members)
@@ -352,6 +365,17 @@ def run_sampler_group(run_name: str, group_id: int, version: int) -> dict[str, A
     finally:
         if lease is not None:
             lease.release()
+
+
+def _prepare(context: SamplerContext, store: SamplerStore, worker: int, call: SamplerCall) -> LogicalWorker | None:
+    """The logical worker with the call's updates applied; WorkerUnfitError if their code does not import here."""
+    try:
+        return context.prepared(store, worker, call)
+    except ImportError as error:
+        raise WorkerUnfitError(
+            f"this worker cannot load sampler run {context.config.run_name!r}'s agents or envs "
+            f"({type(error).__name__}: {error}); install their code in this worker's environment (docs/service.md)"
+        ) from error
 
 
 def _lowest_elsewhere(progress: dict[int, tuple[int, int]], call: SamplerCall, members: list[int]) -> int:

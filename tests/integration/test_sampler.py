@@ -368,3 +368,23 @@ def test_an_episode_longer_than_hang_seconds_is_not_taken_for_a_hung_job(connect
         batch = sampler.obtain_exact_episodes(5, None)
         assert sampler.groups_rerun == 0
     assert batch.lengths.tolist() == [8] * 5
+
+
+def test_a_worker_with_another_secret_is_sidelined_and_the_sampler_goes_on(connection, redis_url, run_name, workers):
+    """Issue 14, for the sampler's jobs: the bad worker hands its jobs back and is named; the good one samples."""
+    workers.start("bad", env={"RQRL_SECRET": "not-the-learner-secret"})
+    workers.start("good")
+    workers.wait_registered(connection, 2)
+    with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=4,
+                      n_local_workers=0, run_name=run_name, min_job_seconds=0.2) as sampler:
+        batches = []
+
+        def sampled_and_saw_the_bad_worker() -> bool:
+            batches.append(sampler.obtain_exact_episodes(1, None))
+            return "bad" in sampler.sidelined_workers
+
+        wait_until(sampled_and_saw_the_bad_worker, 90, interval=0,
+                   message=lambda: f"the bad worker sidelined: {sampler.sidelined_workers}")
+        assert "different RQRL_SECRET" in sampler.sidelined_workers["bad"]
+        assert set(sampler.sidelined_workers) == {"bad"}
+        assert all(batch.lengths.tolist() == [10] * 4 for batch in batches), [b.lengths for b in batches]
