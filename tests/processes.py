@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -156,3 +157,16 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def stop_from_outside(learner: subprocess.Popen, run_name: str, redis_url: str,
+                      ready: Callable[[], object], what: str) -> tuple[subprocess.CompletedProcess, str, str]:
+    """Once ``ready()`` (the learner ``learner`` shows ``what``), run `rqrl stop RUN_NAME` and wait for the learner
+    to exit; returns the stop command's result and the learner's stdout and stderr. The learner never outlives it."""
+    try:
+        wait_until(ready, 120, interval=0.2, message=what)
+        stop = run_rqrl("stop", run_name, "--redis-url", redis_url, timeout=90)
+        stdout, stderr = learner.communicate(timeout=60)
+    finally:
+        stop_process(learner)
+    return stop, stdout, stderr

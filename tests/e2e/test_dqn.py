@@ -13,7 +13,16 @@ import torch
 
 from rqrl.checkpoint import load_checkpoint, load_weights
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, alive, descendants, processes_with_marker, run_rqrl, stop_process, worker_env
+from tests.processes import (
+    REPO_ROOT,
+    alive,
+    descendants,
+    processes_with_marker,
+    run_rqrl,
+    stop_from_outside,
+    stop_process,
+    worker_env,
+)
 from tests.run_files import PNG_SIGNATURE, read_rows
 
 pytestmark = pytest.mark.timeout(300)
@@ -124,13 +133,8 @@ def test_rqrl_stop_ends_a_dqn_run(tmp_path, connection, redis_url):
                "--run-dir", str(tmp_path), "--run-name", "dqn-stopped", "--progress-seconds", "0.5"]
     learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(lambda: learner.poll() is not None or trained(run), 120, interval=0.2,
-                   message="training to start")
-        stop = run_rqrl("stop", "dqn-stopped", "--redis-url", redis_url, timeout=90)
-        stdout, stderr = learner.communicate(timeout=60)
-    finally:
-        stop_process(learner)
+    stop, stdout, stderr = stop_from_outside(learner, "dqn-stopped", redis_url,
+                                             lambda: learner.poll() is not None or trained(run), "training to start")
     assert stop.returncode == 0 and "stopped by its trainer" in stop.stdout, stop.stdout + stop.stderr
     assert learner.returncode == 0, stderr[-3000:]
     assert "stopped by rqrl stop" in stderr, stderr[-3000:]

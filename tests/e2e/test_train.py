@@ -14,7 +14,16 @@ import pytest
 
 from rqrl.checkpoint import load_checkpoint
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, alive, descendants, processes_with_marker, run_rqrl, stop_process, worker_env
+from tests.processes import (
+    REPO_ROOT,
+    alive,
+    descendants,
+    processes_with_marker,
+    run_rqrl,
+    stop_from_outside,
+    stop_process,
+    worker_env,
+)
 from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
 
 pytestmark = pytest.mark.timeout(240)
@@ -208,12 +217,8 @@ def test_rqrl_stop_ends_a_ppo_run(tmp_path, connection, redis_url):
     learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     run = tmp_path / "ppo-stopped"
-    try:
-        wait_until(lambda: rows_written(run, learner) >= 3, 120, interval=0.2, message="2 rows of metrics.csv")
-        stop = rqrl("stop", "ppo-stopped", "--redis-url", redis_url, timeout=90)
-        stdout, stderr = learner.communicate(timeout=60)
-    finally:
-        stop_process(learner)
+    stop, stdout, stderr = stop_from_outside(learner, "ppo-stopped", redis_url,
+                                             lambda: rows_written(run, learner) >= 3, "2 rows of metrics.csv")
     assert stop.returncode == 0 and "stopped by its learner" in stop.stdout, stop.stdout + stop.stderr
     assert learner.returncode == 0, stderr[-3000:]
     assert "stopped from outside this sampler (rqrl stop)" in stderr, stderr[-3000:]
@@ -272,12 +277,8 @@ def test_rqrl_stop_ends_a_run_from_anywhere(tmp_path, connection, redis_url, wor
     workers.wait_registered(connection, 1)
     learner = start_learner(tmp_path, redis_url, "stopped")
     run = tmp_path / "stopped"
-    try:
-        wait_until(lambda: rows_written(run, learner) >= 5, 120, interval=0.2, message="5 rows of metrics.csv")
-        stop = rqrl("stop", "stopped", "--redis-url", redis_url, timeout=90)
-        stdout, stderr = learner.communicate(timeout=60)
-    finally:
-        stop_process(learner)
+    stop, stdout, stderr = stop_from_outside(learner, "stopped", redis_url,
+                                             lambda: rows_written(run, learner) >= 5, "5 rows of metrics.csv")
     assert stop.returncode == 0, stop.stderr
     assert "stopped by its learner" in stop.stdout, stop.stdout
     assert learner.returncode == 0, stderr[-3000:]
