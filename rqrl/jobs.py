@@ -229,7 +229,7 @@ def load_context(connection: redis.Redis, run_name: str) -> RunContext:
     # None: the run is gone; workers connect without decode_responses, so a value is bytes
     if not isinstance(env_factory_blob, bytes) or not isinstance(policy_blob, bytes):
         raise RunStoppedError(f"run {run_name!r} has no env factory or policy in Redis")
-    secret, policy, env_factory = _load_payloads(run_name, policy_blob, env_factory_blob)
+    secret, (policy, env_factory) = load_signed(run_name, policy_blob, env_factory_blob)
     if isinstance(policy, torch.nn.Module):
         policy.eval()
     context = RunContext(config=config, env_factory=env_factory, policy=policy, keys=keys,
@@ -238,12 +238,6 @@ def load_context(connection: redis.Redis, run_name: str) -> RunContext:
         _CONTEXTS.pop(next(iter(_CONTEXTS))).close()
     _CONTEXTS[run_name] = context
     return context
-
-
-def _load_payloads(run_name: str, policy_blob: bytes, env_factory_blob: bytes) -> tuple[bytes, Policy, EnvFactory]:
-    """The secret, and the run's policy and env factory unpickled (see load_signed)."""
-    secret, (policy, env_factory) = load_signed(run_name, policy_blob, env_factory_blob)
-    return secret, policy, env_factory
 
 
 def load_signed(run_name: str, *blobs: bytes) -> tuple[bytes, list[Any]]:

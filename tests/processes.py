@@ -170,3 +170,11 @@ def stop_from_outside(learner: subprocess.Popen, run_name: str, redis_url: str,
     finally:
         stop_process(learner)
     return stop, stdout, stderr
+
+
+def start_dashboard(redis_url: str, port: int, log_file: Path) -> subprocess.Popen:
+    """`rqrl dashboard` on ``redis_url`` and ``port`` (default bind), its output in ``log_file``."""
+    with open(log_file, "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "rqrl", "dashboard", "--redis-url", redis_url, "--port",
+                                 str(port)], cwd=REPO_ROOT, env=worker_env(), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT)

@@ -20,6 +20,7 @@ from tests.processes import (
     get_json,
     processes_with_marker,
     run_rqrl,
+    start_dashboard,
     stop_process,
     worker_env,
 )
@@ -117,10 +118,7 @@ def test_dashboard_listens_on_localhost_opens_on_the_rqrl_queue_and_explains_gon
                                                                                     tmp_path):
     port = free_port()
     log_file = tmp_path / "dashboard.log"
-    with open(log_file, "wb") as log:
-        dashboard = subprocess.Popen([sys.executable, "-m", "rqrl", "dashboard", "--redis-url", redis_url, "--port",
-                                      str(port)], cwd=REPO_ROOT, env=worker_env(), stdin=subprocess.DEVNULL,
-                                     stdout=log, stderr=subprocess.STDOUT)
+    dashboard = start_dashboard(redis_url, port, log_file)
     base = f"http://127.0.0.1:{port}"
     try:
         get_json(f"{base}/0/data/queues.json", dashboard, log_file, timeout=60)

@@ -17,7 +17,7 @@ from rq.serializers import JSONSerializer
 
 from rqrl.rq_safety import failed_registry
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, free_port, get_json, stop_process, worker_env
+from tests.processes import REPO_ROOT, free_port, get_json, start_dashboard, stop_process, worker_env
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -51,10 +51,7 @@ def test_a_browser_shows_queues_busy_workers_and_a_failed_jobs_traceback(redis_u
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     port = free_port()
     log_file = tmp_path / "dashboard.log"
-    with open(log_file, "wb") as log:
-        dashboard = subprocess.Popen([sys.executable, "-m", "rqrl", "dashboard", "--redis-url", redis_url, "--port",
-                                      str(port)], cwd=REPO_ROOT, env=worker_env(), stdin=subprocess.DEVNULL,
-                                     stdout=log, stderr=subprocess.STDOUT)
+    dashboard = start_dashboard(redis_url, port, log_file)
     base = f"http://127.0.0.1:{port}/0"
     try:
         get_json(f"{base}/data/queues.json", dashboard, log_file, timeout=60)
