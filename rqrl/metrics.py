@@ -5,9 +5,13 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import socket
+import struct
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +23,6 @@ class MetricsWriter:
     earlier learner wrote past it, so history is never written twice."""
 
     def __init__(self, run_dir: str | Path, fields: list[str], resume_step: int | None = None):
-        from tensorboardX import SummaryWriter
-
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.fields = ["env_steps", *fields]
@@ -32,18 +34,15 @@ class MetricsWriter:
         self._csv = csv.DictWriter(self._file, fieldnames=self.fields, extrasaction="ignore")
         if is_new:
             self._csv.writeheader()
-        # a unique suffix: event files are named by the second, and a resume within it must not overwrite
         # purge_step: TensorBoard hides the earlier files' points from that step on
-        self._tensorboard = SummaryWriter(logdir=str(self.run_dir / "tensorboard"),
-                                          filename_suffix=f".{uuid.uuid4().hex[:8]}",
-                                          purge_step=resume_step + 1 if resume_step is not None else None)
+        self._tensorboard = EventFile(self.run_dir / "tensorboard",
+                                      purge_step=resume_step + 1 if resume_step is not None else None)
 
     def write(self, env_steps: int, values: Mapping[str, float | None]) -> None:
         """One CSV row (None: an empty cell) and the finite values as TensorBoard scalars."""
         self._csv.writerow({"env_steps": env_steps, **values})
-        for name, value in values.items():
-            if value is not None and math.isfinite(value):
-                self._tensorboard.add_scalar(name, value, env_steps)
+        self._tensorboard.write_scalars(env_steps, {name: value for name, value in values.items()
+                                                    if value is not None and math.isfinite(value)})
 
     def flush(self) -> None:
         self._file.flush()
@@ -52,6 +51,52 @@ class MetricsWriter:
     def close(self) -> None:
         self._file.close()
         self._tensorboard.close()
+
+
+class EventFile:
+    """A TensorBoard event file written in the caller's thread, one whole record per write call.
+
+    tensorboardX's SummaryWriter hands events to a thread through a multiprocessing.Queue, and a Ctrl-C that
+    lands inside its put can lose the wake-up of the queue's feeder thread: close() then waits forever for
+    the thread to see its stop signal (a learner that never exits after Ctrl-C). Here nothing waits on
+    another thread, and a Ctrl-C mid-write cannot leave half a record behind. The framing is TFRecord's:
+    length, its masked CRC-32C, the serialized Event, its masked CRC-32C."""
+
+    def __init__(self, directory: Path, purge_step: int | None = None):
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        directory.mkdir(parents=True, exist_ok=True)
+        # a unique suffix: event files are named by the second, and a resume within it must not overwrite
+        self.path = directory / (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+                                 f".{uuid.uuid4().hex[:8]}")
+        self._file = self.path.open("wb")
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if purge_step is not None:
+            self._write(Event(wall_time=time.time(), step=purge_step,
+                              session_log=SessionLog(status=SessionLog.START)))
+
+    def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """One event holding every value of ``values`` as a scalar at ``step``."""
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        if values:
+            summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in values.items()])
+            self._write(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _write(self, event: Any) -> None:
+        from tensorboardX.record_writer import masked_crc32c
+
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        self._file.write(header + struct.pack("<I", masked_crc32c(header)) + data
+                         + struct.pack("<I", masked_crc32c(data)))
 
 
 class Bottleneck:

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 from tensorboardX.proto import event_pb2
+from tensorboardX.record_writer import masked_crc32c
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -25,8 +26,13 @@ def tensorboard_scalars(run_dir: Path) -> list[tuple[int, str, float]]:
     for path in files:
         data, offset = path.read_bytes(), 0
         while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset:offset + 8])
-            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            header = data[offset:offset + 8]
+            (length,) = struct.unpack("<Q", header)
+            payload = data[offset + 12:offset + 12 + length]
+            (header_crc,), (payload_crc,) = (struct.unpack("<I", data[offset + 8:offset + 12]),
+                                             struct.unpack("<I", data[offset + 12 + length:offset + 16 + length]))
+            assert (header_crc, payload_crc) == (masked_crc32c(header), masked_crc32c(payload)), f"bad CRC in {path}"
+            event = event_pb2.Event.FromString(payload)
             offset += 12 + length + 4
             scalars.extend((event.step, value.tag, value.simple_value) for value in event.summary.value)
     return scalars

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import struct
+import threading
 import time
 
 import pytest
@@ -29,6 +30,19 @@ def test_writes_csv_rows_and_tensorboard_scalars(tmp_path):
     assert sorted(scalars) == sorted([(100, "mean_return", 1.5), (200, "loss", 0.25), (200, "not_a_column", 7.0),
                                       (300, "mean_return", 3.0), (300, "loss", 0.125)])
     assert all(math.isfinite(value) for _, _, value in scalars)
+
+
+def test_writing_metrics_starts_no_thread_so_ctrl_c_cannot_strand_one(tmp_path):
+    # tensorboardX's SummaryWriter feeds a thread through a multiprocessing.Queue; a Ctrl-C inside its put could
+    # leave close() waiting for that thread forever. Our writer works in the caller's thread alone.
+    before = set(threading.enumerate())
+    writer = MetricsWriter(tmp_path, ["x"], resume_step=10)
+    for step in range(20, 40):
+        writer.write(step, {"x": float(step)})
+    writer.flush()
+    assert set(threading.enumerate()) == before
+    writer.close()
+    assert [step for step, tag, _ in tensorboard_scalars(tmp_path) if tag == "x"] == list(range(20, 40))
 
 
 def test_reopening_appends_without_repeating_the_header(tmp_path):
