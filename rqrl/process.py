@@ -35,13 +35,19 @@ def process_context(method: str) -> ProcessContext:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs. A zombie does not: a learner that exited but whose parent has not reaped it yet
+    (a test waiting on its pipes, which our inherited stderr would hold open forever) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):  # no /proc (macOS): os.kill's answer stands
+        return True
 
 
 def exit_when_orphaned(learner_pid: int, poll_seconds: float = 1.0) -> None:
@@ -94,32 +100,58 @@ class Terminated(KeyboardInterrupt):
 
 
 SHUTDOWN_GRACE_SECONDS = 45.0
-"""How long the clean-up after SIGTERM may take before the process exits anyway (under compose's 60 s
-stop_grace_period for the learner, so the container never needs SIGKILL)."""
+"""How long the clean-up after SIGTERM or Ctrl-C may take before the process exits anyway (under compose's
+60 s stop_grace_period for the learner, so the container never needs SIGKILL)."""
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+"""The shell's exit codes for a process ended by each signal (128 + its number)."""
 
 
 def terminate_like_ctrl_c(grace_seconds: float = SHUTDOWN_GRACE_SECONDS) -> None:
     """Make SIGTERM raise Terminated in the main thread, once: a second SIGTERM is ignored, so it cannot cut
-    the clean-up short (SIGKILL still can). Should the clean-up hang, a watchdog prints every thread's stack
-    and exits 143 after ``grace_seconds``: a stop always ends, and says where it was stuck."""
+    the clean-up short (SIGKILL still can). Ctrl-C raises KeyboardInterrupt as always (a second one cuts the
+    clean-up short, as a user pressing it twice means). Should the clean-up after either hang, a watchdog
+    prints every thread's stack and exits (143, or 130 after Ctrl-C) ``grace_seconds`` later: a stop always
+    ends, and says where it was stuck. SIGUSR1 prints every thread's stack at any time. A SIGINT ignored from
+    the start (``nohup``, a background job of a script) stays ignored."""
+    import faulthandler
 
-    def handler(signum: int, frame: object) -> None:
+    def on_sigterm(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        threading.Thread(target=_exit_after, args=(grace_seconds,), name="rqrl-shutdown-watchdog",
-                         daemon=True).start()
+        _start_shutdown_watchdog(signal.SIGTERM, grace_seconds)
         raise Terminated("SIGTERM")
 
-    signal.signal(signal.SIGTERM, handler)
+    def on_sigint(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _start_shutdown_watchdog(signal.SIGINT, grace_seconds)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_sigint)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
-def _exit_after(seconds: float) -> None:
-    """The shutdown watchdog: after ``seconds``, the stacks of every thread to stderr, then exit 143."""
+def _start_shutdown_watchdog(signum: signal.Signals, seconds: float) -> None:
+    """The shutdown watchdog: a thread that, ``seconds`` after the stop signal, prints the stacks of every
+    thread to stderr and exits. Should the clean-up hold the GIL so that thread cannot run, faulthandler's
+    own C-level timer dumps the stacks and exits 1 ten seconds later."""
+    import faulthandler
+
+    threading.Thread(target=_exit_after, args=(signum, seconds), name="rqrl-shutdown-watchdog",
+                     daemon=True).start()
+    faulthandler.dump_traceback_later(seconds + 10.0, exit=True)
+
+
+def _exit_after(signum: signal.Signals, seconds: float) -> None:
     import faulthandler
     import sys
 
     time.sleep(seconds)
-    sys.stderr.write(f"rqrl: the clean-up after SIGTERM did not finish within {seconds:.0f} s; exiting 143 "
-                     f"without it (the last checkpoint stands). Where each thread was:\n")
+    code = EXIT_CODES.get(signum, 1)
+    sys.stderr.write(f"rqrl: the clean-up after {signum.name} did not finish within {seconds:.0f} s; exiting "
+                     f"{code} without it (the last checkpoint stands). Where each thread was:\n")
     sys.stderr.flush()
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    os._exit(143)
+    os._exit(code)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -166,10 +168,35 @@ def stop_from_outside(learner: subprocess.Popen, run_name: str, redis_url: str,
     try:
         wait_until(ready, 120, interval=0.2, message=what)
         stop = run_rqrl("stop", run_name, "--redis-url", redis_url, timeout=90)
-        stdout, stderr = learner.communicate(timeout=60)
+        stdout, stderr = communicate_or_show_stacks(learner, 60)
     finally:
         stop_process(learner)
     return stop, stdout, stderr
+
+
+def communicate_or_show_stacks(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """``process.communicate(timeout)``; should it still run then, fail with what it was doing: `rqrl train` and
+    `rqrl demo` print every thread's stack on SIGUSR1, and the message lists what still holds its pipes."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        exited = process.poll()
+        left = {pid: _command_line(pid) for pid in descendants(process.pid)}
+        if exited is None:
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            process.kill()
+        stdout, stderr = process.communicate(timeout=10)
+        raise AssertionError(
+            f"{process.args[:4]}... still ran {timeout:.0f} s later (exit code {exited}); its descendants: {left}\n"
+            f"stdout (tail): {stdout[-2000:]}\nstderr (tail, with the stacks): {stderr[-12000:]}") from None
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
 
 
 def start_dashboard(redis_url: str, port: int, log_file: Path) -> subprocess.Popen:

@@ -15,6 +15,7 @@ from tests.polling import wait_until
 from tests.processes import (
     REPO_ROOT,
     alive,
+    communicate_or_show_stacks,
     descendants,
     free_port,
     get_json,
@@ -148,9 +149,10 @@ def test_sigterm_to_demo_stops_it_cleanly_with_its_summary():
         wait_until(lambda: demo.poll() is not None or "steps/s" in (demo.stderr.readline() or ""), 60,
                    message="a progress line")
         demo.send_signal(signal.SIGTERM)
-        stdout, stderr = demo.communicate(timeout=60)
+        stdout, stderr = communicate_or_show_stacks(demo, 60)
     finally:
         stop_process(demo)
+    assert "did not finish" not in stderr, "the clean-up hung: " + stderr[-12000:]
     assert demo.returncode == 143, stderr[-3000:]
     assert "interrupted (SIGTERM):" in stdout and "Traceback" not in stderr, stdout + stderr[-3000:]
     wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,

@@ -16,6 +16,7 @@ from tests.polling import wait_until
 from tests.processes import (
     REPO_ROOT,
     alive,
+    communicate_or_show_stacks,
     descendants,
     processes_with_marker,
     run_rqrl,
@@ -93,9 +94,10 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
                    120, interval=0.2, message="training to start and a periodic checkpoint")
         children = descendants(learner.pid)
         learner.send_signal(signal.SIGTERM)  # what `docker compose stop` sends
-        stdout, stderr = learner.communicate(timeout=60)
+        stdout, stderr = communicate_or_show_stacks(learner, 60)
     finally:
         stop_process(learner)
+    assert "did not finish" not in stderr, "the clean-up hung: " + stderr[-12000:]
     assert learner.returncode == 143, stderr[-3000:]
     assert "interrupted (SIGTERM)" in stderr
     progress = [line for line in stderr.splitlines() if line.startswith(f"DQN {TRIVIAL_ENV}:")]

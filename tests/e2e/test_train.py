@@ -17,6 +17,7 @@ from tests.polling import wait_until
 from tests.processes import (
     REPO_ROOT,
     alive,
+    communicate_or_show_stacks,
     descendants,
     processes_with_marker,
     run_rqrl,
@@ -91,7 +92,8 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path):
     children = descendants(learner.pid)
     assert len(children) >= 3, "expected local workers and a redis-server under the learner"
     os.killpg(learner.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
-    stdout, stderr = learner.communicate(timeout=60)
+    stdout, stderr = communicate_or_show_stacks(learner, 60)
+    assert "did not finish" not in stderr, "the clean-up hung: " + stderr[-12000:]
     assert learner.returncode == 130, stderr[-3000:]
     assert "interrupted" in stdout
     assert (run / "checkpoint.safetensors").is_file()
@@ -196,9 +198,10 @@ def test_sigterm_to_a_ppo_learner_stops_like_ctrl_c_and_progress_is_plain_lines(
         wait_until(lambda: rows_written(run, learner) >= 3, 120, interval=0.2, message="2 rows of metrics.csv")
         children = descendants(learner.pid)
         learner.send_signal(signal.SIGTERM)  # only the learner, as `docker compose stop` sends it
-        stdout, stderr = learner.communicate(timeout=60)
+        stdout, stderr = communicate_or_show_stacks(learner, 60)
     finally:
         stop_process(learner)
+    assert "did not finish" not in stderr, "the clean-up hung: " + stderr[-12000:]
     assert learner.returncode == 143, stderr[-3000:]
     assert "interrupted (SIGTERM)" in stderr, stderr[-3000:]
     wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,
@@ -256,9 +259,10 @@ def test_sigterm_to_the_learner_stops_like_ctrl_c(tmp_path, connection, redis_ur
         assert "learner   alive, heartbeat" in status.stdout and "steps/s (10 s)" in status.stdout, status.stdout
         assert "1 alive of 1 registered" in status.stdout and "steady  busy  group " in status.stdout, status.stdout
         learner.send_signal(signal.SIGTERM)  # what `docker compose stop` sends to the container's process
-        stdout, stderr = learner.communicate(timeout=60)
+        stdout, stderr = communicate_or_show_stacks(learner, 60)
     finally:
         stop_process(learner)
+    assert "did not finish" not in stderr, "the clean-up hung: " + stderr[-12000:]
     assert learner.returncode == 143, stderr[-3000:]
     assert "interrupted (SIGTERM)" in stdout, stdout + stderr[-3000:]
     assert (run / "checkpoint.safetensors").is_file() and (run / "final.safetensors").is_file()
@@ -334,9 +338,10 @@ def test_sigterm_to_a_busy_worker_hands_its_job_back_within_seconds(tmp_path, co
         wait_until(lambda: rows_written(run, learner) >= rows_then + 10, 60, interval=0.2,
                    message="training to go on on the other worker")
         learner.send_signal(signal.SIGTERM)
-        stdout, stderr = learner.communicate(timeout=60)
+        stdout, stderr = communicate_or_show_stacks(learner, 60)
     finally:
         stop_process(learner)
+    assert "did not finish" not in stderr, "the clean-up hung: " + stderr[-12000:]
     assert learner.returncode == 143, stderr[-3000:]
     assert "Traceback" not in stderr and "lost its job" not in stderr, stderr[-3000:]
     env_steps = [int(row["env_steps"]) for row in read_rows(run / "metrics.csv")]
