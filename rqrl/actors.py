@@ -493,6 +493,9 @@ class RedisDistributedActors(DistributedActors):
         """Stop jobs and local workers, delete the run's keys and jobs, stop the embedded Redis."""
         if self.connection is None:
             return
+        # a Ctrl-C between a command and its reply leaves that idle connection owing a reply to whatever runs
+        # next on it: the clean-up starts on fresh connections
+        self.connection.connection_pool.disconnect(inuse_connections=False)
         with self._redis_errors():
             try:
                 if self._started:
