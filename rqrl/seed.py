@@ -176,7 +176,7 @@ class Trainer:
         while (now := time.monotonic()) < deadline and not self._stop.is_set():
             received = self._receive(run, RECEIVE_MESSAGES)
             trained = False
-            if agent.buffer_size() >= config.minimum_buffer_size and now >= next_train:
+            if agent.buffer_size() >= config.minimum_buffer_size and now >= next_train and self._may_train():
                 agent.train_step()
                 self.stats.train_steps += 1
                 next_train = now + train_interval
@@ -199,6 +199,12 @@ class Trainer:
                 next_progress = now + self.progress_seconds
             if not received and not trained:
                 time.sleep(max(0.0, min(0.005, deadline - time.monotonic())))
+
+    def _may_train(self) -> bool:
+        """Whether one more train step keeps the samples trained on within replay_ratio per transition received."""
+        ratio = self.config.replay_ratio
+        return ratio <= 0 or ((self.stats.train_steps + 1) * self.agent.config.batch_size
+                              <= ratio * self.stats.transitions_received)
 
     def _report_drops(self, run: SeedRun) -> None:
         """Log the transitions actors dropped since the last look (only with Config.drop_when_full)."""

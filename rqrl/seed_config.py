@@ -43,6 +43,10 @@ class Config:
         "help": "Transitions in the replay before training starts (at most the replay capacity)."})
     max_train_frequency: float = field(default=-1, metadata={"help": "Most train steps per second; <= 0: unlimited."})
     # --- rqrl's additions ---
+    replay_ratio: float = field(default=-1, metadata={
+        "help": "Most transitions sampled for training per transition received (train steps x batch size / "
+                "transitions); <= 0: unlimited. Bounds how often each transition is replayed, however fast the "
+                "actors run, and leaves the learner's spare CPU to them."})
     redis_url: str | None = field(default=None, metadata={
         "help": "Redis the run uses (actors and servers connect to it); None: an embedded private Redis."})
     connection: redis.Redis | None = field(default=None, repr=False, compare=False, metadata={
@@ -87,6 +91,9 @@ class Config:
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)!r}")
         if not (_is_number(self.inference_delay) and self.inference_delay >= 0):
             raise ConfigError(f"expected inference_delay >= 0, got {self.inference_delay!r}")
+        if not _is_number(self.replay_ratio):
+            raise ConfigError(f"expected replay_ratio to be a finite number (<= 0: unlimited), got "
+                              f"{self.replay_ratio!r}")
         if not _is_number(self.max_train_frequency):
             raise ConfigError(f"expected max_train_frequency to be a finite number (<= 0: unlimited), got "
                               f"{self.max_train_frequency!r}")

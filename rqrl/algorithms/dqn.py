@@ -66,6 +66,8 @@ class DqnConfig:
     minimum_buffer_size: int = field(default=1000, metadata={"help": "Transitions before training starts."})
     target_update_steps: int = field(default=100, metadata={"help": "Train steps between target-network copies."})
     max_train_frequency: float = field(default=-1, metadata={"help": "Most train steps per second; <= 0: no limit."})
+    replay_ratio: float = field(default=-1, metadata={
+        "help": "Most transitions sampled for training per transition received; <= 0: no limit."})
     distributional: bool = field(default=False, metadata={"help": "C51 distributional head."})
     dueling: bool = field(default=False, metadata={"help": "Dueling head."})
     v_min: float = field(default=0.0, metadata={"help": "Smallest return of the distributional support."})
@@ -173,6 +175,7 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
         broadcast_period=0.5, inference_batchsize=config.inference_batchsize,
         inference_delay=config.inference_delay, inference_device=torch.device(config.inference_device),
         minimum_buffer_size=config.minimum_buffer_size, max_train_frequency=config.max_train_frequency,
+        replay_ratio=config.replay_ratio,
         redis_url=config.redis_url, run_name=run_name, secret=secret, seed=config.seed, redis_server=redis_server)
     metrics = MetricsWriter(run_dir, METRIC_FIELDS, resume_step=before["env_steps"] if config.resume else None)
     shown = Progress(f"DQN {config.env_id}", total=config.total_env_steps, initial=int(before["env_steps"]),

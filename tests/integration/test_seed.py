@@ -177,3 +177,24 @@ def test_max_train_frequency_caps_train_steps(redis_url, connection, run_name):
     trainer.start(60.0)
     training_seconds = time.monotonic() - first_step[0]
     assert 1 < trainer.stats.train_steps <= 5 * training_seconds + 2
+
+
+@pytest.mark.timeout(90)
+def test_replay_ratio_caps_samples_trained_per_transition_received(redis_url, connection, run_name):
+    ratios: list[float] = []
+
+    def watch(trainer):
+        stats = trainer.stats
+        if stats.train_steps:
+            ratios.append(stats.train_steps * trainer.agent.config.batch_size / stats.transitions_received)
+        if stats.train_steps >= 30:
+            trainer.stop()
+
+    agent = cartpole_agent()
+    trainer = Trainer(agent, config(redis_url, run_name, minimum_buffer_size=1, replay_ratio=0.5), make_cartpole,
+                      on_progress=watch, progress_seconds=0.05)
+    trainer.start(60.0)
+    assert trainer.stats.train_steps >= 30, "training ran, within the ratio"
+    # the learner alone would run hundreds of train steps per second of 16 samples, far above 0.5 per transition
+    assert ratios and max(ratios) <= 0.5, ratios
+    assert trainer.stats.train_steps * agent.config.batch_size <= 0.5 * trainer.stats.transitions_received
