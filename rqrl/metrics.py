@@ -11,7 +11,10 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+from tensorboardX.proto.event_pb2 import Event, SessionLog
+from tensorboardX.proto.summary_pb2 import Summary
+from tensorboardX.record_writer import masked_crc32c
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +66,6 @@ class EventFile:
     length, its masked CRC-32C, the serialized Event, its masked CRC-32C."""
 
     def __init__(self, directory: Path, purge_step: int | None = None):
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
-
         directory.mkdir(parents=True, exist_ok=True)
         # a unique suffix: event files are named by the second, and a resume within it must not overwrite
         self.path = directory / (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
@@ -77,9 +78,6 @@ class EventFile:
 
     def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
         """One event holding every value of ``values`` as a scalar at ``step``."""
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.proto.summary_pb2 import Summary
-
         if values:
             summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in values.items()])
             self._write(Event(wall_time=time.time(), step=step, summary=summary))
@@ -90,9 +88,7 @@ class EventFile:
     def close(self) -> None:
         self._file.close()
 
-    def _write(self, event: Any) -> None:
-        from tensorboardX.record_writer import masked_crc32c
-
+    def _write(self, event: Event) -> None:
         data = event.SerializeToString()
         header = struct.pack("<Q", len(data))
         self._file.write(header + struct.pack("<I", masked_crc32c(header)) + data

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.process
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -73,7 +75,6 @@ def die_with_parent_thread() -> None:
     """preexec_fn for children that cannot run a watchdog (redis-server): the kernel kills the
     child when the thread that started it exits (Linux only; a no-op elsewhere)."""
     import ctypes
-    import sys
 
     if sys.platform.startswith("linux"):
         try:
@@ -103,9 +104,6 @@ SHUTDOWN_GRACE_SECONDS = 45.0
 """How long the clean-up after SIGTERM or Ctrl-C may take before the process exits anyway (under compose's
 60 s stop_grace_period for the learner, so the container never needs SIGKILL)."""
 
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
-"""The shell's exit codes for a process ended by each signal (128 + its number)."""
-
 
 def terminate_like_ctrl_c(grace_seconds: float = SHUTDOWN_GRACE_SECONDS) -> None:
     """Make SIGTERM raise Terminated in the main thread, once: a second SIGTERM is ignored, so it cannot cut
@@ -114,8 +112,6 @@ def terminate_like_ctrl_c(grace_seconds: float = SHUTDOWN_GRACE_SECONDS) -> None
     prints every thread's stack and exits (143, or 130 after Ctrl-C) ``grace_seconds`` later: a stop always
     ends, and says where it was stuck. SIGUSR1 prints every thread's stack at any time. A SIGINT ignored from
     the start (``nohup``, a background job of a script) stays ignored."""
-    import faulthandler
-
     def on_sigterm(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _start_shutdown_watchdog(signal.SIGTERM, grace_seconds)
@@ -137,19 +133,14 @@ def _start_shutdown_watchdog(signum: signal.Signals, seconds: float) -> None:
     """The shutdown watchdog: a thread that, ``seconds`` after the stop signal, prints the stacks of every
     thread to stderr and exits. Should the clean-up hold the GIL so that thread cannot run, faulthandler's
     own C-level timer dumps the stacks and exits 1 ten seconds later."""
-    import faulthandler
-
     threading.Thread(target=_exit_after, args=(signum, seconds), name="rqrl-shutdown-watchdog",
                      daemon=True).start()
     faulthandler.dump_traceback_later(seconds + 10.0, exit=True)
 
 
 def _exit_after(signum: signal.Signals, seconds: float) -> None:
-    import faulthandler
-    import sys
-
     time.sleep(seconds)
-    code = EXIT_CODES.get(signum, 1)
+    code = 128 + signum  # the shell's exit code for a process ended by the signal: 130 Ctrl-C, 143 SIGTERM
     sys.stderr.write(f"rqrl: the clean-up after {signum.name} did not finish within {seconds:.0f} s; exiting "
                      f"{code} without it (the last checkpoint stands). Where each thread was:\n")
     sys.stderr.flush()

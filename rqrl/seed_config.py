@@ -91,12 +91,10 @@ class Config:
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)!r}")
         if not (_is_number(self.inference_delay) and self.inference_delay >= 0):
             raise ConfigError(f"expected inference_delay >= 0, got {self.inference_delay!r}")
-        if not _is_number(self.replay_ratio):
-            raise ConfigError(f"expected replay_ratio to be a finite number (<= 0: unlimited), got "
-                              f"{self.replay_ratio!r}")
-        if not _is_number(self.max_train_frequency):
-            raise ConfigError(f"expected max_train_frequency to be a finite number (<= 0: unlimited), got "
-                              f"{self.max_train_frequency!r}")
+        for name in ("max_train_frequency", "replay_ratio"):
+            if not _is_number(getattr(self, name)):
+                raise ConfigError(f"expected {name} to be a finite number (<= 0: unlimited), got "
+                                  f"{getattr(self, name)!r}")
         try:
             self.inference_device = torch.device(self.inference_device)
         except (RuntimeError, TypeError) as error:

@@ -176,9 +176,10 @@ def stop_from_outside(learner: subprocess.Popen, run_name: str, redis_url: str,
 
 def communicate_or_show_stacks(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
     """``process.communicate(timeout)``; should it still run then, fail with what it was doing: `rqrl train` and
-    `rqrl demo` print every thread's stack on SIGUSR1, and the message lists what still holds its pipes."""
+    `rqrl demo` print every thread's stack on SIGUSR1, and the message lists what still holds its pipes. Fails
+    too when the shutdown watchdog had to end it (rqrl.process): its clean-up hung, and stderr has the stacks."""
     try:
-        return process.communicate(timeout=timeout)
+        stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         exited = process.poll()
         left = {pid: _command_line(pid) for pid in descendants(process.pid)}
@@ -190,6 +191,8 @@ def communicate_or_show_stacks(process: subprocess.Popen, timeout: float) -> tup
         raise AssertionError(
             f"{process.args[:4]}... still ran {timeout:.0f} s later (exit code {exited}); its descendants: {left}\n"
             f"stdout (tail): {stdout[-2000:]}\nstderr (tail, with the stacks): {stderr[-12000:]}") from None
+    assert "did not finish" not in stderr, "the clean-up hung: " + stderr[-12000:]
+    return stdout, stderr
 
 
 def _command_line(pid: int) -> str:

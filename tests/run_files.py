@@ -1,4 +1,4 @@
-"""Readers of what a training run writes to its folder: the rows of metrics.csv, the TensorBoard scalars."""
+"""Readers of what a training run writes to its folder: the rows of metrics.csv, the TensorBoard events."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
-def tensorboard_scalars(run_dir: Path) -> list[tuple[int, str, float]]:
-    """(step, tag, value) of every scalar in the run's event files, read from the TFRecord framing."""
-    scalars = []
+def tensorboard_events(run_dir: Path) -> list[event_pb2.Event]:
+    """Every event of the run's TensorBoard files, read from the TFRecord framing with both CRCs checked."""
+    events = []
     files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert files, "no TensorBoard event file"
     for path in files:
@@ -32,7 +32,12 @@ def tensorboard_scalars(run_dir: Path) -> list[tuple[int, str, float]]:
             (header_crc,), (payload_crc,) = (struct.unpack("<I", data[offset + 8:offset + 12]),
                                              struct.unpack("<I", data[offset + 12 + length:offset + 16 + length]))
             assert (header_crc, payload_crc) == (masked_crc32c(header), masked_crc32c(payload)), f"bad CRC in {path}"
-            event = event_pb2.Event.FromString(payload)
+            events.append(event_pb2.Event.FromString(payload))
             offset += 12 + length + 4
-            scalars.extend((event.step, value.tag, value.simple_value) for value in event.summary.value)
-    return scalars
+    return events
+
+
+def tensorboard_scalars(run_dir: Path) -> list[tuple[int, str, float]]:
+    """(step, tag, value) of every scalar in the run's event files."""
+    return [(event.step, value.tag, value.simple_value) for event in tensorboard_events(run_dir)
+            for value in event.summary.value]

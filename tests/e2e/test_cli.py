@@ -152,7 +152,6 @@ def test_sigterm_to_demo_stops_it_cleanly_with_its_summary():
         stdout, stderr = communicate_or_show_stacks(demo, 60)
     finally:
         stop_process(demo)
-    assert "did not finish" not in stderr, "the clean-up hung: " + stderr[-12000:]
     assert demo.returncode == 143, stderr[-3000:]
     assert "interrupted (SIGTERM):" in stdout and "Traceback" not in stderr, stdout + stderr[-3000:]
     wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,

@@ -97,7 +97,6 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
         stdout, stderr = communicate_or_show_stacks(learner, 60)
     finally:
         stop_process(learner)
-    assert "did not finish" not in stderr, "the clean-up hung: " + stderr[-12000:]
     assert learner.returncode == 143, stderr[-3000:]
     assert "interrupted (SIGTERM)" in stderr
     progress = [line for line in stderr.splitlines() if line.startswith(f"DQN {TRIVIAL_ENV}:")]

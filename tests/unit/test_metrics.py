@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rqrl.metrics import Bottleneck, MetricsWriter, plot_learning_curve
-from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
+from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_events, tensorboard_scalars
 
 
 def test_writes_csv_rows_and_tensorboard_scalars(tmp_path):
@@ -130,17 +130,7 @@ def test_a_resume_keeps_every_row_up_to_the_checkpoint_and_drops_junk(tmp_path):
 
 def test_a_resume_tells_tensorboard_to_hide_the_old_points_past_the_checkpoint(tmp_path):
     MetricsWriter(tmp_path, ["x"], resume_step=200).close()
-    purge_steps = []
-    from tensorboardX.proto import event_pb2
-
-    for path in (tmp_path / "tensorboard").glob("events.out.tfevents.*"):
-        data, offset = path.read_bytes(), 0
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset:offset + 8])
-            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-            offset += 12 + length + 4
-            if event.HasField("session_log"):
-                purge_steps.append(event.step)
+    purge_steps = [event.step for event in tensorboard_events(tmp_path) if event.HasField("session_log")]
     assert purge_steps == [201]
 
 
