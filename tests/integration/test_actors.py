@@ -165,11 +165,16 @@ def test_same_seeds_and_weights_give_identical_trajectories(connection, redis_ur
                           actors_per_job=2, actor_env_seeds=[5, 6, 7, 8], actor_agent_seeds=agent_seeds) as actors:
             actors.broadcast_updated_policy(policy.state_dict())
             rollouts = {}
-            for _ in range(3):
+            # which rollouts a batch holds depends on which worker runs ahead: collect until every actor's first
+            # two rollouts are in, so any two runs share those 8 whatever the timing
+            wanted = {(actor, rollout) for actor in range(4) for rollout in range(2)}
+            for _ in range(20):
                 record = actors.collect_outputs("cpu").record
                 for column in range(record.batch_size):
                     key = (int(record.actor_id[column]), int(record.rollout_id[column]))
                     rollouts[key] = (record.obs[:, column], record.actions[:, column], record.rewards[:, column])
+                if wanted <= set(rollouts):
+                    break
             return rollouts
 
     first = collect("seeds-a", [1, 2, 3, 4])
