@@ -21,6 +21,7 @@ them. The goal is rqrl >= 0.9 x reference; this script only reports what it meas
 Run from the repository root::
 
     python benchmarks/actors_throughput.py --seconds 10 --rounds 3 --workers 2 --actors-per-worker 8 32
+    python benchmarks/actors_throughput.py --env Acrobot-v1 --seconds 10 --rounds 3
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from rqrl.rollout import ActorGroup
 
 log = logging.getLogger("actors_throughput")
 
-ENV_ID = "CartPole-v1"
+ENV_ID = "CartPole-v1"  # --env sets it before anything forks
 AGENT_SEED_OFFSET = 1_000
 START_TIMEOUT_SECONDS = 120.0
 
@@ -56,11 +57,21 @@ def make_env() -> gymnasium.Env:
     return gymnasium.make(ENV_ID)
 
 
+def policy_sizes() -> tuple[int, int]:
+    """Observation size and number of actions of ENV_ID (a Box observation and a Discrete action space)."""
+    env = make_env()
+    sizes = int(np.prod(env.observation_space.shape)), int(env.action_space.n)
+    env.close()
+    return sizes
+
+
 def make_policy() -> torch.nn.Module:
-    """The benchmark policy: a 4-64-64-2 tanh MLP giving logits, same initial weights everywhere."""
+    """The benchmark policy: an obs-64-64-actions tanh MLP giving logits (4-64-64-2 on CartPole-v1), the same
+    initial weights everywhere."""
+    obs_size, n_actions = policy_sizes()
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
-                               torch.nn.Linear(64, 2)).eval()
+    return torch.nn.Sequential(torch.nn.Linear(obs_size, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                               torch.nn.Tanh(), torch.nn.Linear(64, n_actions)).eval()
 
 
 def env_seeds(n_actors: int) -> list[int]:
@@ -333,8 +344,9 @@ def _median(rounds: list[dict[str, Measurement]], value) -> float:  # noqa: ANN0
 
 def print_tables(args: argparse.Namespace, results: Rounds) -> None:
     print()
-    print(f"## rqrl collect_outputs vs. the reference: {ENV_ID}, {args.rollout_steps}-step rollouts, 4-64-64-2 tanh "
-          f"MLP, {args.seconds:g} s window, {args.rounds} round(s)")
+    obs_size, n_actions = policy_sizes()
+    print(f"## rqrl collect_outputs vs. the reference: {ENV_ID}, {args.rollout_steps}-step rollouts, "
+          f"{obs_size}-64-64-{n_actions} tanh MLP, {args.seconds:g} s window, {args.rounds} round(s)")
     print()
     print(f"machine: {os.cpu_count()} logical CPUs, {platform.python_implementation()} {platform.python_version()}, "
           f"torch {torch.__version__}, gymnasium {gymnasium.__version__}, rqrl {rqrl.__version__}")
@@ -377,6 +389,7 @@ def print_tables(args: argparse.Namespace, results: Rounds) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--env", default=ENV_ID, help="gymnasium env id (Box observations, Discrete actions)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per configuration")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds, each measuring rqrl, the reference and the loop for every configuration")
@@ -403,7 +416,9 @@ def measure(kind: str, workers: int, envs: int, args: argparse.Namespace) -> Mea
 
 
 def main(argv: list[str] | None = None) -> None:
+    global ENV_ID
     args = parse_args(argv)
+    ENV_ID = args.env
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
     configurations = [(workers, envs) for workers in args.workers for envs in args.actors_per_worker]

@@ -1,5 +1,6 @@
 """CPU cost per rollout record on both ends of the queue: the worker's encode+sign, the learner's
-verify+decode, check and batch, next to what stepping the envs cost.
+verify+decode, check and batch, next to what stepping the envs cost; and the same for the group entry
+workers push (one per actor group: ``group encode+sign``, ``group decode+check``, per rollout in it).
 
 One CartPole-v1 actor group (``--envs`` actors, ``--steps``-step rollouts, the 4-64-64-2 MLP) makes
 real records in process; each stage is then timed in CPU time (best of ``--repeats``), so the
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable
 
 STAGES = ("encode+sign", "verify+decode", "check", "batch", "env steps")
+GROUP_STAGES = ("group encode+sign", "group decode+check")  # absent from trees older than rqrl.group_records
 
 
 def _best_cpu_seconds(function: Callable[[], object], repeats: int, calls: int) -> float:
@@ -71,6 +73,14 @@ def measure(envs: int, steps: int, repeats: int) -> dict[str, float]:
         "batch": lambda: batch_records(decoded, "cpu"),
         "env steps": lambda: group.run(act, 1, policy_version=1, cut_at_end=False),
     }
+    try:
+        from rqrl.group_records import decode_signed_entry, encode_signed_group
+    except ImportError:  # a --checkouts tree from before group entries
+        pass
+    else:
+        group_blob = encode_signed_group(records, "run", key)
+        stages["group encode+sign"] = lambda: encode_signed_group(records, "run", key)
+        stages["group decode+check"] = lambda: decode_signed_entry(group_blob, "run", key, spec)
     result = {}
     for name, function in stages.items():
         calls = 2 if name == "env steps" else 10
@@ -100,18 +110,25 @@ def print_table(args: argparse.Namespace, results: dict[str, list[dict[str, floa
     print(f"## CPU per record: CartPole-v1, {args.steps}-step rollouts, group of {args.envs} envs, "
           f"best of {args.repeats}, medians of {args.rounds} round(s) (microseconds per record)")
     print()
-    print("| tree | " + " | ".join(STAGES) + " | learner total | (encode + learner) / env steps |")
-    print("|:--|" + "--:|" * (len(STAGES) + 2))
+    print("| tree | " + " | ".join(STAGES + GROUP_STAGES) + " | learner total | (encode + learner) / env steps "
+          "| group: (encode + learner) / env steps |")
+    print("|:--|" + "--:|" * (len(STAGES) + len(GROUP_STAGES) + 3))
     for tree, rounds in results.items():
-        middle = {stage: statistics.median(r[stage] for r in rounds) for stage in STAGES}
+        middle = {stage: statistics.median(r.get(stage, float("nan")) for r in rounds)
+                  for stage in STAGES + GROUP_STAGES}
         learner = middle["verify+decode"] + middle["check"] + middle["batch"]
         share = statistics.median((r["encode+sign"] + r["verify+decode"] + r["check"] + r["batch"]) / r["env steps"]
                                   for r in rounds)
-        cells = " | ".join(f"{middle[stage]:,.1f}" for stage in STAGES)
-        print(f"| {tree} | {cells} | {learner:,.1f} | {share:.3f} |")
+        group_share = statistics.median(
+            (r.get("group encode+sign", float("nan")) + r.get("group decode+check", float("nan")) + r["batch"])
+            / r["env steps"] for r in rounds)
+        cells = " | ".join(f"{middle[stage]:,.1f}" for stage in STAGES + GROUP_STAGES)
+        print(f"| {tree} | {cells} | {learner:,.1f} | {share:.3f} | {group_share:.3f} |")
     print()
-    print("'env steps' is ActorGroup.run per actor's rollout (the policy call included). The last column is "
-          "the transport's CPU beside the stepping's, the share of the machine it takes from the workers.")
+    print("'env steps' is ActorGroup.run per actor's rollout (the policy call included). The last two columns are "
+          "the transport's CPU beside the stepping's, the share of the machine it takes from the workers: with one "
+          "entry per rollout, and with one per actor group as workers push them (the group's stages are per rollout "
+          "in the entry; nan for a tree without group entries).")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -209,7 +209,9 @@ class RedisDistributedActors(DistributedActors):
     @property
     def max_queue_size(self) -> int:
         """Maze's name for the out-of-sync queue's bound: ``int(batch_size * queue_out_of_sync_factor)`` rollouts
-        (below batch_size when the factor is below 1: collect_outputs then takes rollouts as they arrive)."""
+        (below batch_size when the factor is below 1: collect_outputs then takes rollouts as they arrive). Workers
+        push one entry per actor group, so the queue holds at most this many rounded down to whole groups, and
+        at least one group's rollouts (``config.queue_entries`` entries)."""
         return self.config.queue_bound
 
     @property
@@ -379,11 +381,12 @@ class RedisDistributedActors(DistributedActors):
         self._reap()
         inbox = self._inbox
         pending_before = len(inbox)
-        popped = self._pop(self.batch_size - pending_before)
-        size_before, size_after = popped.size_before + pending_before, popped.size_after
+        popped = self._pop(self._entries_for(self.batch_size - pending_before))
+        group = self.config.group_size
+        size_before, size_after = popped.size_before * group + pending_before, popped.size_after * group
         if len(inbox) < self.batch_size:
             self._wait_for_batch()
-            size_after = self._queue.size()
+            size_after = self._queue.size() * group
         records = inbox.peek(self.batch_size)
         size_after += len(inbox) - len(records)
         batch = batch_records(records, learner_device)
@@ -416,7 +419,11 @@ class RedisDistributedActors(DistributedActors):
                 )
             self._reap()
             if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
-                self._pop(self.batch_size - len(self._inbox))
+                self._pop(self._entries_for(self.batch_size - len(self._inbox)))
+
+    def _entries_for(self, rollouts: int) -> int:
+        """Queue entries to pop for ``rollouts`` more rollouts: workers push one entry per actor group."""
+        return max(0, -(-rollouts // self.config.group_size))
 
     def _pop(self, count: int) -> Popped:
         """Pop into the inbox; if the queue's indices were reset (junk in the acknowledged counter),
@@ -462,7 +469,7 @@ class RedisDistributedActors(DistributedActors):
         return {"beat": time.time(), "learner_timeout": self.options.learner_timeout,
                 "policy_version": self.policy_version, "env_steps": self._steps_collected,
                 "steps_per_second_10s": rates[0] or 0.0, "steps_per_second_60s": rates[1] or 0.0,
-                "queue_bound": self.config.queue_bound, "records_rejected": self.records_rejected,
+                "queue_bound": self.config.queue_capacity, "records_rejected": self.records_rejected,
                 **self._last_batch}
 
     def _record_stats(self, records: list[RolloutRecord], size_before: int, dequeue_time: float) -> None:
@@ -483,9 +490,10 @@ class RedisDistributedActors(DistributedActors):
             return self.supervisor.workers_alive(cached)
 
     def queue_size(self) -> int:
-        """Rollouts waiting in the out-of-sync queue."""
+        """Rollouts waiting in the out-of-sync queue: its entries times the actors per group (exact when every
+        group has as many actors; workers push one entry per group and rollout id)."""
         with self._redis_errors():
-            return self._queue.size()
+            return self._queue.size() * self.config.group_size
 
     # ---- tear-down ----------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ import hmac
 import json
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
@@ -39,8 +40,17 @@ _NUMPY_DTYPES: dict[str, np.dtype] = {
 _SAFETENSORS_NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in _NUMPY_DTYPES.items()}
 
 
-def encode_arrays(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> bytes:
-    """Serialize named numpy arrays and string metadata into one safetensors buffer.
+@dataclass(frozen=True)
+class ArrayParts:
+    """An array given as the parts that, back to back, make it: ``shape`` overall, every part of one dtype.
+    Lets a writer lay out rows that live in separate arrays (one per actor) without stacking them first."""
+
+    shape: tuple[int, ...]
+    parts: Sequence[np.ndarray]
+
+
+def encode_arrays(arrays: Mapping[str, np.ndarray | ArrayParts], metadata: Mapping[str, str]) -> bytes:
+    """Serialize named numpy arrays (or ArrayParts) and string metadata into one safetensors buffer.
 
     Written here rather than by ``safetensors.numpy.save``, which copies every array twice on the way
     (to bytes, then into the buffer): a record's arrays are small and many, so the per-array overhead is
@@ -50,16 +60,24 @@ def encode_arrays(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str])
     chunks: list[bytes | memoryview] = []
     offset = 0
     for name, value in arrays.items():
-        array = np.asarray(value)
-        little = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
-        dtype_name = _SAFETENSORS_NAMES.get(little)
-        if dtype_name is None:
-            raise TypeError(f"array {name!r} has dtype {array.dtype}, which safetensors cannot carry")
-        if little is not array.dtype or not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array, dtype=little)
-        size = array.nbytes
-        header[name] = {"dtype": dtype_name, "shape": list(array.shape), "data_offsets": [offset, offset + size]}
-        chunks.append(array.reshape(-1).view(np.uint8).data)  # a view of the array's bytes, copied once by join
+        shape, parts = (value.shape, value.parts) if isinstance(value, ArrayParts) else (None, (value,))
+        dtype_name, size = None, 0
+        for part in parts:
+            array = np.asarray(part)
+            little = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+            part_dtype = _SAFETENSORS_NAMES.get(little)
+            if part_dtype is None or dtype_name not in (None, part_dtype):
+                raise TypeError(f"array {name!r} has dtype {array.dtype}, which safetensors cannot carry "
+                                f"(or its parts differ in dtype)")
+            dtype_name = part_dtype
+            if little is not array.dtype or not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array, dtype=little)
+            chunks.append(array.reshape(-1).view(np.uint8).data)  # a view of the array's bytes, copied once by join
+            size += array.nbytes
+            shape = array.shape if shape is None else shape
+        if dtype_name is None or shape is None or math.prod(shape) * _NUMPY_DTYPES[dtype_name].itemsize != size:
+            raise ValueError(f"array {name!r}: its parts hold {size} bytes, not shape {list(shape or ())}")
+        header[name] = {"dtype": dtype_name, "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)

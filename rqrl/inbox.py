@@ -4,8 +4,10 @@ Every entry the learner pops sits on the run's unacknowledged list (see rqrl.tra
 absolute index. The inbox checks each entry's HMAC tag under the run's records key before it parses
 anything, then decodes it (never unpickling) and checks every field against the run (see
 ``Inbox.accept``); what fails is rejected, counted by reason and logged, never raised, and changes
-nothing about what is accepted later. It keeps the good records in order until a batch takes them,
-and acknowledges with its next pop everything below the first record not yet handed over.
+nothing about what is accepted later. An entry holds one rollout or an actor group's rollouts of one
+rollout id (``rqrl.group_records``), which share its index. It keeps the good records in order until a
+batch takes them, and acknowledges with its next pop everything below the first record not yet handed
+over: a group's entry stays unacknowledged until every one of its rollouts has been handed over.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from collections import Counter
 import gymnasium
 
 from rqrl.errors import RecordError, SignatureError
+from rqrl.group_records import decode_signed_entry
 from rqrl.policy import ActFunction
-from rqrl.records import MAX_ID, RecordSpec, RolloutRecord, check_record, decode_signed_record, record_signature
+from rqrl.records import MAX_ID, RecordSpec, RolloutRecord, record_signature
 from rqrl.rollout import ActorGroup
 from rqrl.stats import EpochStatsAggregator, RolloutEvents
 from rqrl.trajectories import Popped, TrajectoryQueue
@@ -135,27 +138,29 @@ class Inbox:
         self.next_index = max(self.next_index, first_index + len(blobs))
         for index, blob in enumerate(blobs, start=first_index):
             try:
-                record = decode_signed_record(blob, self.run_id, self.key)
+                entry = decode_signed_entry(blob, self.run_id, self.key, self.spec)
             except SignatureError as error:
                 self._reject("unauthenticated", error)
                 continue
             except RecordError as error:
                 self._reject("malformed", error)
                 continue
-            reason, problem = self._check(record)
-            if problem is not None:
-                self._reject(reason, problem)
-                continue
-            record = self._mark_gap(record)
-            self._last_rollout[record.actor_id] = record.rollout_id
-            self._note_unmarked_cut(record)
-            self._pending.append(record)
-            self._pending_indices.append(index)
+            for record in entry.records:  # one, or an actor group's: they share the entry's index
+                reason, problem = self._check(record, entry.problem)
+                if problem is not None:
+                    self._reject(reason, problem)
+                    continue
+                record = self._mark_gap(record)
+                self._last_rollout[record.actor_id] = record.rollout_id
+                self._note_unmarked_cut(record)
+                self._pending.append(record)
+                self._pending_indices.append(index)
 
-    def _check(self, record: RolloutRecord) -> tuple[str, RecordError | None]:
-        """("", None) for a record that fits the run, else the reason and the error naming the field. A tagged
-        record within the id bound moves its actor's base even when refused: a worker whose rollouts are refused
-        for a while must not push later ones out of bounds."""
+    def _check(self, record: RolloutRecord, content: RecordError | None) -> tuple[str, RecordError | None]:
+        """("", None) for a record that fits the run, else the reason and the error naming the field; ``content``
+        is what ``decode_signed_entry`` found wrong with the entry's arrays (None: nothing). A tagged record within
+        the id bound moves its actor's base even when refused: a worker whose rollouts are refused for a while
+        must not push later ones out of bounds."""
         actor, rollout = record.actor_id, record.rollout_id
         if 0 <= actor < self.spec.n_actors and 0 <= rollout < MAX_ID:  # else check_record refuses it
             seen = max(self._last_seen.get(actor, rollout - 1), self.last_delivered(actor))
@@ -171,10 +176,8 @@ class Inbox:
                             "rollouts_lost)", actor, seen, rollout)
             self._beyond_bound[actor] = 0
             self._last_seen[actor] = max(seen, rollout)
-        try:
-            check_record(record, self.spec)
-        except RecordError as error:
-            return "invalid", error
+        if content is not None:
+            return "invalid", content
         if rollout <= self.last_delivered(actor):
             return "duplicate", RecordError(f"rollout {rollout} of actor {actor} was delivered already")
         if record.policy_version > self.published_version:

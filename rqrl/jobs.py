@@ -39,10 +39,10 @@ from rqrl.errors import (
     SignatureError,
     WorkerUnfitError,
 )
+from rqrl.group_records import encode_signed_group
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder, recorded_progress, start_rollout
 from rqrl.policy import ActFunction, Policy, make_act_function
-from rqrl.records import encode_signed_record
 from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import RunConfig
 from rqrl.trajectories import PendingRollout, TrajectoryQueue
@@ -400,7 +400,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         act = context.act_for(group)
         _UNFIT_STREAKS.pop(run_name, None)
         store = WeightStore(connection, keys, context.weights_key, config.weights_ttl_seconds)
-        queue = TrajectoryQueue(connection, keys, config.queue_bound, marker_grace_seconds=2 * config.lease_seconds)
+        queue = TrajectoryQueue(connection, keys, config.queue_entries, marker_grace_seconds=2 * config.lease_seconds)
         work = _Slice(connection, config)
 
         stop_checked_at, stopped = 0.0, False
@@ -425,7 +425,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             held.touch()
 
         label = worker_label()
-        refused: set[int] = set()  # actors whose last rollout here was already delivered by an earlier job
+        refused = False  # whether the group's last rollout here was already delivered by an earlier job
         while True:
             weights_version = _wait_for_weights(context, store, is_stopped, beat)
             if is_stopped():
@@ -437,15 +437,14 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             records = group.run(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
             # a re-run recomputes rollouts an earlier job delivered; the first new one does not
             # continue the delivered one before it, and says so
-            pending = [
-                PendingRollout(r.actor_id, r.rollout_id, encode_signed_record(
-                    dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r, config.run_id,
-                    context.records_key))
-                for r in records
-            ]
-            report = queue.push(pending, is_stopped, on_wait=beat, token=token,
+            if refused:
+                records = [dataclasses.replace(r, continues_previous=False) for r in records]
+            # the group's rollouts travel as one entry, whose stream in the queue's markers is the group
+            entry = PendingRollout(group_id, rollout_id, encode_signed_group(records, config.run_id,
+                                                                             context.records_key))
+            report = queue.push([entry], is_stopped, on_wait=beat, token=token,
                                 lease=(keys.lease(group_id), held.holder))
-            refused = {rollout.actor_id for rollout in report.duplicates}
+            refused = bool(report.duplicates)
             rollout_id += 1
             held.record_progress(rollout_id)
             work.heartbeat(len(records) * config.n_rollout_steps)

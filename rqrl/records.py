@@ -22,8 +22,8 @@ from rqrl.codec import RECORD_MAGIC, decode_arrays, encode_arrays, sign, verifie
 from rqrl.errors import RecordError
 from rqrl.observations import Obs, TensorObs, concat_to, flatten_obs, stack_to, unflatten_obs
 
-_STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "log_probs")
-_FORMAT = "rqrl.rollout.v1"
+STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "log_probs")
+RECORD_FORMAT = "rqrl.rollout.v1"
 MAX_ID = 2**62
 """Rollout ids and policy versions stay below this: they become int64 tensors, and no run gets near it."""
 
@@ -59,11 +59,11 @@ class RolloutRecord:
     continues_previous: bool = False
 
     def __post_init__(self) -> None:
-        for name in (*_STEP_FIELDS, "final_obs_steps", "episode_returns", "episode_lengths"):
+        for name in (*STEP_FIELDS, "final_obs_steps", "episode_returns", "episode_lengths"):
             if np.ndim(getattr(self, name)) < 1:
                 raise RecordError(f"expected {name} to be an array with a time axis, got a scalar")
         steps = len(self.rewards)
-        for name in _STEP_FIELDS:
+        for name in STEP_FIELDS:
             if len(getattr(self, name)) != steps:
                 raise RecordError(f"expected {name} of length {steps} (rewards), got {len(getattr(self, name))}")
         if self.logits is not None and len(self.logits) != steps:
@@ -88,7 +88,7 @@ RecordSignature: TypeAlias = dict[str, tuple[tuple[int, ...], str]]
 
 def record_signature(record: RolloutRecord) -> RecordSignature:
     """Per-step shape and dtype of every array of a record: rollouts of one run must all agree."""
-    arrays = {name: getattr(record, name) for name in _STEP_FIELDS}
+    arrays = {name: getattr(record, name) for name in STEP_FIELDS}
     if record.logits is not None:
         arrays["logits"] = record.logits
     arrays.update(flatten_obs(record.obs, "obs"))
@@ -202,7 +202,7 @@ def _check_values(record: RolloutRecord, spec: RecordSpec) -> None:
 
 def encode_record(record: RolloutRecord, run_id: str) -> bytes:
     """Bytes for the out-of-sync queue; ``run_id`` lets the learner refuse other runs' data."""
-    arrays: dict[str, np.ndarray] = {name: getattr(record, name) for name in _STEP_FIELDS}
+    arrays: dict[str, np.ndarray] = {name: getattr(record, name) for name in STEP_FIELDS}
     if record.logits is not None:
         arrays["logits"] = record.logits
     for prefix in ("obs", "next_obs", "final_obs"):
@@ -211,7 +211,7 @@ def encode_record(record: RolloutRecord, run_id: str) -> bytes:
     arrays["episode_returns"] = record.episode_returns
     arrays["episode_lengths"] = record.episode_lengths
     metadata = {
-        "format": _FORMAT,
+        "format": RECORD_FORMAT,
         "run_id": run_id,
         "policy_version": str(record.policy_version),
         "actor_id": str(record.actor_id),
@@ -225,13 +225,18 @@ def encode_record(record: RolloutRecord, run_id: str) -> bytes:
 def decode_record(blob: bytes | memoryview, run_id: str) -> RolloutRecord:
     """Inverse of encode_record; raises RecordError for foreign, corrupted or malformed entries."""
     arrays, metadata = decode_arrays(blob)
-    if metadata.get("format") != _FORMAT:
-        raise RecordError(f"expected a {_FORMAT} record, got format {metadata.get('format')!r}")
+    return record_from_arrays(arrays, metadata, run_id)
+
+
+def record_from_arrays(arrays: dict[str, np.ndarray], metadata: dict[str, str], run_id: str) -> RolloutRecord:
+    """The record of a decoded ``rqrl.rollout.v1`` buffer; RecordError if it is another format, run or shape."""
+    if metadata.get("format") != RECORD_FORMAT:
+        raise RecordError(f"expected a {RECORD_FORMAT} record, got format {metadata.get('format')!r}")
     if metadata.get("run_id") != run_id:
         raise RecordError(f"record belongs to run {metadata.get('run_id')!r}, not to this run {run_id!r}")
     try:
         return RolloutRecord(
-            **{name: arrays[name] for name in _STEP_FIELDS},
+            **{name: arrays[name] for name in STEP_FIELDS},
             logits=arrays.get("logits"),
             obs=unflatten_obs(arrays, "obs"),
             next_obs=unflatten_obs(arrays, "next_obs"),

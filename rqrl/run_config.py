@@ -83,6 +83,22 @@ class RunConfig:
         _check(flat == list(range(self.n_actors)), f"actor groups {self.actor_groups} must cover each actor once")
         _check(0 < self.min_job_seconds <= self.max_job_seconds, "expected 0 < min_job_seconds <= max_job_seconds")
 
+    @property
+    def group_size(self) -> int:
+        """Actors in the largest actor group: the rollouts one queue entry holds at most."""
+        return max(len(group) for group in self.actor_groups)
+
+    @property
+    def queue_entries(self) -> int:
+        """The queue's bound in entries as workers push them (one per actor group and rollout id):
+        ``queue_bound`` rollouts rounded down to whole groups, at least one group."""
+        return max(1, self.queue_bound // self.group_size)
+
+    @property
+    def queue_capacity(self) -> int:
+        """Rollouts the queue holds when full: ``queue_entries`` whole groups of the largest group's size."""
+        return self.queue_entries * self.group_size
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 

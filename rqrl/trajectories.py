@@ -1,11 +1,13 @@
-"""The bounded out-of-sync queue: a Redis list of encoded rollouts, never longer than its bound.
+"""The bounded out-of-sync queue: a Redis list of encoded entries, never longer than its bound.
 
-Producers push through one Lua script that checks the bound and each actor's highest pushed
-rollout id atomically, so the bound always holds and a rollout pushed twice (a retried command, a
-re-run job) is delivered once. An actor's rollouts are pushed in increasing id order (one job
-stream per actor), so the high-water mark is all the memory this takes: one hash field per actor,
-plus the token of the job that pushed it, which tells a retried push of one's own rollout (MINE)
-from a re-run's recomputation of a rollout another job delivered (DUPLICATE).
+An entry is one rollout or, as workers push them, one actor group's rollouts of one rollout id
+(``rqrl.group_records``); each belongs to a *stream* (an actor, or an actor group) whose rollout ids
+it continues. Producers push through one Lua script that checks the bound and each stream's highest
+pushed rollout id atomically, so the bound always holds and an entry pushed twice (a retried command, a
+re-run job) is delivered once. A stream's entries are pushed in increasing id order (one job stream
+per actor group), so the high-water mark is all the memory this takes: one hash field per stream,
+plus the token of the job that pushed it, which tells a retried push of one's own entry (MINE)
+from a re-run's recomputation of an entry another job delivered (DUPLICATE).
 Producers wait while the list is full; the learner pops batches.
 
 Pops move rollouts atomically onto a second list, the unacknowledged list, where they stay until
@@ -30,11 +32,11 @@ from rqrl.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
-# KEYS[1] = queue, KEYS[2] = hash actor id -> highest rollout id pushed, KEYS[3] = hash actor id ->
+# KEYS[1] = queue, KEYS[2] = hash stream id -> highest rollout id pushed, KEYS[3] = hash stream id ->
 # token of the pusher of that rollout, KEYS[4] = the doorbell (rung when anything was pushed), KEYS[5] =
 # the pusher's lease (when ARGV[3] is not ''); ARGV[1] =
 # bound, ARGV[2] = the pusher's token ('' for none), ARGV[3] = the lease holder the pusher must be ('': no
-# fence), then (actor id, rollout id, payload) per rollout. Returns per rollout: 1 pushed, 0 full,
+# fence), then (stream id, rollout id, payload) per entry. Returns per rollout: 1 pushed, 0 full,
 # 2 duplicate, 3 mine (this pusher pushed it already: a retried command), 4 not the lease holder.
 _PUSH_BOUNDED = """
 local bound = tonumber(ARGV[1])
@@ -131,9 +133,11 @@ _value_limits: weakref.WeakKeyDictionary[redis.ConnectionPool, int] = weakref.We
 
 @dataclass(frozen=True)
 class PendingRollout:
-    """An encoded rollout waiting to be pushed."""
+    """An encoded entry waiting to be pushed: one rollout, or an actor group's rollouts of one rollout id.
+    ``stream_id`` names whose rollout ids it continues (an actor's, or a group's): the queue keeps one marker
+    per stream."""
 
-    actor_id: int
+    stream_id: int
     rollout_id: int
     payload: bytes
 
@@ -200,7 +204,7 @@ class TrajectoryQueue:
             keys.append(lease[0])
             arguments[2] = lease[1]
         for rollout in rollouts:
-            arguments += [rollout.actor_id, rollout.rollout_id, rollout.payload]
+            arguments += [rollout.stream_id, rollout.rollout_id, rollout.payload]
         results = self._push(keys=keys, args=arguments)
         return [int(result) for result in results]
 
@@ -281,7 +285,7 @@ class TrajectoryQueue:
         for rollout in rollouts:
             if len(rollout.payload) > limit:
                 raise ConfigError(
-                    f"actor {rollout.actor_id}'s rollout {rollout.rollout_id} is {len(rollout.payload) / 2**20:.1f} "
+                    f"stream {rollout.stream_id}'s rollout {rollout.rollout_id} is {len(rollout.payload) / 2**20:.1f} "
                     f"MB encoded, over the {limit / 2**20:.0f} MB Redis takes in one value (proto-max-bulk-len): "
                     f"use a shorter n_rollout_steps (or smaller observations)"
                 )
@@ -304,32 +308,33 @@ class TrajectoryQueue:
 
     def _impossible_markers(self, pushed: Sequence[PendingRollout],
                             refused: Sequence[PendingRollout]) -> list[PendingRollout]:
-        """The refused rollouts whose actor's marker cannot be right, after lowering it below them.
+        """The refused entries whose stream's marker cannot be right, after lowering it below them.
 
         A job re-run from its group's recorded progress meets duplicates only for the rollouts its dead
         predecessor pushed after its last progress write (at most a lease refresh interval of them), so
         duplicates for ``marker_grace_seconds`` over MARKER_GRACE_ROLLOUTS or more rollouts mean a marker
-        no rqrl job wrote (junk far beyond the run), which would starve the actor silently."""
+        no rqrl job wrote (junk far beyond the run), which would starve the stream silently."""
         if self.marker_grace_seconds is None:
             return []
         now = time.monotonic()
-        refused_actors = {rollout.actor_id for rollout in refused}
+        refused_streams = {rollout.stream_id for rollout in refused}
         for rollout in pushed:
-            if rollout.actor_id not in refused_actors:
-                self._duplicate_since.pop(rollout.actor_id, None)
+            if rollout.stream_id not in refused_streams:
+                self._duplicate_since.pop(rollout.stream_id, None)
         retry = []
         for rollout in refused:
-            since, first = self._duplicate_since.setdefault(rollout.actor_id, (now, rollout.rollout_id))
+            since, first = self._duplicate_since.setdefault(rollout.stream_id, (now, rollout.rollout_id))
             if now - since < self.marker_grace_seconds or rollout.rollout_id - first < MARKER_GRACE_ROLLOUTS:
                 continue
-            old = int(self._lower_marker(keys=[self.keys.pushed_rollouts], args=[rollout.actor_id, rollout.rollout_id]))
-            self._duplicate_since.pop(rollout.actor_id, None)
+            old = int(self._lower_marker(keys=[self.keys.pushed_rollouts],
+                                         args=[rollout.stream_id, rollout.rollout_id]))
+            self._duplicate_since.pop(rollout.stream_id, None)
             if old >= 0:
                 self.markers_repaired += 1
-                log.warning("%s says actor %d pushed rollout %d, but its pushes were refused as duplicates for "
+                log.warning("%s says stream %d pushed rollout %d, but its pushes were refused as duplicates for "
                             "%.0f s (rollouts %d..%d): no rqrl job wrote that marker; lowered it to %d (if this "
                             "recurs, something other than rqrl writes to this Redis)", self.keys.pushed_rollouts,
-                            rollout.actor_id, old, now - since, first, rollout.rollout_id, rollout.rollout_id - 1)
+                            rollout.stream_id, old, now - since, first, rollout.rollout_id, rollout.rollout_id - 1)
             retry.append(rollout)
         return retry
 

@@ -84,7 +84,7 @@ def test_record_cost_prints_each_stage_per_record() -> None:
     rows = [line for line in out.splitlines() if line.startswith("| this tree |")]
     assert len(rows) == 1, out
     cells = [float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")[1:]]
-    assert len(cells) == 7 and all(value > 0 for value in cells), rows[0]
+    assert len(cells) == 10 and all(value > 0 for value in cells), rows[0]
 
 
 @pytest.mark.timeout(200)

@@ -92,10 +92,13 @@ def test_actors_started_before_the_first_broadcast_wait_for_it(connection, redis
     assert torch.all(record.log_probs == 7.0)
 
 
-def test_queue_never_exceeds_its_bound_under_fast_producers(connection, redis_url, run_name):
-    bound = 6  # batch_size 4 * factor 1.5
-    with local_actors(redis_url, run_name, n_rollout_steps=4, n_actors=8, batch_size=4,
+@pytest.mark.parametrize(("actors_per_job", "bound"), [(1, 6), (2, 3)])
+def test_queue_never_exceeds_its_bound_under_fast_producers(connection, redis_url, run_name, actors_per_job, bound):
+    """Maze's bound is batch_size 4 * factor 1.5 = 6 rollouts; workers push one entry per actor group, so the
+    list holds 6 entries of one rollout, or 3 of two."""
+    with local_actors(redis_url, run_name, n_rollout_steps=4, n_actors=8, batch_size=4, actors_per_job=actors_per_job,
                       queue_out_of_sync_factor=1.5, n_local_workers=2) as actors:
+        assert actors.max_queue_size == 6 and actors.config.queue_entries == bound
         actors.broadcast_updated_policy(actors.policy.state_dict())
         key = actors.keys.trajectories
         sizes = []
@@ -472,8 +475,10 @@ def test_foreign_and_corrupted_queue_entries_are_rejected_and_counted(connection
             assert record.obs.shape == (16, 2, 4)
         assert actors.records_rejected == len(junk)
         assert actors.get_stats_value(RolloutEvents.records_rejected, name="sum") == len(junk)
-        # rejected entries are acknowledged like trained ones: only the last batch stays unacknowledged
-        assert connection.llen(actors.keys.unacknowledged) == 2
+        # rejected entries are acknowledged like trained ones: only the last batch stays unacknowledged, the
+        # one entry of the two actors' group (one worker steps both)
+        assert actors.config.actor_groups == [[0, 1]]
+        assert connection.llen(actors.keys.unacknowledged) == 1
 
 
 def test_a_nan_reward_is_refused_with_the_fix(connection, redis_url, run_name):

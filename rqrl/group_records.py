@@ -1,0 +1,251 @@
+"""One actor group's rollouts of one rollout id as one queue entry: encoded, signed and checked once per group.
+
+A worker's ``ActorGroup`` yields one rollout per actor for the same rollout id and policy version. Sent as
+one safetensors buffer (every per-actor array with a leading actor axis; the arrays whose length varies per
+actor, final observations and finished episodes, concatenated with per-actor counts), a group costs one
+header, one HMAC, one Redis value and one numpy pass per array instead of one of each per actor: the
+per-rollout cost that kept ``collect_outputs`` below the machine's limit with many envs per worker.
+
+The learner's entries may hold one rollout (``rqrl.rollout.v1``, ``rqrl.records``) or a group
+(``rqrl.rollouts.v1``); ``decode_signed_entry`` reads either, after the HMAC check, and never unpickles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from rqrl.codec import RECORD_MAGIC, ArrayParts, decode_arrays, encode_arrays, sign, verified_view
+from rqrl.errors import RecordError
+from rqrl.observations import flatten_obs, unflatten_obs
+from rqrl.records import (
+    MAX_ID,
+    RECORD_FORMAT,
+    STEP_FIELDS,
+    RecordSpec,
+    RolloutRecord,
+    check_record,
+    differing_arrays,
+    record_from_arrays,
+)
+
+GROUP_FORMAT = "rqrl.rollouts.v1"
+_PER_ACTOR = ("actor_ids", "continues_previous", "final_obs_counts", "episode_counts")
+_CONCATENATED = ("final_obs_steps", "episode_returns", "episode_lengths")
+
+
+class DecodedEntry(NamedTuple):
+    """The rollouts of one queue entry, and why their content does not fit the run (None: it fits).
+
+    The content is judged once for the whole entry, but applied per record after the learner's id checks,
+    which must see every tagged record (see ``rqrl.inbox``)."""
+
+    records: list[RolloutRecord]
+    problem: RecordError | None
+
+
+def encode_group(records: Sequence[RolloutRecord], run_id: str) -> bytes:
+    """One buffer for the rollouts one ``ActorGroup.run`` returned (same rollout id, version, worker, length)."""
+    first = records[0]
+    if any((r.rollout_id, r.policy_version, r.worker, r.n_steps) != (first.rollout_id, first.policy_version,
+                                                                      first.worker, first.n_steps) for r in records):
+        raise ValueError("a group entry holds rollouts of one rollout id, policy version, worker and length")
+    count = len(records)
+    arrays: dict[str, np.ndarray | ArrayParts] = {}
+
+    def stacked(name: str, parts: list[np.ndarray]) -> None:
+        arrays[name] = ArrayParts((count, *np.shape(parts[0])), parts)
+
+    def joined(name: str, parts: list[np.ndarray]) -> None:
+        arrays[name] = ArrayParts((sum(len(part) for part in parts), *np.shape(parts[0])[1:]), parts)
+
+    for name in STEP_FIELDS:
+        stacked(name, [getattr(r, name) for r in records])
+    if first.logits is not None:
+        stacked("logits", [r.logits for r in records])  # type: ignore[misc]
+    flat = {prefix: [flatten_obs(getattr(r, prefix), prefix) for r in records]
+            for prefix in ("obs", "next_obs", "final_obs")}
+    for name in flat["obs"][0]:
+        stacked(name, [leaves[name] for leaves in flat["obs"]])
+    for name in flat["next_obs"][0]:
+        stacked(name, [leaves[name] for leaves in flat["next_obs"]])
+    for name in flat["final_obs"][0]:
+        joined(name, [leaves[name] for leaves in flat["final_obs"]])
+    for name in _CONCATENATED:
+        joined(name, [getattr(r, name) for r in records])
+    arrays["actor_ids"] = np.array([r.actor_id for r in records], np.int64)
+    arrays["continues_previous"] = np.array([r.continues_previous for r in records], bool)
+    arrays["final_obs_counts"] = np.array([len(r.final_obs_steps) for r in records], np.int64)
+    arrays["episode_counts"] = np.array([len(r.episode_returns) for r in records], np.int64)
+    metadata = {"format": GROUP_FORMAT, "run_id": run_id, "policy_version": str(first.policy_version),
+                "rollout_id": str(first.rollout_id), "worker": first.worker}
+    return encode_arrays(arrays, metadata)
+
+
+def encode_signed_group(records: Sequence[RolloutRecord], run_id: str, key: bytes) -> bytes:
+    """encode_group, tagged with HMAC-SHA256 under the run's records key (as ``encode_signed_record``)."""
+    return sign(encode_group(records, run_id), key, RECORD_MAGIC)
+
+
+def decode_signed_entry(blob: bytes, run_id: str, key: bytes, spec: RecordSpec) -> DecodedEntry:
+    """The rollouts of a queue entry of either format; SignatureError before anything is parsed if it was not
+    tagged under ``key``, RecordError if it cannot be read as rollouts of this run at all."""
+    arrays, metadata = decode_arrays(verified_view(blob, key, RECORD_MAGIC))
+    if metadata.get("format") == RECORD_FORMAT:
+        record = record_from_arrays(arrays, metadata, run_id)
+        try:
+            check_record(record, spec)
+        except RecordError as error:
+            return DecodedEntry([record], error)
+        return DecodedEntry([record], None)
+    if metadata.get("format") != GROUP_FORMAT:
+        raise RecordError(f"expected a {RECORD_FORMAT} or {GROUP_FORMAT} entry, got format {metadata.get('format')!r}")
+    if metadata.get("run_id") != run_id:
+        raise RecordError(f"entry belongs to run {metadata.get('run_id')!r}, not to this run {run_id!r}")
+    records = _split(arrays, metadata)
+    try:
+        _check_group(arrays, records, spec)
+    except RecordError as error:
+        return DecodedEntry(records, error)
+    return DecodedEntry(records, None)
+
+
+def _counts(arrays: dict[str, np.ndarray], name: str, total_of: str, actors: int) -> np.ndarray:
+    """Per-actor counts that must be whole numbers adding up to the length of ``total_of``."""
+    counts = arrays[name]
+    if counts.shape != (actors,) or counts.dtype.kind not in "iu" or (counts < 0).any():
+        raise RecordError(f"group entry's {name} is {counts.dtype}{list(counts.shape)}, expected {actors} counts")
+    if int(counts.sum()) != len(arrays[total_of]):
+        raise RecordError(f"group entry's {name} add up to {int(counts.sum())}, its {total_of} has "
+                          f"{len(arrays[total_of])}")
+    return np.concatenate([[0], np.cumsum(counts)])
+
+
+def _split(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> list[RolloutRecord]:
+    """One record per actor, viewing the entry's arrays (no copy); RecordError if the layout is inconsistent."""
+    try:
+        actor_ids = arrays["actor_ids"]
+        actors = len(actor_ids)
+        if actor_ids.ndim != 1 or actors == 0 or actor_ids.dtype.kind not in "iu":
+            raise RecordError(f"group entry's actor_ids is {actor_ids.dtype}{list(actor_ids.shape)}")
+        per_actor = [name for name in arrays if name not in _CONCATENATED and name not in _PER_ACTOR
+                     and not name.startswith("final_obs")]
+        for name in (*per_actor, "continues_previous"):
+            if arrays[name].ndim < 1 or len(arrays[name]) != actors:
+                raise RecordError(f"group entry's {name} has {list(arrays[name].shape)[:1]} rows, "
+                                  f"expected one per actor ({actors})")
+        finals = _counts(arrays, "final_obs_counts", "final_obs_steps", actors)
+        episodes = _counts(arrays, "episode_counts", "episode_returns", actors)
+        final_names = [name for name in arrays if name.startswith("final_obs/") or name == "final_obs"]
+        for name in final_names:
+            if len(arrays[name]) != len(arrays["final_obs_steps"]):
+                raise RecordError(f"group entry's {name} has {len(arrays[name])} rows, its final_obs_steps "
+                                  f"{len(arrays['final_obs_steps'])}")
+        policy_version, rollout_id = int(metadata["policy_version"]), int(metadata["rollout_id"])
+        worker = metadata.get("worker", "")
+        continues = arrays["continues_previous"].astype(bool).tolist()
+        records = []
+        for index, actor_id in enumerate(actor_ids.tolist()):
+            row = {name: arrays[name][index] for name in per_actor}
+            final = slice(finals[index], finals[index + 1])
+            row.update({name: arrays[name][final] for name in (*final_names, "final_obs_steps")})
+            episode = slice(episodes[index], episodes[index + 1])
+            records.append(RolloutRecord(
+                **{name: row[name] for name in STEP_FIELDS}, logits=row.get("logits"),
+                obs=unflatten_obs(row, "obs"), next_obs=unflatten_obs(row, "next_obs"),
+                final_obs=unflatten_obs(row, "final_obs"), final_obs_steps=row["final_obs_steps"],
+                episode_returns=arrays["episode_returns"][episode], episode_lengths=arrays["episode_lengths"][episode],
+                policy_version=policy_version, actor_id=actor_id, rollout_id=rollout_id, worker=worker,
+                continues_previous=continues[index]))
+        return records
+    except (KeyError, ValueError, TypeError, IndexError) as error:
+        raise RecordError(f"group entry is missing or has a malformed field: {error}") from error
+
+
+def _check_group(arrays: dict[str, np.ndarray], records: list[RolloutRecord], spec: RecordSpec) -> None:
+    """``check_record`` for every record of the entry at once, one numpy pass per array (RecordError naming the
+    field). What differs per record (ids, duplicates, versions) is the inbox's to check."""
+    first, actor_ids = records[0], arrays["actor_ids"]
+    if first.n_steps != spec.n_steps:
+        raise RecordError(f"record has {first.n_steps} steps, this run's rollouts have {spec.n_steps}")
+    if actor_ids.min() < 0 or actor_ids.max() >= spec.n_actors or len(np.unique(actor_ids)) != len(actor_ids):
+        raise RecordError(f"group entry names actors {actor_ids.tolist()[:8]}, this run has distinct actors "
+                          f"0..{spec.n_actors - 1}")
+    for name in ("rollout_id", "policy_version"):
+        if not 0 <= getattr(first, name) < MAX_ID:
+            raise RecordError(f"record's {name} {getattr(first, name)} is outside [0, 2**62)")
+    if spec.signature is not None:
+        _check_signature(arrays, first, spec)
+    _check_observations(arrays)
+    _check_steps(arrays)
+    _check_values(arrays, spec)
+
+
+def _check_signature(arrays: dict[str, np.ndarray], first: RolloutRecord, spec: RecordSpec) -> None:
+    assert spec.signature is not None
+    names = [*STEP_FIELDS, *(["logits"] if first.logits is not None else []), *flatten_obs(first.obs, "obs")]
+    signature = {name: (tuple(arrays[name].shape[2:]), str(arrays[name].dtype)) for name in names}
+    if signature != spec.signature:
+        different = differing_arrays(signature, spec.signature)
+        raise RecordError(
+            f"record's arrays {different} are {[signature.get(n) for n in different]} (per-step shape, dtype), "
+            f"this run's are {[spec.signature.get(n) for n in different]}"
+        )
+
+
+def _check_observations(arrays: dict[str, np.ndarray]) -> None:
+    """next_obs is one observation per actor and final_obs one per truncation, of the same arrays as obs."""
+    obs = {name: array for name, array in arrays.items() if name == "obs" or name.startswith("obs/")}
+    for prefix, rows in (("next_obs", len(arrays["actor_ids"])), ("final_obs", len(arrays["final_obs_steps"]))):
+        leaves = {"obs" + name[len(prefix):]: array for name, array in arrays.items()
+                  if name == prefix or name.startswith(prefix + "/")}
+        if set(leaves) != set(obs):
+            raise RecordError(f"record's {prefix} has arrays {sorted(leaves)}, its obs {sorted(obs)}")
+        for name, array in leaves.items():
+            expected = (rows, *obs[name].shape[2:])
+            if array.shape != expected or array.dtype != obs[name].dtype:
+                raise RecordError(f"record's {prefix}{name[3:]} is {array.dtype}{list(array.shape)}, expected "
+                                  f"{obs[name].dtype}{list(expected)}")
+
+
+def _check_steps(arrays: dict[str, np.ndarray]) -> None:
+    """Each actor's final_obs_steps are its truncated steps, in order; no step is both terminated and truncated."""
+    steps, truncated, terminated = arrays["final_obs_steps"], arrays["truncated"], arrays["terminated"]
+    if steps.ndim != 1 or steps.dtype.kind not in "iu":
+        raise RecordError(f"record's final_obs_steps is {steps.dtype}{list(steps.shape)}, expected int64[k]")
+    if truncated.ndim != 2 or terminated.shape != truncated.shape:
+        raise RecordError(f"record's terminated {list(terminated.shape)} and truncated {list(truncated.shape)} are "
+                          f"not [actors, steps]")
+    truncated = truncated.astype(bool, copy=False)
+    rows, columns = np.nonzero(truncated)  # row-major: each actor's truncated steps in order
+    counts = np.bincount(rows, minlength=len(truncated))
+    if not np.array_equal(counts, arrays["final_obs_counts"]) or not np.array_equal(columns, steps):
+        raise RecordError(f"record's final_obs_steps {steps.tolist()[:8]} are not its truncated steps "
+                          f"{columns.tolist()[:8]}")
+    if (truncated & terminated.astype(bool, copy=False)).any():
+        raise RecordError("record has steps both terminated and truncated")
+    returns, lengths = arrays["episode_returns"], arrays["episode_lengths"]
+    if returns.ndim != 1 or lengths.ndim != 1 or len(returns) != len(lengths) or (
+            arrays["episode_counts"] > truncated.shape[1]).any():
+        raise RecordError(f"record's episode_returns {list(returns.shape)} and episode_lengths {list(lengths.shape)} "
+                          f"are not two lists of at most {truncated.shape[1]} episodes per actor")
+
+
+def _check_values(arrays: dict[str, np.ndarray], spec: RecordSpec) -> None:
+    """Values the learner would train on: finite rewards, log-probs and returns, no NaN logits, actions in range."""
+    for name in ("rewards", "log_probs", "episode_returns", "episode_lengths"):
+        array = arrays[name]
+        if array.dtype.kind not in "biuf" or not np.isfinite(array).all():
+            raise RecordError(f"record's {name} hold values that are not finite numbers")
+    if (arrays["episode_lengths"] < 1).any():
+        raise RecordError("record's episode_lengths hold lengths below 1")
+    logits = arrays.get("logits")
+    if logits is not None and (logits.dtype.kind != "f" or np.isnan(logits).any()):
+        raise RecordError("record's logits are NaN or not floats")
+    if spec.action_bounds is not None:
+        low, high = spec.action_bounds
+        actions = arrays["actions"]
+        if actions.dtype.kind not in "iu" or (actions.size and (actions.min() < low or actions.max() >= high)):
+            raise RecordError(f"record's actions are not integers in [{low}, {high}) of the run's action space")

@@ -1,0 +1,179 @@
+"""A group's rollouts as one signed entry: round trips, and checks that refuse what check_record refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from rqrl.codec import RECORD_MAGIC, TAG_SIZE, decode_arrays, encode_arrays, records_key, sign
+from rqrl.errors import RecordError, SignatureError
+from rqrl.group_records import decode_signed_entry, encode_group, encode_signed_group
+from rqrl.inbox import probe_spec
+from rqrl.policy import make_act_function
+from rqrl.records import RecordSpec, check_record, encode_signed_record, record_signature
+from rqrl.rollout import ActorGroup
+from tests import fixtures
+from tests.unit.test_records import SPEC, assert_records_equal, box_record, changed, nested_record
+
+RUN = "run-a"
+KEY = records_key("secret", RUN)
+
+
+def short_cartpole() -> gymnasium.Env:
+    """CartPole whose episodes are truncated after 6 steps: every rollout has truncations and finished episodes."""
+    return gymnasium.make("CartPole-v1", max_episode_steps=6)
+
+
+def real_rollouts(make_env, policy, n_actors: int = 3, steps: int = 16, rollout_id: int = 0):  # noqa: ANN001
+    group = ActorGroup(make_env, list(range(2, 2 + n_actors)), [5, 6, 7][:n_actors], [8, 9, 10][:n_actors], steps)
+    act = make_act_function(policy, group.action_space)
+    for earlier in range(rollout_id):
+        group.run(act, earlier, 1, cut_at_end=False)
+    return group.run(act, rollout_id, 4, cut_at_end=rollout_id == 1, worker="w7"), act
+
+
+@pytest.mark.parametrize("make_env,policy", [(short_cartpole, fixtures.mlp_policy()),
+                                             (fixtures.make_dict_env, fixtures.DictPolicy())])
+@pytest.mark.parametrize("rollout_id", [0, 1])
+def test_a_real_group_round_trips_record_for_record_and_fits_the_probe_spec(make_env, policy, rollout_id):
+    records, act = real_rollouts(make_env, policy, rollout_id=rollout_id)
+    spec = probe_spec(make_env(), act, n_steps=16, n_actors=6)
+    entry = decode_signed_entry(encode_signed_group(records, RUN, KEY), RUN, KEY, spec)
+    assert entry.problem is None
+    assert len(entry.records) == len(records)
+    for decoded, original in zip(entry.records, records, strict=True):
+        assert_records_equal(decoded, original)
+        check_record(decoded, spec)  # the per-record check agrees with the group's
+    if make_env is short_cartpole:
+        assert sum(len(r.final_obs_steps) for r in records) > 0 and sum(len(r.episode_returns) for r in records) > 0
+
+
+def test_records_of_different_truncation_counts_split_at_the_right_rows():
+    records = [box_record(5, truncated_at=at, actor_id=actor, offset=actor)
+               for actor, at in enumerate([(), (1, 3), (4,)])]
+    entry = decode_signed_entry(encode_signed_group(records, RUN, KEY), RUN, KEY, SPEC)
+    assert entry.problem is None
+    for decoded, original in zip(entry.records, records, strict=True):
+        assert_records_equal(decoded, original)
+
+
+def test_a_nested_dict_group_round_trips():
+    first = nested_record()
+    state = {**first.next_obs["state"], "goal": np.array(2, np.int64)}  # one observation: a scalar goal
+    first = dataclasses.replace(first, next_obs={**first.next_obs, "state": state})
+    second = dataclasses.replace(first, actor_id=1, continues_previous=True)
+    entry = decode_signed_entry(encode_signed_group([first, second], RUN, KEY), RUN, KEY,
+                                RecordSpec(n_steps=4, n_actors=4, signature=record_signature(first)))
+    assert entry.problem is None
+    for decoded, original in zip(entry.records, [first, second], strict=True):
+        assert_records_equal(decoded, original)
+
+
+def test_any_safetensors_reader_reads_a_group_entry():
+    records = [box_record(5, truncated_at=(2,), actor_id=actor) for actor in range(2)]
+    arrays = safetensors.numpy.load(encode_signed_group(records, RUN, KEY)[TAG_SIZE:])
+    assert arrays["obs"].shape == (2, 5, 3) and arrays["final_obs"].shape == (2, 3)
+    np.testing.assert_array_equal(arrays["actor_ids"], [0, 1])
+
+
+def test_single_record_entries_are_still_read():
+    record = box_record(5, truncated_at=(2,), actor_id=3)
+    entry = decode_signed_entry(encode_signed_record(record, RUN, KEY), RUN, KEY, SPEC)
+    assert entry.problem is None and len(entry.records) == 1
+    assert_records_equal(entry.records[0], record)
+    bad = decode_signed_entry(encode_signed_record(changed(rewards=np.full(5, np.nan, np.float32)), RUN, KEY),
+                              RUN, KEY, SPEC)
+    assert bad.problem is not None and "rewards hold values that are not finite" in str(bad.problem)
+
+
+def test_unsigned_tampered_and_foreign_entries_are_refused():
+    blob = encode_signed_group([box_record(5, truncated_at=(2,))], RUN, KEY)
+    with pytest.raises(SignatureError):
+        decode_signed_entry(blob[TAG_SIZE:], RUN, KEY, SPEC)
+    tampered = bytearray(blob)
+    tampered[-1] ^= 1
+    with pytest.raises(SignatureError, match="tampered"):
+        decode_signed_entry(bytes(tampered), RUN, KEY, SPEC)
+    other_key = records_key("secret", "run-b")
+    with pytest.raises(RecordError, match="belongs to run 'run-b'"):
+        decode_signed_entry(encode_signed_group([box_record(5, truncated_at=(2,))], "run-b", KEY), RUN, KEY, SPEC)
+    with pytest.raises(SignatureError):
+        decode_signed_entry(encode_signed_group([box_record(5, truncated_at=(2,))], "run-b", other_key), RUN, KEY,
+                            SPEC)
+
+
+def test_a_group_holds_rollouts_of_one_rollout_id_and_version():
+    with pytest.raises(ValueError, match="one rollout id, policy version, worker and length"):
+        encode_group([box_record(actor_id=0), box_record(actor_id=1, rollout_id=1)], RUN)
+
+
+def test_inconsistent_counts_are_malformed():
+    records = [box_record(5, truncated_at=(2,), actor_id=actor) for actor in range(2)]
+    arrays, metadata = decode_arrays(encode_group(records, RUN))
+    arrays = {name: np.array(value) for name, value in arrays.items()}
+    arrays["final_obs_counts"] = np.array([2, 1], np.int64)
+    with pytest.raises(RecordError, match="final_obs_counts add up to 3, its final_obs_steps has 2"):
+        decode_signed_entry(sign(encode_arrays(arrays, metadata), KEY, RECORD_MAGIC), RUN, KEY, SPEC)
+    del arrays["final_obs_counts"]
+    with pytest.raises(RecordError, match="missing or has a malformed field"):
+        decode_signed_entry(sign(encode_arrays(arrays, metadata), KEY, RECORD_MAGIC), RUN, KEY, SPEC)
+
+
+# what check_record refuses in one record, the group's checks refuse in the entry holding it
+@pytest.mark.parametrize(("changes", "match"), [
+    (dict(rewards=np.full(5, np.nan, np.float32)), "rewards hold values that are not finite"),
+    (dict(log_probs=np.full(5, np.nan, np.float32)), "log_probs hold values that are not finite"),
+    (dict(episode_returns=np.array([np.nan, 1.0])), "episode_returns hold values that are not finite"),
+    (dict(episode_lengths=np.array([0, 4])), "episode_lengths hold lengths below 1"),
+    (dict(episode_lengths=np.array([3])), "episode_returns .2. and episode_lengths .1."),
+    (dict(logits=np.full((5, 2), np.nan, np.float32)), "logits are NaN"),
+    (dict(actions=np.full(5, 2, np.int64)), r"actions are not integers in \[0, 2\)"),
+    (dict(actions=np.full(5, -1, np.int64)), r"actions are not integers in \[0, 2\)"),
+    (dict(final_obs_steps=np.array([999])), r"final_obs_steps \[999\] are not its truncated steps \[2\]"),
+    (dict(final_obs_steps=np.array([3])), r"final_obs_steps \[3\] are not its truncated steps \[2\]"),
+    (dict(terminated=np.arange(5) == 2), "both terminated and truncated"),
+    (dict(next_obs=np.zeros(7, np.float32)), r"next_obs is float32\[1, 7\], expected float32\[1, 3\]"),
+    (dict(next_obs=np.zeros(3, np.float64)), r"next_obs is float64\[1, 3\], expected float32\[1, 3\]"),
+    (dict(next_obs={"a": np.zeros(3, np.float32)}), r"next_obs has arrays \['obs/a'\], its obs \['obs'\]"),
+    (dict(final_obs=np.zeros((1, 4), np.float32)), r"final_obs is float32\[1, 4\], expected float32\[1, 3\]"),
+    (dict(obs=np.zeros((5, 3), np.float64), next_obs=np.zeros(3), final_obs=np.zeros((1, 3))),
+     r"arrays \['obs'\] are \[\(\(3,\), 'float64'\)\]"),
+    (dict(rewards=np.zeros(5, np.float64)), r"arrays \['rewards'\]"),
+    (dict(logits=None), r"arrays \['logits'\]"),
+    (dict(actor_id=4), r"names actors \[4\], this run has distinct actors 0..3"),
+    (dict(actor_id=-1), r"names actors \[-1\]"),
+    (dict(rollout_id=-1), r"rollout_id -1 is outside \[0, 2\*\*62\)"),
+    (dict(policy_version=2**63), r"policy_version 9223372036854775808 is outside"),
+])
+def test_what_check_record_refuses_the_group_check_refuses(changes, match):
+    bad = changed(**changes)
+    with pytest.raises(RecordError):
+        check_record(bad, SPEC)
+    entry = decode_signed_entry(encode_signed_group([bad], RUN, KEY), RUN, KEY, SPEC)
+    assert entry.problem is not None
+    assert entry.records[0].actor_id == bad.actor_id  # the inbox still sees whose rollout was refused
+    with pytest.raises(RecordError, match=match):
+        raise entry.problem
+
+
+@pytest.mark.parametrize("changes", [dict(rewards=np.full(5, np.inf, np.float32)),
+                                     dict(actions=np.full(5, 2, np.int64)),
+                                     dict(terminated=np.arange(5) == 2)])
+def test_one_bad_record_among_good_ones_fails_the_entry(changes):
+    records = [box_record(5, truncated_at=(2,), actor_id=0), changed(actor_id=1, **changes),
+               box_record(5, truncated_at=(2,), actor_id=2)]
+    assert decode_signed_entry(encode_signed_group(records, RUN, KEY), RUN, KEY, SPEC).problem is not None
+    assert decode_signed_entry(encode_signed_group([records[0], records[2]], RUN, KEY), RUN, KEY,
+                               SPEC).problem is None
+
+
+def test_the_same_actor_twice_and_another_length_are_refused():
+    twice = [box_record(5, truncated_at=(2,), actor_id=1), box_record(5, truncated_at=(2,), actor_id=1)]
+    assert "distinct actors" in str(decode_signed_entry(encode_signed_group(twice, RUN, KEY), RUN, KEY, SPEC).problem)
+    short = [box_record(4, truncated_at=(2,))]
+    assert "record has 4 steps, this run's rollouts have 5" in str(
+        decode_signed_entry(encode_signed_group(short, RUN, KEY), RUN, KEY, SPEC).problem)
