@@ -25,57 +25,53 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import redis
-from redis.typing import EncodableT
 
 from rqrl.errors import ConfigError, LeaseLostError, RqrlError, RunStoppedError
 from rqrl.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
+# Runs in a MULTI right after the RPUSH of one entry, so the payload never passes through Lua (which would
+# copy it into a Lua string and back: 2.5x Redis's CPU per byte for large entries, measured). It keeps the
+# entry or takes it back off the tail with LTRIM (which returns nothing, so nothing is copied either way).
 # KEYS[1] = queue, KEYS[2] = hash stream id -> highest rollout id pushed, KEYS[3] = hash stream id ->
-# token of the pusher of that rollout, KEYS[4] = the doorbell (rung when anything was pushed), KEYS[5] =
-# the pusher's lease (when ARGV[3] is not ''); ARGV[1] =
-# bound, ARGV[2] = the pusher's token ('' for none), ARGV[3] = the lease holder the pusher must be ('': no
-# fence), then (stream id, rollout id, payload) per entry. Returns per rollout: 1 pushed, 0 full,
-# 2 duplicate, 3 mine (this pusher pushed it already: a retried command), 4 not the lease holder.
+# token of the pusher of that rollout, KEYS[4] = the doorbell (rung when something was pushed), KEYS[5] =
+# the pusher's lease (when ARGV[3] is not ''); ARGV[1] = bound, ARGV[2] = the pusher's token ('' for
+# none), ARGV[3] = the lease holder the pusher must be ('': no fence), ARGV[4] = stream id, ARGV[5] =
+# rollout id. Returns 1 pushed, 0 full, 2 duplicate, 3 mine (this pusher pushed it already: a retried
+# command), 4 not the lease holder.
 _PUSH_BOUNDED = """
-local bound = tonumber(ARGV[1])
-local token = ARGV[2]
-local results = {}
+local bound, token, stream, rollout = tonumber(ARGV[1]), ARGV[2], ARGV[4], tonumber(ARGV[5])
+local result
 if ARGV[3] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[3] then
-  for i = 4, #ARGV, 3 do results[#results + 1] = 4 end
-  return results
-end
-local length = redis.call('LLEN', KEYS[1])
-for i = 4, #ARGV, 3 do
-  local actor, rollout = ARGV[i], tonumber(ARGV[i + 1])
-  local highest = tonumber(redis.call('HGET', KEYS[2], actor) or '-1') or -1
+  result = 4
+else
+  local highest = tonumber(redis.call('HGET', KEYS[2], stream) or '-1') or -1
   if rollout <= highest then
-    if token ~= '' and rollout == highest and redis.call('HGET', KEYS[3], actor) == token then
-      results[#results + 1] = 3
+    if token ~= '' and rollout == highest and redis.call('HGET', KEYS[3], stream) == token then
+      result = 3
     else
-      results[#results + 1] = 2
+      result = 2
     end
-  elseif length >= bound then
-    results[#results + 1] = 0
+  elseif redis.call('LLEN', KEYS[1]) - 1 >= bound then
+    result = 0
   else
-    redis.call('HSET', KEYS[2], actor, rollout)
+    redis.call('HSET', KEYS[2], stream, rollout)
     if token ~= '' then
-      redis.call('HSET', KEYS[3], actor, token)
+      redis.call('HSET', KEYS[3], stream, token)
     end
-    redis.call('RPUSH', KEYS[1], ARGV[i + 2])
-    length = length + 1
-    results[#results + 1] = 1
+    if redis.call('LLEN', KEYS[4]) == 0 then
+      redis.call('RPUSH', KEYS[4], '1')
+    end
+    return 1
   end
 end
-if length > 0 and redis.call('LLEN', KEYS[4]) == 0 then
-  redis.call('RPUSH', KEYS[4], '1')
-end
-return results
+redis.call('LTRIM', KEYS[1], 0, -2)
+return result
 """
 
-# KEYS[1] = hash actor id -> highest rollout id pushed; ARGV[1] = actor id, ARGV[2] = rollout id. Lowers
-# the actor's marker to just below the rollout if it is at or above it; returns the old marker or -1.
+# KEYS[1] = hash stream id -> highest rollout id pushed; ARGV[1] = stream id, ARGV[2] = rollout id. Lowers
+# the stream's marker to just below the rollout if it is at or above it; returns the old marker or -1.
 _LOWER_MARKER = """
 local marker = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1') or -1
 local rollout = tonumber(ARGV[2])
@@ -84,46 +80,52 @@ redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', rollout - 1))
 return string.format('%d', marker)
 """
 
-# KEYS[1] = queue, KEYS[2] = unacknowledged list, KEYS[3] = acknowledged counter (absolute index of
-# that list's head), KEYS[4] = the doorbell (cleared when the pop leaves the queue empty). ARGV[1] = how
-# many to pop, ARGV[2] = absolute index below which the learner is
-# done (-1: everything listed so far, for consumers that never look back). Absolute indices make a
-# retried call harmless: acknowledging twice drops nothing more, and a pop whose reply was lost
-# leaves its entries on the list where the next call's indices reveal them.
-# Returns {queue length before, popped entries, queue length after, list head, first popped index}.
-# An acknowledged counter that is no plain integer >= 0 of at most 15 digits (no rqrl process writes
-# another; tonumber would take 'inf' or '1e300', which Redis turns into -2^63) makes the list's indices
-# unknown: both keys are deleted, nothing is popped, and {-1} tells the caller to realign.
-_POP_UNACKNOWLEDGED = """
-local raw = redis.call('GET', KEYS[3]) or '0'
+# A pop is one MULTI: _ACKNOWLEDGE, then one LMOVE of the queue onto the unacknowledged list per entry
+# wanted, then _AFTER_POP. LMOVE moves entries without copying them (a Lua LPOP would copy each payload
+# into Lua and back out: 2.4x Redis's CPU per byte for large entries, measured).
+# _ACKNOWLEDGE: KEYS[1] = unacknowledged list, KEYS[2] = acknowledged counter (absolute index of that list's
+# head). ARGV[1] = absolute index below which the learner is done (-1: everything listed so far, for
+# consumers that never look back). Absolute indices make a retried call harmless: acknowledging twice drops
+# nothing more, and a pop whose reply was lost leaves its entries on the list where the next call's indices
+# reveal them. Returns {list head, index the entries popped next get}. An acknowledged counter that is no
+# plain integer >= 0 of at most 15 digits (no rqrl process writes another; tonumber would take 'inf' or
+# '1e300', which Redis turns into -2^63) makes the list's indices unknown: the list is deleted, the counter
+# set to 'lost' for _AFTER_POP, and {-1} tells the caller to realign.
+_ACKNOWLEDGE = """
+local raw = redis.call('GET', KEYS[2]) or '0'
 if not string.match(raw, '^%d+$') or #raw > 15 then
-  redis.call('DEL', KEYS[2], KEYS[3])
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[2], 'lost')
   return {-1}
 end
 local head = tonumber(raw)
-local done = tonumber(ARGV[2])
+local done = tonumber(ARGV[1])
 if done < 0 then
-  done = head + redis.call('LLEN', KEYS[2])
+  done = head + redis.call('LLEN', KEYS[1])
 end
 if done > head then
-  redis.call('LTRIM', KEYS[2], done - head, -1)
-  redis.call('SET', KEYS[3], string.format('%d', done))
+  redis.call('LTRIM', KEYS[1], done - head, -1)
+  redis.call('SET', KEYS[2], string.format('%d', done))
   head = done
 end
-local first = head + redis.call('LLEN', KEYS[2])
-local before = redis.call('LLEN', KEYS[1])
-local count = tonumber(ARGV[1])
-local popped = {}
-if count > 0 and before > 0 then
-  popped = redis.call('LPOP', KEYS[1], count)
-  for i = 1, #popped, 1000 do
-    redis.call('RPUSH', KEYS[2], unpack(popped, i, math.min(i + 999, #popped)))
+return {head, head + redis.call('LLEN', KEYS[1])}
+"""
+
+# _AFTER_POP: KEYS[1] = queue, KEYS[2] = unacknowledged list, KEYS[3] = acknowledged counter, KEYS[4] = the
+# doorbell (cleared when the pop left the queue empty). Returns the queue's length. After a 'lost' counter
+# it puts what the LMOVEs took back at the queue's head, in order, and deletes both keys: nothing is popped.
+_AFTER_POP = """
+if redis.call('GET', KEYS[3]) == 'lost' then
+  while redis.call('LLEN', KEYS[2]) > 0 do
+    redis.call('LMOVE', KEYS[2], KEYS[1], 'RIGHT', 'LEFT')
   end
+  redis.call('DEL', KEYS[2], KEYS[3])
 end
-if before - #popped <= 0 then
+local length = redis.call('LLEN', KEYS[1])
+if length == 0 then
   redis.call('DEL', KEYS[4])
 end
-return {before, popped, before - #popped, head, first}
+return length
 """
 
 
@@ -188,25 +190,29 @@ class TrajectoryQueue:
         self.markers_repaired = 0
         self._duplicate_since: dict[int, tuple[float, int]] = {}
         self._push = connection.register_script(_PUSH_BOUNDED)
-        self._pop = connection.register_script(_POP_UNACKNOWLEDGED)
+        self._acknowledge = connection.register_script(_ACKNOWLEDGE)
+        self._after_pop = connection.register_script(_AFTER_POP)
         self._lower_marker = connection.register_script(_LOWER_MARKER)
 
     def try_push(self, rollouts: Sequence[PendingRollout], token: str = "",
                  lease: tuple[str, str] | None = None) -> list[int]:
         """Push what fits, in order, in one atomic call; returns PUSHED, FULL, DUPLICATE or MINE per
-        rollout (MINE: pushed already under the same non-empty ``token``), or NOT_HOLDER for all if
+        entry (MINE: pushed already under the same non-empty ``token``), or NOT_HOLDER for all if
         ``lease`` = (lease key, holder) is given and the key does not hold that holder."""
         if not rollouts:
             return []
         keys = [self.keys.trajectories, self.keys.pushed_rollouts, self.keys.pushed_by, self.keys.doorbell]
-        arguments: list[EncodableT] = [self.bound, token, ""]
+        holder = ""
         if lease is not None:
             keys.append(lease[0])
-            arguments[2] = lease[1]
-        for rollout in rollouts:
-            arguments += [rollout.stream_id, rollout.rollout_id, rollout.payload]
-        results = self._push(keys=keys, args=arguments)
-        return [int(result) for result in results]
+            holder = lease[1]
+        with self.connection.pipeline(transaction=True) as pipe:
+            for rollout in rollouts:  # each entry is pushed by a plain RPUSH, then kept or taken back
+                pipe.rpush(self.keys.trajectories, rollout.payload)
+                self._push(keys=keys, args=[self.bound, token, holder, rollout.stream_id, rollout.rollout_id],
+                           client=pipe)
+            replies = pipe.execute()
+        return [int(result) for result in replies[1::2]]
 
     def push(
         self,
@@ -347,15 +353,22 @@ class TrajectoryQueue:
         return self.pop(count, ACKNOWLEDGE_ALL).entries if count > 0 else []
 
     def pop(self, count: int, done_below: int = 0) -> Popped:
-        """Acknowledge every unacknowledged rollout with an absolute index below ``done_below``, then
+        """Acknowledge every unacknowledged entry with an absolute index below ``done_below``, then
         pop up to ``count`` onto the unacknowledged list, in one atomic round trip."""
-        reply = self._pop(
-            keys=[self.keys.trajectories, self.keys.unacknowledged, self.keys.acknowledged, self.keys.doorbell],
-            args=[max(count, 0), done_below if done_below == ACKNOWLEDGE_ALL else max(done_below, 0)])
-        if len(reply) == 1:
+        queue, unacknowledged, acknowledged = self.keys.trajectories, self.keys.unacknowledged, self.keys.acknowledged
+        with self.connection.pipeline(transaction=True) as pipe:
+            self._acknowledge(keys=[unacknowledged, acknowledged],
+                              args=[done_below if done_below == ACKNOWLEDGE_ALL else max(done_below, 0)], client=pipe)
+            for _ in range(max(count, 0)):
+                pipe.lmove(queue, unacknowledged, "LEFT", "RIGHT")
+            self._after_pop(keys=[queue, unacknowledged, acknowledged, self.keys.doorbell], client=pipe)
+            replies = pipe.execute()
+        indices, moved, size_after = replies[0], replies[1:-1], int(replies[-1])
+        if len(indices) == 1:
             raise self._indices_lost()
-        size_before, entries, size_after, head, first = reply
-        return Popped(list(entries or []), int(first), int(size_before), int(size_after), int(head))
+        head, first = (int(value) for value in indices)
+        entries = [entry for entry in moved if entry is not None]
+        return Popped(entries, first, size_after + len(entries), size_after, head)
 
     def wait_until_not_empty(self, timeout_seconds: float) -> bool:
         """Block up to ``timeout_seconds`` until a rollout may wait; pops nothing.
