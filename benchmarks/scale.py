@@ -91,7 +91,9 @@ class RedisCost:
         commandstats = connection.info("commandstats")
         stats = connection.info("stats")
         cpu = connection.info("cpu")
-        commands = {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in commandstats.items()}
+        # Redis 7 names subcommands "script|exists": a space keeps the markdown table intact
+        commands = {name.removeprefix("cmdstat_").replace("|", " "): int(value["calls"])
+                    for name, value in commandstats.items()}
         return RedisCost(commands, int(stats["total_net_input_bytes"]), int(stats["total_net_output_bytes"]),
                          float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
 

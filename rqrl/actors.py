@@ -210,8 +210,8 @@ class RedisDistributedActors(DistributedActors):
     def max_queue_size(self) -> int:
         """Maze's name for the out-of-sync queue's bound: ``int(batch_size * queue_out_of_sync_factor)`` rollouts
         (below batch_size when the factor is below 1: collect_outputs then takes rollouts as they arrive). Workers
-        push one entry per actor group, so the queue holds at most this many rounded down to whole groups, and
-        at least one group's rollouts (``config.queue_entries`` entries)."""
+        push an actor group's rollouts as one entry (or several of about 1 MB), so the queue holds at most this
+        many rounded down to whole entries, and at least one entry (``queue_capacity``)."""
         return self.config.queue_bound
 
     @property
@@ -382,11 +382,11 @@ class RedisDistributedActors(DistributedActors):
         inbox = self._inbox
         pending_before = len(inbox)
         popped = self._pop(self._entries_for(self.batch_size - pending_before))
-        group = self.config.group_size
-        size_before, size_after = popped.size_before * group + pending_before, popped.size_after * group
+        per_entry = self._records_per_entry()
+        size_before, size_after = popped.size_before * per_entry + pending_before, popped.size_after * per_entry
         if len(inbox) < self.batch_size:
             self._wait_for_batch()
-            size_after = self._queue.size() * group
+            size_after = self._queue.size() * self._records_per_entry()
         records = inbox.peek(self.batch_size)
         size_after += len(inbox) - len(records)
         batch = batch_records(records, learner_device)
@@ -421,9 +421,20 @@ class RedisDistributedActors(DistributedActors):
             if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
                 self._pop(self._entries_for(self.batch_size - len(self._inbox)))
 
+    def _records_per_entry(self) -> int:
+        """Rollouts per queue entry: a whole actor group until an entry shows fewer (see rqrl.group_records)."""
+        return min(self._inbox.records_per_entry or self.config.group_size, self.config.group_size)
+
     def _entries_for(self, rollouts: int) -> int:
-        """Queue entries to pop for ``rollouts`` more rollouts: workers push one entry per actor group."""
-        return max(0, -(-rollouts // self.config.group_size))
+        """Queue entries to pop for ``rollouts`` more rollouts."""
+        return max(0, -(-rollouts // self._records_per_entry()))
+
+    @property
+    def queue_capacity(self) -> int:
+        """Rollouts the out-of-sync queue holds when full: ``max_queue_size`` rounded down to whole entries (an
+        actor group's rollouts, or as many of them as fit 1 MB), at least one entry."""
+        per_entry = self._records_per_entry()
+        return self.config.entries_bound(per_entry) * per_entry
 
     def _pop(self, count: int) -> Popped:
         """Pop into the inbox; if the queue's indices were reset (junk in the acknowledged counter),
@@ -469,7 +480,7 @@ class RedisDistributedActors(DistributedActors):
         return {"beat": time.time(), "learner_timeout": self.options.learner_timeout,
                 "policy_version": self.policy_version, "env_steps": self._steps_collected,
                 "steps_per_second_10s": rates[0] or 0.0, "steps_per_second_60s": rates[1] or 0.0,
-                "queue_bound": self.config.queue_capacity, "records_rejected": self.records_rejected,
+                "queue_bound": self.queue_capacity, "records_rejected": self.records_rejected,
                 **self._last_batch}
 
     def _record_stats(self, records: list[RolloutRecord], size_before: int, dequeue_time: float) -> None:
@@ -490,10 +501,10 @@ class RedisDistributedActors(DistributedActors):
             return self.supervisor.workers_alive(cached)
 
     def queue_size(self) -> int:
-        """Rollouts waiting in the out-of-sync queue: its entries times the actors per group (exact when every
-        group has as many actors; workers push one entry per group and rollout id)."""
+        """Rollouts waiting in the out-of-sync queue: its entries times the rollouts per entry (exact when every
+        entry holds as many; workers push an actor group's rollouts of one rollout id as one entry or a few)."""
         with self._redis_errors():
-            return self._queue.size() * self.config.group_size
+            return self._queue.size() * self._records_per_entry()
 
     # ---- tear-down ----------------------------------------------------------------------
 

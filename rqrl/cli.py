@@ -475,7 +475,7 @@ def _collect_with_progress(run: RedisDistributedActors, seconds: float, progress
                 recent = returns[-100:]
                 progress.update(total_steps, mean_return=sum(recent) / len(recent) if recent else None,
                                 lag=float(lags.mean()), lag_max=float(lags.max()), queue=size_before,
-                                queue_bound=run.config.queue_capacity, workers=run.workers_alive())
+                                queue_bound=run.queue_capacity, workers=run.workers_alive())
         except KeyboardInterrupt as error:
             stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
     stats = run.get_epoch_stats_aggregator().reduce()

@@ -74,6 +74,7 @@ class Inbox:
         self.max_rollout_gap = max_rollout_gap
         self.published_version = 0
         self.records_rejected = 0
+        self.records_per_entry: int | None = None  # the most rollouts an entry held so far (None: none read yet)
         self.rollouts_lost = 0  # rollout ids an actor's stream skipped (see _mark_gap)
         self._beyond_bound: dict[int, int] = {}  # actor -> tagged records in a row past the rollout-id bound
         self.rejected_by_reason: Counter[str] = Counter()
@@ -145,6 +146,7 @@ class Inbox:
             except RecordError as error:
                 self._reject("malformed", error)
                 continue
+            self.records_per_entry = max(self.records_per_entry or 0, len(entry.records))
             for record in entry.records:  # one, or an actor group's: they share the entry's index
                 reason, problem = self._check(record, entry.problem)
                 if problem is not None:

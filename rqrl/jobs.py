@@ -39,10 +39,11 @@ from rqrl.errors import (
     SignatureError,
     WorkerUnfitError,
 )
-from rqrl.group_records import encode_signed_group
+from rqrl.group_records import encode_signed_group, entry_stream, records_per_entry
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder, recorded_progress, start_rollout
 from rqrl.policy import ActFunction, Policy, make_act_function
+from rqrl.records import RolloutRecord
 from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import RunConfig
 from rqrl.trajectories import PendingRollout, TrajectoryQueue
@@ -425,7 +426,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             held.touch()
 
         label = worker_label()
-        refused = False  # whether the group's last rollout here was already delivered by an earlier job
+        refused: set[int] = set()  # actors whose last rollout here was already delivered by an earlier job
         while True:
             weights_version = _wait_for_weights(context, store, is_stopped, beat)
             if is_stopped():
@@ -437,14 +438,14 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             records = group.run(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
             # a re-run recomputes rollouts an earlier job delivered; the first new one does not
             # continue the delivered one before it, and says so
-            if refused:
-                records = [dataclasses.replace(r, continues_previous=False) for r in records]
-            # the group's rollouts travel as one entry, whose stream in the queue's markers is the group
-            entry = PendingRollout(group_id, rollout_id, encode_signed_group(records, config.run_id,
-                                                                             context.records_key))
-            report = queue.push([entry], is_stopped, on_wait=beat, token=token,
+            records = [dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r
+                       for r in records]
+            entries = _group_entries(records, group_id, rollout_id, config.run_id, context.records_key)
+            queue.bound = config.entries_bound(len(entries[0][1]))
+            report = queue.push([entry for entry, _ in entries], is_stopped, on_wait=beat, token=token,
                                 lease=(keys.lease(group_id), held.holder))
-            refused = bool(report.duplicates)
+            duplicates = {entry.stream_id for entry in report.duplicates}
+            refused = {actor for entry, actors in entries if entry.stream_id in duplicates for actor in actors}
             rollout_id += 1
             held.record_progress(rollout_id)
             work.heartbeat(len(records) * config.n_rollout_steps)
@@ -487,6 +488,16 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
     finally:
         if lease is not None:
             lease.release()
+
+
+def _group_entries(records: list[RolloutRecord], group_id: int, rollout_id: int, run_id: str,
+                   key: bytes) -> list[tuple[PendingRollout, list[int]]]:
+    """A group's rollouts as queue entries of at most ENTRY_BYTES (whole rollouts; one if a rollout is larger),
+    each on its part's stream, with the actors it holds."""
+    size = records_per_entry(records[0])
+    parts = [records[start:start + size] for start in range(0, len(records), size)]
+    return [(PendingRollout(entry_stream(group_id, part), rollout_id, encode_signed_group(chunk, run_id, key)),
+             [record.actor_id for record in chunk]) for part, chunk in enumerate(parts)]
 
 
 def _build_group(context: RunContext, group_id: int) -> ActorGroup:

@@ -88,16 +88,16 @@ class RunConfig:
         """Actors in the largest actor group: the rollouts one queue entry holds at most."""
         return max(len(group) for group in self.actor_groups)
 
-    @property
-    def queue_entries(self) -> int:
-        """The queue's bound in entries as workers push them (one per actor group and rollout id):
-        ``queue_bound`` rollouts rounded down to whole groups, at least one group."""
-        return max(1, self.queue_bound // self.group_size)
+    def entries_bound(self, records_per_entry: int) -> int:
+        """The queue's bound in entries of ``records_per_entry`` rollouts (workers push a group's rollouts as
+        entries of at most that many, see ``rqrl.group_records``): ``queue_bound`` rollouts rounded down to whole
+        entries, at least one entry."""
+        return max(1, self.queue_bound // max(1, min(records_per_entry, self.group_size)))
 
     @property
-    def queue_capacity(self) -> int:
-        """Rollouts the queue holds when full: ``queue_entries`` whole groups of the largest group's size."""
-        return self.queue_entries * self.group_size
+    def queue_entries(self) -> int:
+        """The queue's bound in entries when each holds a whole group (rollouts that fit ENTRY_BYTES)."""
+        return self.entries_bound(self.group_size)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

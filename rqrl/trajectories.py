@@ -80,6 +80,9 @@ redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', rollout - 1))
 return string.format('%d', marker)
 """
 
+# Scripts inside a MULTI go as EVAL with their text, not EVALSHA: an EVALSHA the server does not know (after a
+# restart or SCRIPT FLUSH) fails alone inside EXEC while the RPUSH beside it stays, and redis-py's Script
+# objects avoid that by asking SCRIPT EXISTS before every pipeline, a round trip per push and per pop.
 # A pop is one MULTI: _ACKNOWLEDGE, then one LMOVE of the queue onto the unacknowledged list per entry
 # wanted, then _AFTER_POP. LMOVE moves entries without copying them (a Lua LPOP would copy each payload
 # into Lua and back out: 2.4x Redis's CPU per byte for large entries, measured).
@@ -139,7 +142,7 @@ class PendingRollout:
     ``stream_id`` names whose rollout ids it continues (an actor's, or a group's): the queue keeps one marker
     per stream."""
 
-    stream_id: int
+    stream_id: int | str
     rollout_id: int
     payload: bytes
 
@@ -188,10 +191,7 @@ class TrajectoryQueue:
         self.marker_grace_seconds = marker_grace_seconds
         self.max_value_bytes = max_value_bytes  # None: asked of the server at the first push
         self.markers_repaired = 0
-        self._duplicate_since: dict[int, tuple[float, int]] = {}
-        self._push = connection.register_script(_PUSH_BOUNDED)
-        self._acknowledge = connection.register_script(_ACKNOWLEDGE)
-        self._after_pop = connection.register_script(_AFTER_POP)
+        self._duplicate_since: dict[int | str, tuple[float, int]] = {}
         self._lower_marker = connection.register_script(_LOWER_MARKER)
 
     def try_push(self, rollouts: Sequence[PendingRollout], token: str = "",
@@ -209,8 +209,8 @@ class TrajectoryQueue:
         with self.connection.pipeline(transaction=True) as pipe:
             for rollout in rollouts:  # each entry is pushed by a plain RPUSH, then kept or taken back
                 pipe.rpush(self.keys.trajectories, rollout.payload)
-                self._push(keys=keys, args=[self.bound, token, holder, rollout.stream_id, rollout.rollout_id],
-                           client=pipe)
+                pipe.eval(_PUSH_BOUNDED, len(keys), *keys, self.bound, token, holder, rollout.stream_id,
+                          rollout.rollout_id)
             replies = pipe.execute()
         return [int(result) for result in replies[1::2]]
 
@@ -337,7 +337,7 @@ class TrajectoryQueue:
             self._duplicate_since.pop(rollout.stream_id, None)
             if old >= 0:
                 self.markers_repaired += 1
-                log.warning("%s says stream %d pushed rollout %d, but its pushes were refused as duplicates for "
+                log.warning("%s says stream %s pushed rollout %d, but its pushes were refused as duplicates for "
                             "%.0f s (rollouts %d..%d): no rqrl job wrote that marker; lowered it to %d (if this "
                             "recurs, something other than rqrl writes to this Redis)", self.keys.pushed_rollouts,
                             rollout.stream_id, old, now - since, first, rollout.rollout_id, rollout.rollout_id - 1)
@@ -357,11 +357,11 @@ class TrajectoryQueue:
         pop up to ``count`` onto the unacknowledged list, in one atomic round trip."""
         queue, unacknowledged, acknowledged = self.keys.trajectories, self.keys.unacknowledged, self.keys.acknowledged
         with self.connection.pipeline(transaction=True) as pipe:
-            self._acknowledge(keys=[unacknowledged, acknowledged],
-                              args=[done_below if done_below == ACKNOWLEDGE_ALL else max(done_below, 0)], client=pipe)
+            pipe.eval(_ACKNOWLEDGE, 2, unacknowledged, acknowledged,
+                      done_below if done_below == ACKNOWLEDGE_ALL else max(done_below, 0))
             for _ in range(max(count, 0)):
                 pipe.lmove(queue, unacknowledged, "LEFT", "RIGHT")
-            self._after_pop(keys=[queue, unacknowledged, acknowledged, self.keys.doorbell], client=pipe)
+            pipe.eval(_AFTER_POP, 4, queue, unacknowledged, acknowledged, self.keys.doorbell)
             replies = pipe.execute()
         indices, moved, size_after = replies[0], replies[1:-1], int(replies[-1])
         if len(indices) == 1:

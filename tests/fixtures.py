@@ -81,6 +81,28 @@ def make_counting_env() -> gymnasium.Env:
     return CountingEnv(length=50)
 
 
+WIDE_OBS_SIZE = 8192
+
+
+class WideCountingEnv(CountingEnv):
+    """CountingEnv whose observation is the step count in WIDE_OBS_SIZE float32s (32 KB): a 16-step rollout is
+    about 0.5 MB, so a group's rollouts go in several queue entries (rqrl.group_records.ENTRY_BYTES)."""
+
+    observation_space = spaces.Box(0, 1e6, (WIDE_OBS_SIZE,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return np.full(WIDE_OBS_SIZE, obs[0], np.float32), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return np.full(WIDE_OBS_SIZE, obs[0], np.float32), reward, terminated, truncated, info
+
+
+def make_wide_counting_env() -> gymnasium.Env:
+    return WideCountingEnv(length=20)
+
+
 def make_failing_env() -> gymnasium.Env:
     return CountingEnv(length=50, fail_at_step=30)
 

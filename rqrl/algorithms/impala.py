@@ -518,7 +518,7 @@ def _records_rejected(actors: DistributedActors) -> int | None:
 
 
 def _queue_bound(actors: DistributedActors) -> int | None:
-    return actors.config.queue_capacity if isinstance(actors, RedisDistributedActors) else None
+    return actors.queue_capacity if isinstance(actors, RedisDistributedActors) else None
 
 
 def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dict[str, Any]]:

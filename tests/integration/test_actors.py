@@ -487,3 +487,30 @@ def test_a_nan_reward_is_refused_with_the_fix(connection, redis_url, run_name):
         actors.broadcast_updated_policy(actors.policy.state_dict())
         with pytest.raises(ActorFailedError, match="reward nan .* must be finite"):
             actors.collect_outputs("cpu")
+
+
+def test_rollouts_too_large_for_one_entry_arrive_once_each_in_order(connection, redis_url, run_name):
+    """A 16-step rollout of 32 KB observations is about 0.5 MB: a worker pushes its group of four as four entries
+    (each on its own stream of rollout ids), and the learner still gets each actor's rollouts once, in order,
+    with their episodes continuing across rollouts."""
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_wide_counting_env,
+                      policy=fixtures.mlp_policy(obs_size=fixtures.WIDE_OBS_SIZE), n_rollout_steps=16, n_actors=4,
+                      batch_size=4, actors_per_job=4) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        batches = [actors.collect_outputs("cpu").record for _ in range(6)]
+        assert actors.config.actor_groups == [[0, 1, 2, 3]]
+        assert connection.llen(actors.keys.unacknowledged) == 4, "the last batch: one entry per rollout"
+        assert connection.hlen(actors.keys.pushed_rollouts) == 4, "one marker per part of the group"
+        assert actors.queue_capacity == actors.max_queue_size == 8
+        assert actors.records_rejected == 0
+    delivered: dict[int, list[int]] = {}
+    for record in batches:
+        assert record.obs.shape == (16, 4, fixtures.WIDE_OBS_SIZE)
+        for column, (actor, rollout) in enumerate(zip(record.actor_id.tolist(), record.rollout_id.tolist(),
+                                                      strict=True)):
+            delivered.setdefault(actor, []).append(rollout)
+            counts = record.obs[:, column, 0]
+            assert torch.all(record.obs[:, column, :] == counts[:, None]), "every float of a step is its count"
+            if rollout > 0:
+                assert bool(record.continues_previous[column])
+    assert {actor: ids for actor, ids in delivered.items()} == {actor: list(range(6)) for actor in range(4)}

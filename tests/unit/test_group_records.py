@@ -11,7 +11,13 @@ import safetensors.numpy
 
 from rqrl.codec import RECORD_MAGIC, TAG_SIZE, decode_arrays, encode_arrays, records_key, sign
 from rqrl.errors import RecordError, SignatureError
-from rqrl.group_records import decode_signed_entry, encode_group, encode_signed_group
+from rqrl.group_records import (
+    decode_signed_entry,
+    encode_group,
+    encode_signed_group,
+    entry_stream,
+    records_per_entry,
+)
 from rqrl.inbox import probe_spec
 from rqrl.policy import make_act_function
 from rqrl.records import RecordSpec, check_record, encode_signed_record, record_signature
@@ -177,3 +183,15 @@ def test_the_same_actor_twice_and_another_length_are_refused():
     short = [box_record(4, truncated_at=(2,))]
     assert "record has 4 steps, this run's rollouts have 5" in str(
         decode_signed_entry(encode_signed_group(short, RUN, KEY), RUN, KEY, SPEC).problem)
+
+
+def test_a_group_is_cut_into_entries_of_whole_rollouts_that_fit_the_entry_size():
+    record = box_record(5, truncated_at=(2,))
+    # obs 60, actions 40, rewards 20, terminated 5, truncated 5, log-probs 20, logits 40, next_obs 12 bytes; the
+    # final observations and episodes, which vary per rollout, are not counted
+    fixed = 60 + 40 + 20 + 5 + 5 + 20 + 40 + 12
+    assert records_per_entry(record, entry_bytes=fixed) == 1
+    assert records_per_entry(record, entry_bytes=3 * fixed + 1) == 3
+    assert records_per_entry(record, entry_bytes=10) == 1, "a rollout larger than an entry goes alone"
+    assert records_per_entry(box_record(5, truncated_at=(1, 2, 3))) == records_per_entry(record)
+    assert [entry_stream(7, part) for part in range(3)] == [7, "7.1", "7.2"]
