@@ -126,3 +126,13 @@ def test_profile_sampler_prints_the_worker_cpu_per_step_and_its_top_functions() 
     out = run_benchmark("profile_sampler.py", "--workers", "2", "--num-samples", "100", "--iterations", "1",
                         "--cpu-only")
     assert "us per returned step" in out and "ncalls" not in out, out
+
+
+@pytest.mark.timeout(200)
+def test_queue_bytes_prints_redis_cpu_per_megabyte_for_each_entry_size() -> None:
+    out = run_benchmark("queue_bytes.py", "--sizes-mb", "0.01", "0.05", "--megabytes", "0.5")
+    for size in ("0.01", "0.05"):
+        rows = [line for line in out.splitlines() if line.startswith(f"| {size} |")]
+        assert len(rows) == 1, out
+        cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
+        assert all(float(cell) >= 0 for cell in cells[1:4]) and float(cells[4]) > 0, rows[0]

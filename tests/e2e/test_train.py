@@ -251,11 +251,20 @@ def test_sigterm_to_the_learner_stops_like_ctrl_c(tmp_path, connection, redis_ur
     try:
         wait_until(lambda: rows_written(run, learner) >= 5, 120, interval=0.2, message="5 rows of metrics.csv")
         assert not (run / "checkpoint.safetensors").exists(), "no checkpoint before the stop (--checkpoint-seconds)"
-        status = rqrl("status", "--redis-url", redis_url, timeout=60)
-        assert status.returncode == 0, status.stderr
-        assert "run terminated: queue rqrl, 2 actors" in status.stdout, status.stdout
-        assert "learner   alive, heartbeat" in status.stdout and "steps/s (10 s)" in status.stdout, status.stdout
-        assert "1 alive of 1 registered" in status.stdout and "steady  busy  group " in status.stdout, status.stdout
+        statuses: list[str] = []
+
+        def shows_the_worker_busy() -> bool:
+            """Two groups share the one worker, each job yielding to the other every second: a status taken
+            between two jobs shows the worker idle and both queued, so look again."""
+            status = rqrl("status", "--redis-url", redis_url, timeout=60)
+            assert status.returncode == 0, status.stderr
+            statuses.append(status.stdout)
+            return "steady  busy  group " in status.stdout
+
+        wait_until(shows_the_worker_busy, 30, interval=0.5, message=lambda: f"a busy worker in {statuses[-1]}")
+        assert "run terminated: queue rqrl, 2 actors" in statuses[-1], statuses[-1]
+        assert "learner   alive, heartbeat" in statuses[-1] and "steps/s (10 s)" in statuses[-1], statuses[-1]
+        assert "1 alive of 1 registered" in statuses[-1], statuses[-1]
         learner.send_signal(signal.SIGTERM)  # what `docker compose stop` sends to the container's process
         stdout, stderr = communicate_or_show_stacks(learner, 60)
     finally:

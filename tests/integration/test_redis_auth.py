@@ -42,15 +42,15 @@ WORKER_RULES = (
     "+incr +hget +hgetall +hset +hsetnx +hdel +hincrby +hincrbyfloat +sadd +srem +smembers +sismember "
     "+llen +lrange +rpush +lpop +blpop +ltrim +lrem +lmove +blmove "
     "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +xadd "
-    "+evalsha +script|load +subscribe +unsubscribe"
+    "+eval +evalsha +script|load +subscribe +unsubscribe"
 )
 LEARNER_RULES = (
     "resetkeys ~rq:* ~rqrl:* resetchannels -@all "
     "+ping +info +multi +exec "
     "+get +getdel +set +mget +exists +del +expire +pttl +scan "
     "+hget +hgetall +hset +sadd +smembers "
-    "+llen +lrange +ltrim +rpush +lpop +blpop +lrem +blmove "
-    "+zrange +zrangebyscore +zremrangebyscore +zrem +evalsha +script|load"
+    "+llen +lrange +ltrim +rpush +lpop +blpop +lrem +lmove +blmove "
+    "+zrange +zrangebyscore +zremrangebyscore +zrem +eval +evalsha +script|load"
 )
 DASHBOARD_RULES = (
     "resetkeys %R~rq:* resetchannels -@all "
@@ -470,7 +470,6 @@ def test_the_worker_and_learner_users_may_run_info_so_rq_uses_its_reliable_deque
     ("SHUTDOWN", "NOSAVE"),
     ("GET", "session:42"),                  # a key outside ~rq:* and ~rqrl:*
     ("SET", "session:42", "stolen"),
-    ("EVAL", "return 1", "0"),
     ("PUBLISH", "rq:pubsub:some-worker", "{}"),  # workers only listen; they send no commands to other workers
     ("MONITOR",),
 ], ids=lambda command: " ".join(command[:2]))
