@@ -427,7 +427,7 @@ def test_a_record_of_the_run_passes():
     check_record(box_record(), RecordSpec(n_steps=5, n_actors=1))  # no signature, no action bounds
 
 
-@pytest.mark.parametrize(("changes", "match"), [
+MISFITS = [  # (changes to a record of the run, what the refusal says); tests/unit/test_group_records.py reuses it
     (dict(rewards=np.full(5, np.nan, np.float32)), "rewards hold values that are not finite"),
     (dict(rewards=np.full(5, np.inf, np.float32)), "rewards hold values that are not finite"),
     (dict(log_probs=np.full(5, np.nan, np.float32)), "log_probs hold values that are not finite"),
@@ -453,7 +453,10 @@ def test_a_record_of_the_run_passes():
     (dict(actor_id=-1), "names actor -1"),
     (dict(rollout_id=-1), r"rollout_id -1 is outside \[0, 2\*\*62\)"),
     (dict(policy_version=2**63), r"policy_version 9223372036854775808 is outside"),
-])
+]
+
+
+@pytest.mark.parametrize(("changes", "match"), MISFITS)
 def test_a_field_that_does_not_fit_the_run_is_named(changes, match):
     with pytest.raises(RecordError, match=match):
         check_record(changed(**changes), SPEC)
