@@ -27,7 +27,7 @@ from rqrl.records import (
     RecordSpec,
     RolloutRecord,
     check_record,
-    differing_arrays,
+    check_signature,
     record_from_arrays,
 )
 
@@ -92,9 +92,9 @@ def records_per_entry(record: RolloutRecord, entry_bytes: int = ENTRY_BYTES) -> 
     """How many of a group's rollouts go in one entry: as many as fit ``entry_bytes``, at least one. Counted from
     the arrays whose size is fixed for the run (not final observations or episodes), so every rollout of a group
     is cut the same way and each part keeps its own stream of rollout ids."""
-    fixed = [getattr(record, name) for name in STEP_FIELDS] + [record.logits if record.logits is not None else ()]
+    fixed = [getattr(record, name) for name in STEP_FIELDS] + ([record.logits] if record.logits is not None else [])
     fixed += [*flatten_obs(record.obs, "obs").values(), *flatten_obs(record.next_obs, "next_obs").values()]
-    return max(1, entry_bytes // max(1, sum(np.asarray(array).nbytes for array in fixed)))
+    return max(1, entry_bytes // max(1, sum(array.nbytes for array in fixed)))
 
 
 def entry_stream(group_id: int, part: int) -> int | str:
@@ -195,23 +195,10 @@ def _check_group(arrays: dict[str, np.ndarray], records: list[RolloutRecord], sp
     for name in ("rollout_id", "policy_version"):
         if not 0 <= getattr(first, name) < MAX_ID:
             raise RecordError(f"record's {name} {getattr(first, name)} is outside [0, 2**62)")
-    if spec.signature is not None:
-        _check_signature(arrays, first, spec)
+    check_signature(first, spec)
     _check_observations(arrays)
     _check_steps(arrays)
     _check_values(arrays, spec)
-
-
-def _check_signature(arrays: dict[str, np.ndarray], first: RolloutRecord, spec: RecordSpec) -> None:
-    assert spec.signature is not None
-    names = [*STEP_FIELDS, *(["logits"] if first.logits is not None else []), *flatten_obs(first.obs, "obs")]
-    signature = {name: (tuple(arrays[name].shape[2:]), str(arrays[name].dtype)) for name in names}
-    if signature != spec.signature:
-        different = differing_arrays(signature, spec.signature)
-        raise RecordError(
-            f"record's arrays {different} are {[signature.get(n) for n in different]} (per-step shape, dtype), "
-            f"this run's are {[spec.signature.get(n) for n in different]}"
-        )
 
 
 def _check_observations(arrays: dict[str, np.ndarray]) -> None:

@@ -136,17 +136,24 @@ def check_record(record: RolloutRecord, spec: RecordSpec) -> None:
     for name in ("rollout_id", "policy_version"):
         if not 0 <= getattr(record, name) < MAX_ID:
             raise RecordError(f"record's {name} {getattr(record, name)} is outside [0, 2**62)")
-    if spec.signature is not None:
-        signature = record_signature(record)
-        if signature != spec.signature:
-            different = differing_arrays(signature, spec.signature)
-            raise RecordError(
-                f"record's arrays {different} are {[signature.get(n) for n in different]} (per-step shape, dtype), "
-                f"this run's are {[spec.signature.get(n) for n in different]}"
-            )
+    check_signature(record, spec)
     _check_observations(record)
     _check_steps(record)
     _check_values(record, spec)
+
+
+def check_signature(record: RolloutRecord, spec: RecordSpec) -> None:
+    """RecordError naming the arrays whose per-step shape or dtype differ from the run's (none without a
+    signature). The records of one group entry view the same arrays, so checking one checks them all."""
+    if spec.signature is None:
+        return
+    signature = record_signature(record)
+    if signature != spec.signature:
+        different = differing_arrays(signature, spec.signature)
+        raise RecordError(
+            f"record's arrays {different} are {[signature.get(n) for n in different]} (per-step shape, dtype), "
+            f"this run's are {[spec.signature.get(n) for n in different]}"
+        )
 
 
 def _check_observations(record: RolloutRecord) -> None:
