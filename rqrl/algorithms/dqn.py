@@ -182,6 +182,8 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
                      enabled=config.progress, interval=config.progress_seconds)
     best: list[float] = [before["best_mean_return"]] if before["best_mean_return"] is not None else []
     started = last_checkpoint = time.monotonic()
+    # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
+    last_row = [(before["env_steps"], before["train_steps"])] if config.resume else []
 
     def env_steps(trainer: Trainer) -> int:
         return int(before["env_steps"]) + trainer.stats.transitions_received
@@ -216,11 +218,13 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     def progress(trainer: Trainer) -> None:
         nonlocal last_checkpoint
         stats, seconds, now = trainer.stats, time.monotonic() - started, counters(trainer)
-        metrics.write(now["env_steps"], {
-            "seconds": now["seconds"], "train_steps": now["train_steps"], "mean_return": mean_return(trainer),
-            "steps_per_second": stats.transitions_received / max(seconds, 1e-9), "episodes": now["episodes"],
-            "weights_version": now["weights_version"], "replay_size": agent.buffer_size()})
-        metrics.flush()  # once a second: metrics.csv can be followed while the run goes on
+        if last_row != [(now["env_steps"], now["train_steps"])]:  # a row per state: none for a tick that saw nothing
+            last_row[:] = [(now["env_steps"], now["train_steps"])]
+            metrics.write(now["env_steps"], {
+                "seconds": now["seconds"], "train_steps": now["train_steps"], "mean_return": mean_return(trainer),
+                "steps_per_second": stats.transitions_received / max(seconds, 1e-9), "episodes": now["episodes"],
+                "weights_version": now["weights_version"], "replay_size": agent.buffer_size()})
+            metrics.flush()  # once a second: metrics.csv can be followed while the run goes on
         shown.update(now["env_steps"], mean_return=mean_return(trainer))
         value = mean_return(trainer)
         if value is not None and len(recent_returns(trainer)) >= 10 and (not best or value > best[0]):

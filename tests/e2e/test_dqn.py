@@ -123,8 +123,9 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
         assert torch.equal(value, checkpoint.model[f"online.network.{name}"]), name
         target = f"target.network.{name}"
         assert torch.equal(resumed_checkpoint.model[target], checkpoint.model[target]), target
-    steps = [int(row["env_steps"]) for row in read_rows(run / "metrics.csv")]
-    assert steps == sorted(set(steps)), "metrics.csv went back in history after --resume"
+    # a row per learner state: env steps never go back, and a row repeats no earlier (env steps, train steps)
+    states = [(int(row["env_steps"]), int(row["train_steps"])) for row in read_rows(run / "metrics.csv")]
+    assert states == sorted(set(states)), f"metrics.csv went back in history after --resume: {states}"
 
 
 def test_rqrl_stop_ends_a_dqn_run(tmp_path, connection, redis_url):
