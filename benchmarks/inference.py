@@ -61,13 +61,14 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def round_trips(url: str, batch_size: int, threads: int, seconds: float, hidden: int, delay: float) -> dict[str, float]:
+def round_trips(url: str, batch_size: int, threads: int, seconds: float, hidden: int, delay: float,
+                device: str = "cpu") -> dict[str, float]:
     """Latencies and throughput of ``threads`` clients against one server process."""
     import redis
 
     connection = redis.Redis.from_url(url)
     run = SeedRun(connection, RunKeys(f"bench-b{batch_size}-t{threads}"), SECRET)
-    run.write({"inference_batchsize": batch_size, "inference_delay": delay, "inference_device": "cpu",
+    run.write({"inference_batchsize": batch_size, "inference_delay": delay, "inference_device": device,
                "broadcast_period": 60.0, "inference_threads": 1}, functools.partial(mlp, hidden), make_env)
     WeightStore(connection, run.keys, weights_key(SECRET, run.keys.run_name)).publish(mlp(hidden).state_dict())
     server = multiprocessing_context(None).Process(target=run_server_process,
@@ -113,7 +114,7 @@ def round_trips(url: str, batch_size: int, threads: int, seconds: float, hidden:
             "rate": len(flat) / elapsed, "batch": inferences / batches if batches else float("nan")}
 
 
-def seed_steps(envs: int, hidden: int, seconds: float) -> float:
+def seed_steps(envs: int, hidden: int, seconds: float, device: str = "cpu") -> float:
     """Env steps/s of the SEED setup with ``envs`` actor threads and no training."""
     agent = Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False,
                               replay_capacity=10_000_000), functools.partial(mlp, hidden))
@@ -128,7 +129,8 @@ def seed_steps(envs: int, hidden: int, seconds: float) -> float:
             trainer.stop()
 
     config = Config(actor_threads=envs, inference_batchsize=envs, inference_delay=0.002, epsilon=0.0,
-                    minimum_buffer_size=10_000_000, broadcast_period=60.0)
+                    minimum_buffer_size=10_000_000, broadcast_period=60.0,
+                    inference_device=torch.device(device))
     Trainer(agent, config, make_env, on_progress=progress, progress_seconds=0.1).start(seconds + 120)
     if len(marks) < 2:
         return float("nan")
@@ -158,27 +160,31 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.002, help="inference_delay of the round-trip table.")
     parser.add_argument("--envs", type=int, default=8, help="Envs of the steps/s comparison.")
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 1024], help="MLP widths to compare.")
+    parser.add_argument("--device", default="cpu", help="inference_device of the servers (cpu, cuda); the per-actor "
+                                                          "policy always runs on the workers' CPU.")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     print(f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f} at start")
 
-    print(f"\n### Round trips (one server, MLP 4-64-64-2, inference_delay {arguments.delay} s)\n")
+    print(f"\n### Round trips (one server on {arguments.device}, MLP 4-64-64-2, inference_delay {arguments.delay} s)\n")
     print("| inference_batchsize | actor threads | p50 ms | p99 ms | inferences/s | mean batch |")
     print("|--:|--:|--:|--:|--:|--:|")
     with EmbeddedRedis() as redis_server:
         for batch_size in arguments.batch_sizes:
             for threads in arguments.threads:
-                row = round_trips(redis_server.url, batch_size, threads, arguments.seconds, 64, arguments.delay)
+                row = round_trips(redis_server.url, batch_size, threads, arguments.seconds, 64, arguments.delay,
+                                  arguments.device)
                 print(f"| {batch_size} | {threads} | {row['p50']:.2f} | {row['p99']:.2f} | {row['rate']:,.0f} | "
                       f"{row['batch']:.1f} |", flush=True)
 
-    print(f"\n### Env steps/s, CartPole-v1, {arguments.envs} envs: SEED against a per-actor policy\n")
+    print(f"\n### Env steps/s, CartPole-v1, {arguments.envs} envs: SEED (server on {arguments.device}) against a "
+          "per-actor policy\n")
     print("| MLP hidden | SEED steps/s | per-actor steps/s | SEED / per-actor |")
     print("|--:|--:|--:|--:|")
     for hidden in arguments.hidden:
-        seed = seed_steps(arguments.envs, hidden, arguments.seconds)
+        seed = seed_steps(arguments.envs, hidden, arguments.seconds, arguments.device)
         local = per_actor_steps(arguments.envs, hidden, arguments.seconds)
         print(f"| {hidden} | {seed:,.0f} | {local:,.0f} | {seed / local:.2f} |", flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
