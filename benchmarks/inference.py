@@ -1,9 +1,9 @@
 """Central inference (rqrl.seed) measured two ways, in one run.
 
 1. *Round trips*: one inference server process on a private redis-server; T client threads in this
-   process (as an actor process runs them) each send one CartPole-sized observation at a time and wait
-   for its answer. Reports latency p50/p99, inferences/s and the mean batch the server ran, against
-   ``inference_batchsize`` and T.
+   process, sharing one ``ActorInference`` as an actor process's threads do, each ask for one CartPole-sized
+   observation at a time and wait for its answer. Reports latency p50/p99, inferences/s and the mean
+   forward pass the server ran, against ``inference_batchsize`` and T.
 2. *Env steps/s*: the SEED setup (``Trainer`` with one actor process of E threads, one inference server,
    epsilon 0 so every step asks the server, no training) against rqrl's per-actor policy
    (``SubprocDistributedActors``, one local worker stepping the same E envs as one batch with its own
@@ -34,7 +34,7 @@ import torch
 from rqrl.actors import SubprocDistributedActors
 from rqrl.codec import weights_key
 from rqrl.dqn import Agent, AgentConfig
-from rqrl.inference import InferenceClient, run_server_process
+from rqrl.inference import ActorInference, InferenceClient, run_server_process
 from rqrl.keys import RunKeys
 from rqrl.local_workers import multiprocessing_context
 from rqrl.seed import Config, Trainer
@@ -78,13 +78,15 @@ def round_trips(url: str, batch_size: int, threads: int, seconds: float, hidden:
     stop = threading.Event()
     obs = np.zeros(4, np.float32)
 
+    inference = ActorInference(InferenceClient(run, "bench", timeout=30.0), batch_size, delay)
+
     def client(index: int) -> None:
-        inference = InferenceClient(run, f"bench{index}", timeout=30.0)
-        inference.evaluate(obs)  # the server is up and holds weights
-        while not stop.is_set():
-            started = time.perf_counter()
-            inference.evaluate(obs)
-            latencies[index].append(time.perf_counter() - started)
+        with inference.member():
+            inference.evaluate(obs)  # the server is up and holds weights
+            while not stop.is_set():
+                started = time.perf_counter()
+                inference.evaluate(obs)
+                latencies[index].append(time.perf_counter() - started)
 
     workers = [threading.Thread(target=client, args=(index,), daemon=True) for index in range(threads)]
     for worker in workers:
@@ -110,12 +112,15 @@ def round_trips(url: str, batch_size: int, threads: int, seconds: float, hidden:
     flat = [value for values in latencies for value in values]
     batches = sum(counters.get(key, 0) - counters_before.get(key, 0) for key in ("batches_full", "batches_delay"))
     inferences = counters.get("inferences", 0) - counters_before.get("inferences", 0)
+    requests = counters.get("requests", 0) - counters_before.get("requests", 0)
     return {"p50": percentile(flat, 50) * 1e3, "p99": percentile(flat, 99) * 1e3,
-            "rate": len(flat) / elapsed, "batch": inferences / batches if batches else float("nan")}
+            "rate": len(flat) / elapsed, "batch": inferences / batches if batches else float("nan"),
+            "request": inferences / requests if requests else float("nan")}
 
 
-def seed_steps(envs: int, hidden: int, seconds: float, device: str = "cpu") -> float:
-    """Env steps/s of the SEED setup with ``envs`` actor threads and no training."""
+def seed_steps(envs: int, hidden: int, seconds: float, device: str = "cpu") -> tuple[float, float]:
+    """Env steps/s of the SEED setup with ``envs`` actor threads and no training, and its mean observations per
+    request (how many of the actor process's threads asked together)."""
     agent = Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False,
                               replay_capacity=10_000_000), functools.partial(mlp, hidden))
     marks: list[tuple[float, int]] = []
@@ -131,11 +136,14 @@ def seed_steps(envs: int, hidden: int, seconds: float, device: str = "cpu") -> f
     config = Config(actor_threads=envs, inference_batchsize=envs, inference_delay=0.002, epsilon=0.0,
                     minimum_buffer_size=10_000_000, broadcast_period=60.0,
                     inference_device=torch.device(device))
-    Trainer(agent, config, make_env, on_progress=progress, progress_seconds=0.1).start(seconds + 120)
+    trainer = Trainer(agent, config, make_env, on_progress=progress, progress_seconds=0.1)
+    trainer.start(seconds + 120)
+    counters = trainer.stats.counters
+    per_request = counters.get("inferences", 0) / counters["requests"] if counters.get("requests") else float("nan")
     if len(marks) < 2:
-        return float("nan")
+        return float("nan"), per_request
     (start, first), (end, last) = marks[0], marks[-1]
-    return (last - first) / (end - start)
+    return (last - first) / (end - start), per_request
 
 
 def per_actor_steps(envs: int, hidden: int, seconds: float) -> float:
@@ -169,24 +177,24 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} at start")
 
     print(f"\n### Round trips (one server on {arguments.device}, MLP 4-64-64-2, inference_delay {arguments.delay} s)\n")
-    print("| inference_batchsize | actor threads | p50 ms | p99 ms | inferences/s | mean batch |")
-    print("|--:|--:|--:|--:|--:|--:|")
+    print("| inference_batchsize | actor threads | p50 ms | p99 ms | inferences/s | mean forward pass | mean request |")
+    print("|--:|--:|--:|--:|--:|--:|--:|")
     with EmbeddedRedis() as redis_server:
         for batch_size in arguments.batch_sizes:
             for threads in arguments.threads:
                 row = round_trips(redis_server.url, batch_size, threads, arguments.seconds, 64, arguments.delay,
                                   arguments.device)
                 print(f"| {batch_size} | {threads} | {row['p50']:.2f} | {row['p99']:.2f} | {row['rate']:,.0f} | "
-                      f"{row['batch']:.1f} |", flush=True)
+                      f"{row['batch']:.1f} | {row['request']:.1f} |", flush=True)
 
     print(f"\n### Env steps/s, CartPole-v1, {arguments.envs} envs: SEED (server on {arguments.device}) against a "
           "per-actor policy\n")
-    print("| MLP hidden | SEED steps/s | per-actor steps/s | SEED / per-actor |")
-    print("|--:|--:|--:|--:|")
+    print("| MLP hidden | SEED steps/s | SEED observations per request | per-actor steps/s | SEED / per-actor |")
+    print("|--:|--:|--:|--:|--:|")
     for hidden in arguments.hidden:
-        seed = seed_steps(arguments.envs, hidden, arguments.seconds, arguments.device)
+        seed, per_request = seed_steps(arguments.envs, hidden, arguments.seconds, arguments.device)
         local = per_actor_steps(arguments.envs, hidden, arguments.seconds)
-        print(f"| {hidden} | {seed:,.0f} | {local:,.0f} | {seed / local:.2f} |", flush=True)
+        print(f"| {hidden} | {seed:,.0f} | {per_request:.1f} | {local:,.0f} | {seed / local:.2f} |", flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -1,13 +1,16 @@
-"""Central batched inference over Redis: actors send one observation each, servers answer in batches.
+"""Central batched inference over Redis: actor threads ask for one observation each, servers answer in batches.
 
-Clients push signed requests onto one shared list (``seed:requests``) and wait on a reply list of their
-own. Each server pops a request, then more (polling every DELAY_POLL_SECONDS) until it holds
-``inference_batchsize`` of them or ``inference_delay`` seconds have passed since the first, runs one
-forward pass on ``inference_device`` and pushes each answer to its client. Servers share the list, so a
-request goes to whichever server is free, and a client whose server died re-sends after
-``request_timeout`` to any live one (a stale answer that arrives later is told apart by its request id
-and dropped). Servers load weights from the run's WeightStore before their first batch and look for a
-newer version every ``broadcast_period``.
+The threads of one actor process share an ``ActorInference``: their observations travel together, one request
+per round trip, and the answer is split back among them (a request goes out once every member thread is
+waiting, ``inference_batchsize`` observations are pending, or the oldest has waited ``inference_delay``).
+Requests are signed and go onto one shared list (``seed:requests``); each client waits on a reply list of its
+own. Each server pops requests, then more (polling every DELAY_POLL_SECONDS) until it holds
+``inference_batchsize`` observations or ``inference_delay`` seconds have passed since the first, runs forward
+passes of up to ``inference_batchsize`` observations on ``inference_device`` and pushes each answer to its
+client. Servers share the list, so a request goes to whichever server is free, and a client whose server died
+re-sends after ``request_timeout`` to any live one (a stale answer that arrives later is told apart by its
+request id and dropped). Servers load weights from the run's WeightStore before their first batch and look
+for a newer version every ``broadcast_period``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,13 +64,19 @@ class InferenceClient:
         self.stopped = stopped or run.stopped
         self.reply_key = run.keys.seed(f"reply:{client_id}")
         self._ids = itertools.count()
+        self.requests = 0  # requests sent (each once, however often re-sent)
         self.resent = 0  # requests sent again after request_timeout
 
     def evaluate(self, obs: np.ndarray) -> Answer:
         """The Q-values of ``obs``; blocks until a server answers, re-sending every ``timeout`` s; RunStoppedError
         once the run is stopped."""
+        return self.evaluate_batch(np.asarray(obs, np.float32)[None])[0]
+
+    def evaluate_batch(self, observations: np.ndarray) -> list[Answer]:
+        """The Q-values of each row of ``observations`` ``(B, *obs_shape)``, asked in one request; as ``evaluate``."""
         request_id = f"{next(self._ids)}"
-        blob = seal({"obs": np.asarray(obs, np.float32)}, {"reply": self.reply_key, "id": request_id},
+        self.requests += 1
+        blob = seal({"obs": np.asarray(observations, np.float32)}, {"reply": self.reply_key, "id": request_id},
                     self.run.message_key)
         connection = self.run.connection
         while True:
@@ -82,11 +92,104 @@ class InferenceClient:
                 arrays, metadata = unseal(_as_bytes(popped[1]), self.run.message_key)
                 if metadata.get("id") != request_id:
                     continue  # the answer to a request re-sent earlier
-                return Answer(arrays["q"], int(metadata["version"]), int(metadata["batch_size"]),
-                              metadata["reason"], metadata["server"])
+                version, reason, server = int(metadata["version"]), metadata["reason"], metadata["server"]
+                return [Answer(q_values, version, int(batch_size), reason, server)
+                        for q_values, batch_size in zip(arrays["q"], arrays["batch_size"], strict=True)]
             self.resent += 1
             log.info("%s: no answer within %.1f s, sending request %s again", self.client_id, self.timeout,
                      request_id)
+
+
+@dataclass
+class _Pending:
+    """One thread's observation waiting in an ActorInference."""
+
+    obs: np.ndarray
+    since: float = field(default_factory=time.monotonic)
+    answer: Answer | None = None
+    error: BaseException | None = None
+
+
+class ActorInference:
+    """The inference client of an actor process's threads: their observations go out together, one request per
+    round trip (a Redis round trip and a signature per thread and step would cap a process at a few thousand
+    steps/s). Whichever waiting thread finds no request in flight sends all pending observations, once every
+    member thread waits, ``batch_size`` are pending or the oldest has waited ``delay`` s, then hands each thread
+    its answer; an error (RunStoppedError, a Redis outage) reaches every thread whose observation was in it."""
+
+    def __init__(self, client: InferenceClient, batch_size: int, delay: float):
+        self.client, self.batch_size, self.delay = client, batch_size, delay
+        self._condition = threading.Condition()
+        self._pending: list[_Pending] = []
+        self._members = 0
+        self._in_flight = False
+
+    @contextmanager
+    def member(self) -> Iterator[ActorInference]:
+        """A thread that asks for inference while inside: a request waits for all members, or ``delay``."""
+        with self._condition:
+            self._members += 1
+        try:
+            yield self
+        finally:
+            with self._condition:
+                self._members -= 1
+                self._condition.notify_all()
+
+    @contextmanager
+    def away(self) -> Iterator[None]:
+        """A member busy elsewhere for a while (sending transitions): requests go without waiting for it."""
+        with self._condition:
+            self._members -= 1
+            self._condition.notify_all()
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._members += 1
+
+    def evaluate(self, obs: np.ndarray) -> Answer:
+        """The Q-values of ``obs``, asked together with the other threads' observations."""
+        waiting = _Pending(np.asarray(obs, np.float32))
+        with self._condition:
+            self._pending.append(waiting)
+            self._condition.notify_all()
+            while waiting.answer is None and waiting.error is None:
+                if self._in_flight or not self._ready():
+                    self._condition.wait(self._until_ready())
+                    continue
+                batch, self._pending, self._in_flight = self._pending, [], True
+                self._condition.release()
+                try:
+                    self._round_trip(batch)
+                finally:
+                    self._condition.acquire()
+                    self._in_flight = False
+                    self._condition.notify_all()
+        if waiting.error is not None:
+            raise waiting.error
+        assert waiting.answer is not None
+        return waiting.answer
+
+    def _ready(self) -> bool:
+        return bool(self._pending) and (len(self._pending) >= min(self.batch_size, max(1, self._members))
+                                        or time.monotonic() - self._pending[0].since >= self.delay)
+
+    def _until_ready(self) -> float | None:
+        """Seconds until the oldest pending observation has waited ``delay`` (None: nothing pending)."""
+        if not self._pending:
+            return None
+        return max(0.0, self._pending[0].since + self.delay - time.monotonic()) + 1e-4
+
+    def _round_trip(self, batch: list[_Pending]) -> None:
+        try:
+            answers = self.client.evaluate_batch(np.stack([waiting.obs for waiting in batch]))
+        except BaseException as error:  # each waiting thread raises it
+            for waiting in batch:
+                waiting.error = error
+            return
+        for waiting, answer in zip(batch, answers, strict=True):
+            waiting.answer = answer
 
 
 class InferenceServer:
@@ -141,18 +244,21 @@ class InferenceServer:
                 tick()
 
     def serve_once(self, wait: float) -> int:
-        """Wait up to ``wait`` s for a request, batch it with those that come within ``delay``, answer them all;
-        returns the batch size (0: nothing came)."""
-        connection, requests = self.run.connection, self.run.keys.seed("requests")
-        first = connection.blpop([requests], timeout=wait)
+        """Wait up to ``wait`` s for a request, add those that come within ``delay`` until ``batch_size``
+        observations are held, answer them all; returns how many observations it answered (0: nothing came)."""
+        connection, requests_key = self.run.connection, self.run.keys.seed("requests")
+        first = connection.blpop([requests_key], timeout=wait)
         if first is None:
             return 0
-        blobs = [_as_bytes(first[1])]
+        requests = self._decode([_as_bytes(first[1])], None)
+        held = sum(len(request.obs) for request in requests)
         deadline = time.monotonic() + self.delay
-        while len(blobs) < self.batch_size:
-            more = connection.lpop(requests, self.batch_size - len(blobs))
+        while held < self.batch_size:
+            more = connection.lpop(requests_key, self.batch_size - held)
             if isinstance(more, list) and more:
-                blobs.extend(_as_bytes(blob) for blob in more)
+                added = self._decode([_as_bytes(blob) for blob in more], _obs_shape(requests))
+                requests += added
+                held += sum(len(request.obs) for request in added)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -160,33 +266,67 @@ class InferenceServer:
             # poll rather than BLPOP: Redis notices a blocked client's timeout only at its next event-loop wake-up,
             # up to 1/hz (100 ms by default) late, which would stretch short delays many times over
             time.sleep(min(remaining, DELAY_POLL_SECONDS))
-        reason = "full" if len(blobs) >= self.batch_size else "delay"
-        return self._answer(blobs, reason)
+        if not requests:
+            return 0
+        return self._answer(requests, "full" if held >= self.batch_size else "delay")
 
-    def _answer(self, blobs: list[bytes], reason: str) -> int:
-        requests: list[tuple[str, str, np.ndarray]] = []
+    def _decode(self, blobs: list[bytes], obs_shape: tuple[int, ...] | None) -> list[_Request]:
+        """The signed requests among ``blobs`` whose observations have ``obs_shape`` (the batch's so far)."""
+        requests: list[_Request] = []
         for blob in blobs:
             try:
                 arrays, metadata = unseal(blob, self.run.message_key)
-                requests.append((metadata["reply"], metadata["id"], arrays["obs"]))
+                request = _Request(metadata["reply"], metadata["id"], arrays["obs"])
             except (SignatureError, RecordError, KeyError) as error:
                 log.warning("%s: dropping a request that is not a signed observation: %s", self.server_id, error)
-        if not requests:
-            return 0
+                continue
+            shape = obs_shape if obs_shape is not None else _obs_shape(requests)
+            if request.obs.ndim < 1 or len(request.obs) == 0 or (shape is not None and request.obs.shape[1:] != shape):
+                log.warning("%s: dropping a request of observations shaped %s, expected (N, %s)", self.server_id,
+                            request.obs.shape, ", ".join(map(str, shape or ("...",))))
+                continue
+            requests.append(request)
+        return requests
+
+    def _answer(self, requests: list[_Request], reason: str) -> int:
+        """Forward passes of up to ``batch_size`` observations over all of ``requests``, one reply to each."""
+        obs = np.concatenate([request.obs for request in requests])
+        chunks = range(0, len(obs), self.batch_size)
         with torch.no_grad():
-            obs = torch.as_tensor(np.stack([obs for _, _, obs in requests]), device=self.device)
-            q_values = self.model(obs).float().cpu().numpy()
-        self.batches[reason] += 1
-        answer: dict[str, Any] = {"version": str(self.version), "batch_size": str(len(requests)),
-                                  "reason": reason, "server": self.server_id}
+            q_values = np.concatenate([self.model(torch.as_tensor(obs[start:start + self.batch_size],
+                                                                  device=self.device)).float().cpu().numpy()
+                                       for start in chunks])
+        batch_sizes = np.array([min(self.batch_size, len(obs) - start) for start in chunks], np.int32)
+        row_batch = np.repeat(batch_sizes, batch_sizes)  # the size of the forward pass that answered each row
+        self.batches[reason] += len(batch_sizes)
+        answer: dict[str, Any] = {"version": str(self.version), "reason": reason, "server": self.server_id}
         with self.run.connection.pipeline(transaction=False) as pipe:
-            for (reply, request_id, _), q in zip(requests, q_values, strict=True):
-                pipe.rpush(reply, seal({"q": q}, {**answer, "id": request_id}, self.run.message_key))
-                pipe.expire(reply, REPLY_TTL_SECONDS)
-            pipe.hincrby(self.run.keys.seed("stats"), f"batches_{reason}", 1)
-            pipe.hincrby(self.run.keys.seed("stats"), "inferences", len(requests))
+            row = 0
+            for request in requests:
+                rows = slice(row, row + len(request.obs))
+                row = rows.stop
+                pipe.rpush(request.reply, seal({"q": q_values[rows], "batch_size": row_batch[rows]},
+                                               {**answer, "id": request.request_id}, self.run.message_key))
+                pipe.expire(request.reply, REPLY_TTL_SECONDS)
+            pipe.hincrby(self.run.keys.seed("stats"), f"batches_{reason}", len(batch_sizes))
+            pipe.hincrby(self.run.keys.seed("stats"), "inferences", len(obs))
+            pipe.hincrby(self.run.keys.seed("stats"), "requests", len(requests))
             pipe.execute()
-        return len(requests)
+        return len(obs)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One decoded request: where to reply, its id, its observations ``(N, *obs_shape)``."""
+
+    reply: str
+    request_id: str
+    obs: np.ndarray
+
+
+def _obs_shape(requests: list[_Request]) -> tuple[int, ...] | None:
+    """The shape of one observation of a batch's requests (None: no request yet)."""
+    return tuple(requests[0].obs.shape[1:]) if requests else None
 
 
 def _as_bytes(value: object) -> bytes:

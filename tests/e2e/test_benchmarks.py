@@ -49,10 +49,12 @@ def test_inference_prints_round_trips_and_the_seed_comparison() -> None:
     assert len(rows) == 1, out
     cells = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
     assert float(cells[2]) > 0 and float(cells[4]) > 0, rows[0]  # p50 latency, inferences/s
+    assert 1 <= float(cells[6]) <= 2, rows[0]  # observations per request: the two threads ask alone or together
     seed_rows = [line for line in out.splitlines() if line.startswith("| 8 |")]
     assert len(seed_rows) == 1, out
-    rates = [float(cell.strip().replace(",", "")) for cell in seed_rows[0].strip("|").split("|")[1:3]]
-    assert all(rate > 0 for rate in rates), seed_rows[0]
+    cells = [cell.strip().replace(",", "") for cell in seed_rows[0].strip("|").split("|")]
+    seed, per_request, per_actor = map(float, cells[1:4])
+    assert seed > 0 and per_actor > 0 and 1 <= per_request <= 2, seed_rows[0]
 
 
 @pytest.mark.timeout(300)

@@ -13,7 +13,7 @@ import torch
 
 from rqrl.codec import weights_key
 from rqrl.errors import RunStoppedError
-from rqrl.inference import InferenceClient, InferenceServer
+from rqrl.inference import ActorInference, InferenceClient, InferenceServer
 from rqrl.keys import RunKeys
 from rqrl.seed_store import SeedRun, seal, unseal
 from rqrl.weights import WeightStore
@@ -152,8 +152,102 @@ def test_the_server_runs_on_the_inference_device(run):
     assert server.load_weights()
     assert next(server.model.parameters()).device.type == "cuda"
     obs = np.random.default_rng(0).normal(size=4).astype(np.float32)
-    run.connection.rpush(run.keys.seed("requests"), seal({"obs": obs}, {"reply": "r", "id": "0"}, run.message_key))
+    run.connection.rpush(run.keys.seed("requests"), seal({"obs": obs[None]}, {"reply": "r", "id": "0"},
+                                                         run.message_key))
     assert server.serve_once(1.0) == 1
     arrays, _ = unseal(run.connection.lpop("r"), run.message_key)
-    np.testing.assert_allclose(arrays["q"], reference(torch.as_tensor(obs[None])).detach().numpy()[0], rtol=1e-4,
+    np.testing.assert_allclose(arrays["q"], reference(torch.as_tensor(obs[None])).detach().numpy(), rtol=1e-4,
                                atol=1e-5)
+
+
+def ask_as_members(inference, observations, idle_members=0, timeout=30):
+    """Each observation asked by its own member thread of ``inference`` (plus members that never ask); the answers
+    or errors in order."""
+    results = [None] * len(observations)
+    joined = threading.Barrier(len(observations) + idle_members + 1)
+    leave = threading.Event()
+
+    def ask(index):
+        with inference.member():
+            joined.wait(10)
+            try:
+                results[index] = inference.evaluate(observations[index])
+            except Exception as error:  # handed to the test
+                results[index] = error
+
+    def idle():
+        with inference.member():
+            joined.wait(10)
+            leave.wait(timeout)
+
+    threads = [threading.Thread(target=ask, args=(index,)) for index in range(len(observations))]
+    threads += [threading.Thread(target=idle) for _ in range(idle_members)]
+    for thread in threads:
+        thread.start()
+    joined.wait(10)
+    for thread in threads[:len(observations)]:
+        thread.join(timeout)
+    leave.set()
+    for thread in threads:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads)
+    return results
+
+
+def test_an_actor_process_threads_observations_go_as_one_request(run, one_torch_thread):
+    torch.manual_seed(1)
+    reference = mlp()
+    publish(run, reference)
+    observations = [np.random.default_rng(index).normal(size=4).astype(np.float32) for index in range(6)]
+    client = InferenceClient(run, "process", 30.0)
+    with ServerThread(run, mlp(), batch_size=6, delay=20.0):  # a smaller batch would wait 20 s: it must be full
+        answers = ask_as_members(ActorInference(client, batch_size=8, delay=20.0), observations)
+    assert [(answer.reason, answer.batch_size, answer.version) for answer in answers] == [("full", 6, 1)] * 6
+    expected = reference(torch.as_tensor(np.stack(observations))).detach().numpy()
+    np.testing.assert_allclose(np.stack([answer.q_values for answer in answers]), expected, rtol=1e-5, atol=1e-6)
+    assert (client.requests, client.resent) == (1, 0)  # all six members waited: one request, sent at once
+    assert run.counters()["batches_full"] == 1 and run.counters()["inferences"] == 6, run.counters()
+
+
+def test_a_member_that_does_not_ask_holds_a_request_back_only_for_the_delay(run):
+    publish(run, mlp())
+    client = InferenceClient(run, "slow-member", 10.0)
+    inference = ActorInference(client, batch_size=4, delay=0.3)
+    with ServerThread(run, mlp(), batch_size=2, delay=0.0):
+        started = time.monotonic()
+        answers = ask_as_members(inference, [np.zeros(4, np.float32)] * 2, idle_members=1)
+        waited = time.monotonic() - started
+    assert [(answer.reason, answer.batch_size) for answer in answers] == [("full", 2)] * 2
+    assert client.requests == 1 and 0.3 <= waited < 10  # both asked together, after the idle member's delay
+
+
+def test_a_request_larger_than_the_batch_runs_in_forward_passes_of_the_batch_size(run, one_torch_thread):
+    torch.manual_seed(4)
+    reference = mlp()
+    publish(run, reference)
+    observations = np.random.default_rng(5).normal(size=(10, 4)).astype(np.float32)
+    with ServerThread(run, mlp(), batch_size=4, delay=20.0) as server:
+        answers = InferenceClient(run, "wide", 10.0).evaluate_batch(observations)
+    assert [answer.batch_size for answer in answers] == [4] * 8 + [2] * 2
+    expected = reference(torch.as_tensor(observations)).detach().numpy()
+    np.testing.assert_allclose(np.stack([answer.q_values for answer in answers]), expected, rtol=1e-5, atol=1e-6)
+    assert server.batches == {"full": 3, "delay": 0} and run.counters()["inferences"] == 10
+
+
+def test_a_stopped_run_reaches_every_waiting_member(run):
+    inference = ActorInference(InferenceClient(run, "stopping", 5.0, stopped=run.stopped), batch_size=4, delay=0.0)
+    run.stop()
+    results = ask_as_members(inference, [np.zeros(4, np.float32)] * 3)
+    assert all(isinstance(result, RunStoppedError) for result in results), results
+
+
+def test_a_request_of_another_observation_shape_is_dropped_and_the_batch_still_runs(run, caplog):
+    publish(run, mlp())
+    server = InferenceServer(run, mlp(), "s", 4, 0.0)
+    assert server.load_weights()
+    run.connection.rpush(run.keys.seed("requests"),
+                         seal({"obs": np.zeros((1, 4), np.float32)}, {"reply": "good", "id": "0"}, run.message_key),
+                         seal({"obs": np.zeros((1, 3), np.float32)}, {"reply": "odd", "id": "0"}, run.message_key))
+    assert server.serve_once(1.0) == 1
+    assert run.connection.llen("good") == 1 and not run.connection.exists("odd")
+    assert "observations shaped (1, 3), expected (N, 4)" in caplog.text
