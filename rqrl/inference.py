@@ -114,8 +114,9 @@ class ActorInference:
     """The inference client of an actor process's threads: their observations go out together, one request per
     round trip (a Redis round trip and a signature per thread and step would cap a process at a few thousand
     steps/s). Whichever waiting thread finds no request in flight sends all pending observations, once every
-    member thread waits, ``batch_size`` are pending or the oldest has waited ``delay`` s, then hands each thread
-    its answer; an error (RunStoppedError, a Redis outage) reaches every thread whose observation was in it."""
+    member thread waits, ``batch_size`` are pending or the oldest has waited ``delay`` s (counted from the end
+    of the last round trip if one was in flight), then hands each thread its answer; an error (RunStoppedError,
+    a Redis outage) reaches every thread whose observation was in it."""
 
     def __init__(self, client: InferenceClient, batch_size: int, delay: float):
         self.client, self.batch_size, self.delay = client, batch_size, delay
@@ -123,6 +124,7 @@ class ActorInference:
         self._pending: list[_Pending] = []
         self._members = 0
         self._in_flight = False
+        self._free_since = time.monotonic()  # when the last request in flight came back
 
     @contextmanager
     def member(self) -> Iterator[ActorInference]:
@@ -135,18 +137,6 @@ class ActorInference:
             with self._condition:
                 self._members -= 1
                 self._condition.notify_all()
-
-    @contextmanager
-    def away(self) -> Iterator[None]:
-        """A member busy elsewhere for a while (sending transitions): requests go without waiting for it."""
-        with self._condition:
-            self._members -= 1
-            self._condition.notify_all()
-        try:
-            yield
-        finally:
-            with self._condition:
-                self._members += 1
 
     def evaluate(self, obs: np.ndarray) -> Answer:
         """The Q-values of ``obs``, asked together with the other threads' observations."""
@@ -164,7 +154,7 @@ class ActorInference:
                     self._round_trip(batch)
                 finally:
                     self._condition.acquire()
-                    self._in_flight = False
+                    self._in_flight, self._free_since = False, time.monotonic()
                     self._condition.notify_all()
         if waiting.error is not None:
             raise waiting.error
@@ -173,13 +163,18 @@ class ActorInference:
 
     def _ready(self) -> bool:
         return bool(self._pending) and (len(self._pending) >= min(self.batch_size, max(1, self._members))
-                                        or time.monotonic() - self._pending[0].since >= self.delay)
+                                        or time.monotonic() >= self._send_by())
+
+    def _send_by(self) -> float:
+        """When the pending observations go whoever is missing: ``delay`` after the oldest came, or after the last
+        request came back if it came while one was in flight (so the threads answered by it can join in)."""
+        return max(self._pending[0].since, self._free_since) + self.delay
 
     def _until_ready(self) -> float | None:
-        """Seconds until the oldest pending observation has waited ``delay`` (None: nothing pending)."""
+        """Seconds until the pending observations go by the delay (None: nothing pending)."""
         if not self._pending:
             return None
-        return max(0.0, self._pending[0].since + self.delay - time.monotonic()) + 1e-4
+        return max(0.0, self._send_by() - time.monotonic()) + 1e-4
 
     def _round_trip(self, batch: list[_Pending]) -> None:
         try:

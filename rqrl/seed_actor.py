@@ -179,9 +179,8 @@ class ActorThread(threading.Thread):
                 outbox.extend(transitions)
                 if outbox and (ended or len(outbox) >= TRANSITIONS_PER_MESSAGE):
                     returns = [episode_return] if ended else None
-                    message = encode_transitions(stack(outbox, n_actions), self.store.message_key, returns)
-                    with self.inference.away():  # a full transition list can hold it for long
-                        sender.send(message, len(outbox), self.stop)
+                    sender.send(encode_transitions(stack(outbox, n_actions), self.store.message_key, returns),
+                                len(outbox), self.stop)
                     outbox = []
                 if ended:
                     obs, info = env.reset()

@@ -1,0 +1,83 @@
+"""ActorInference's grouping of an actor process's threads, against a stand-in for the Redis round trip (the
+round trip itself is tested in tests/integration/test_inference.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from rqrl.errors import RunStoppedError
+from rqrl.inference import ActorInference, Answer
+
+
+class SlowServer:
+    """Answers each request after ``seconds``, recording how many observations it held."""
+
+    def __init__(self, seconds: float, stop_after: int | None = None):
+        self.seconds, self.stop_after = seconds, stop_after
+        self.sizes: list[int] = []
+
+    def evaluate_batch(self, observations: np.ndarray) -> list[Answer]:
+        self.sizes.append(len(observations))
+        if self.stop_after is not None and len(self.sizes) > self.stop_after:
+            raise RunStoppedError("stopped")
+        time.sleep(self.seconds)
+        return [Answer(obs * 2, 1, len(observations), "full", "s") for obs in observations]
+
+
+def run_members(inference: ActorInference, steps: int, slow_first_step: float = 0.0) -> list[list[np.ndarray]]:
+    """Four member threads each asking ``steps`` times; thread 0 dawdles once after its first answer."""
+    answers: list[list[np.ndarray]] = [[] for _ in range(4)]
+    joined = threading.Barrier(4)
+
+    def member(index: int) -> None:
+        with inference.member():
+            joined.wait(10)
+            for step in range(steps):
+                answers[index].append(inference.evaluate(np.full(2, index * 100 + step, np.float32)).q_values)
+                if index == 0 and step == 0:
+                    time.sleep(slow_first_step)
+
+    threads = [threading.Thread(target=member, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    return answers
+
+
+def test_each_thread_gets_the_answer_to_its_own_observation():
+    answers = run_members(ActorInference(SlowServer(0.001), batch_size=4, delay=0.05), steps=20)
+    for index, rows in enumerate(answers):
+        np.testing.assert_array_equal(np.stack(rows)[:, 0], 2 * (index * 100 + np.arange(20)))
+
+
+def test_threads_answered_together_ask_together_again_after_one_fell_behind():
+    server = SlowServer(0.1)
+    # thread 0 comes back 0.08 s late once: the other three go by the delay, thread 0 waits for their request;
+    # when it returns, thread 0 must wait for the three instead of going alone (which would split the four for good)
+    run_members(ActorInference(server, batch_size=4, delay=0.05), steps=14, slow_first_step=0.08)
+    assert server.sizes[:2] == [4, 3], server.sizes  # the three went without thread 0
+    assert sum(size == 4 for size in server.sizes[-10:]) >= 8, server.sizes
+
+
+def test_an_error_reaches_every_thread_of_the_request():
+    inference = ActorInference(SlowServer(0.0, stop_after=0), batch_size=4, delay=0.05)
+    errors: list[BaseException] = []
+
+    def member() -> None:
+        with inference.member():
+            try:
+                inference.evaluate(np.zeros(2, np.float32))
+            except RunStoppedError as error:
+                errors.append(error)
+
+    threads = [threading.Thread(target=member) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(errors) == 4
