@@ -2,15 +2,16 @@
 
 The threads of one actor process share an ``ActorInference``: their observations travel together, one request
 per round trip, and the answer is split back among them (a request goes out once every member thread is
-waiting, ``inference_batchsize`` observations are pending, or the oldest has waited ``inference_delay``).
-Requests are signed and go onto one shared list (``seed:requests``); each client waits on a reply list of its
-own. Each server pops requests, then more (polling every DELAY_POLL_SECONDS) until it holds
-``inference_batchsize`` observations or ``inference_delay`` seconds have passed since the first, runs forward
-passes of up to ``inference_batchsize`` observations on ``inference_device`` and pushes each answer to its
-client. Servers share the list, so a request goes to whichever server is free, and a client whose server died
-re-sends after ``request_timeout`` to any live one (a stale answer that arrives later is told apart by its
-request id and dropped). Servers load weights from the run's WeightStore before their first batch and look
-for a newer version every ``broadcast_period``.
+waiting, ``inference_batchsize`` observations are pending, or the oldest has waited ``inference_delay``,
+counted from the end of the last round trip if one was in flight). Requests are signed and go onto one
+shared list (``seed:requests``); each client waits on a reply list of its own. Each server pops requests,
+then more (polling every DELAY_POLL_SECONDS) until it holds ``inference_batchsize`` observations or
+``inference_delay`` seconds have passed since the first, runs forward passes of up to
+``inference_batchsize`` observations on ``inference_device`` and pushes each answer to its client. Servers
+share the list, so a request goes to whichever server is free, and a client whose server died re-sends
+after ``request_timeout`` to any live one (a stale answer that arrives later is told apart by its request id
+and dropped). Servers load weights from the run's WeightStore before their first batch and look for a newer
+version every ``broadcast_period``.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class Answer:
 
 
 class InferenceClient:
-    """One actor thread's connection to the inference servers (not thread-safe: one per thread)."""
+    """A connection to the inference servers with one request in flight at a time (not thread-safe: an actor
+    process's threads share one through ActorInference)."""
 
     def __init__(self, run: SeedRun, client_id: str, timeout: float, stopped: Callable[[], bool] | None = None):
         self.run, self.client_id, self.timeout = run, client_id, timeout
@@ -92,6 +94,10 @@ class InferenceClient:
                 arrays, metadata = unseal(_as_bytes(popped[1]), self.run.message_key)
                 if metadata.get("id") != request_id:
                     continue  # the answer to a request re-sent earlier
+                if len(arrays["q"]) != len(observations) or len(arrays["batch_size"]) != len(observations):
+                    raise RecordError(f"{metadata['server']} answered {len(arrays['q'])} Q-value rows for "
+                                      f"{len(observations)} observations; are actors and servers the same rqrl "
+                                      f"version?")
                 version, reason, server = int(metadata["version"]), metadata["reason"], metadata["server"]
                 return [Answer(q_values, version, int(batch_size), reason, server)
                         for q_values, batch_size in zip(arrays["q"], arrays["batch_size"], strict=True)]
@@ -143,23 +149,37 @@ class ActorInference:
         waiting = _Pending(np.asarray(obs, np.float32))
         with self._condition:
             self._pending.append(waiting)
-            self._condition.notify_all()
-            while waiting.answer is None and waiting.error is None:
-                if self._in_flight or not self._ready():
-                    self._condition.wait(self._until_ready())
-                    continue
-                batch, self._pending, self._in_flight = self._pending, [], True
-                self._condition.release()
-                try:
-                    self._round_trip(batch)
-                finally:
-                    self._condition.acquire()
-                    self._in_flight, self._free_since = False, time.monotonic()
-                    self._condition.notify_all()
+        while (batch := self._lead_or_wait(waiting)) is not None:
+            try:
+                self._round_trip(batch)
+            finally:
+                self._finish(batch)
         if waiting.error is not None:
             raise waiting.error
         assert waiting.answer is not None
         return waiting.answer
+
+    def _lead_or_wait(self, waiting: _Pending) -> list[_Pending] | None:
+        """Wait until ``waiting`` has its answer or error (None), or until this thread is to send the pending
+        observations (returned; the caller must ``_finish`` them)."""
+        with self._condition:
+            while waiting.answer is None and waiting.error is None:
+                if not self._in_flight and self._ready():
+                    batch, self._pending, self._in_flight = self._pending, [], True
+                    return batch
+                # while a request is in flight only its end (notify_all) can make this thread's turn
+                self._condition.wait(None if self._in_flight else self._until_ready())
+            return None
+
+    def _finish(self, batch: list[_Pending]) -> None:
+        """End a round trip: no observation of it is left without an answer or error, and the waiters wake."""
+        with self._condition:
+            for waiting in batch:
+                if waiting.answer is None and waiting.error is None:
+                    waiting.error = RunStoppedError("the thread asking for this observation's Q-values stopped "
+                                                    "before the answer came")
+            self._in_flight, self._free_since = False, time.monotonic()
+            self._condition.notify_all()
 
     def _ready(self) -> bool:
         return bool(self._pending) and (len(self._pending) >= min(self.batch_size, max(1, self._members))
@@ -179,12 +199,11 @@ class ActorInference:
     def _round_trip(self, batch: list[_Pending]) -> None:
         try:
             answers = self.client.evaluate_batch(np.stack([waiting.obs for waiting in batch]))
-        except BaseException as error:  # each waiting thread raises it
+            for waiting, answer in zip(batch, answers, strict=True):
+                waiting.answer = answer
+        except Exception as error:  # each waiting thread raises it
             for waiting in batch:
                 waiting.error = error
-            return
-        for waiting, answer in zip(batch, answers, strict=True):
-            waiting.answer = answer
 
 
 class InferenceServer:

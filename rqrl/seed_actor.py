@@ -8,6 +8,7 @@ index, the thread's index and how many times that thread was replaced.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -15,7 +16,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium
@@ -94,6 +95,27 @@ class TransitionSender:
                 raise RunStoppedError(f"run {self.run.keys.run_name} stopped while transitions waited to be sent")
             time.sleep(pause)
             pause = min(0.1, pause * 2)
+
+
+_switch_lock = threading.Lock()
+_switch_users = [0, 0.0]  # Actors running in this process, and the interval to restore when the last one ends
+
+
+@contextlib.contextmanager
+def short_switch_interval() -> Iterator[None]:
+    """SWITCH_INTERVAL as the process's GIL switch interval while any Actor of the process runs."""
+    with _switch_lock:
+        if _switch_users[0] == 0:
+            _switch_users[1] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_users[1], SWITCH_INTERVAL))
+        _switch_users[0] += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users[0] -= 1
+            if _switch_users[0] == 0:
+                sys.setswitchinterval(_switch_users[1])
 
 
 def thread_seeds(run_seed: int, actor_index: int, thread_index: int,
@@ -217,13 +239,17 @@ class Actor:
         """Run the threads until the run is stopped (or ``stop`` is set), replacing dead ones; a thread that
         keeps dying soon after its start is replaced after a growing pause (up to MAX_RESTART_PAUSE s).
         ``tick()`` runs every ``check_seconds`` in this thread (a job's heartbeat)."""
+        with short_switch_interval():
+            self._run_threads(check_seconds, tick)
+
+    def _run_threads(self, check_seconds: float, tick: Callable[[], None] | None) -> None:
         count = self.settings["actor_threads"]
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL))
-        self.threads = [self._start_thread(index, 0) for index in range(count)]
-        started = [time.monotonic()] * count
-        failures, not_before, reported = [0] * count, [0.0] * count, [False] * count
+        self.threads = []
         try:
+            for index in range(count):  # one by one: those started are stopped even if a later start fails
+                self.threads.append(self._start_thread(index, 0))
+            started = [time.monotonic()] * count
+            failures, not_before, reported = [0] * count, [0.0] * count, [False] * count
             while not (self.stop.is_set() or self.run.stopped()):
                 self.stop.wait(check_seconds)
                 if tick is not None:
@@ -246,7 +272,6 @@ class Actor:
             self.stop.set()
             for thread in self.threads:
                 thread.join(5)
-            sys.setswitchinterval(switch_interval)
 
     def _report(self, index: int, thread: ActorThread) -> None:
         cause = thread.error or "the thread ended without an error"

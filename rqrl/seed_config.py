@@ -36,7 +36,8 @@ class Config:
         "help": "Seconds between weight publications; servers look for new weights this often."})
     inference_batchsize: int = field(default=4, metadata={"help": "Most observations in one forward pass."})
     inference_delay: float = field(default=0.1, metadata={
-        "help": "Most seconds a batch waits for more requests after its first one."})
+        "help": "Most seconds a batch waits for more observations after its first one (in the actor process, "
+                "then again at the server)."})
     inference_device: torch.device = field(default=torch.device("cpu"), metadata={
         "help": "Device the inference servers run the model on (cpu, cuda, cuda:1, ...)."})
     minimum_buffer_size: int = field(default=1000, metadata={

@@ -13,10 +13,11 @@ from rqrl.inference import ActorInference, Answer
 
 
 class SlowServer:
-    """Answers each request after ``seconds``, recording how many observations it held."""
+    """Answers each request after ``seconds``, recording how many observations it held (``short``: one answer
+    too few, as a server of another version might)."""
 
-    def __init__(self, seconds: float, stop_after: int | None = None):
-        self.seconds, self.stop_after = seconds, stop_after
+    def __init__(self, seconds: float, stop_after: int | None = None, short: bool = False):
+        self.seconds, self.stop_after, self.short = seconds, stop_after, short
         self.sizes: list[int] = []
 
     def evaluate_batch(self, observations: np.ndarray) -> list[Answer]:
@@ -24,7 +25,8 @@ class SlowServer:
         if self.stop_after is not None and len(self.sizes) > self.stop_after:
             raise RunStoppedError("stopped")
         time.sleep(self.seconds)
-        return [Answer(obs * 2, 1, len(observations), "full", "s") for obs in observations]
+        answers = [Answer(obs * 2, 1, len(observations), "full", "s") for obs in observations]
+        return answers[:-1] if self.short else answers
 
 
 def run_members(inference: ActorInference, steps: int, slow_first_step: float = 0.0) -> list[list[np.ndarray]]:
@@ -64,20 +66,34 @@ def test_threads_answered_together_ask_together_again_after_one_fell_behind():
     assert sum(size == 4 for size in server.sizes[-10:]) >= 8, server.sizes
 
 
-def test_an_error_reaches_every_thread_of_the_request():
-    inference = ActorInference(SlowServer(0.0, stop_after=0), batch_size=4, delay=0.05)
+def ask_once_each(inference: ActorInference, threads: int = 4) -> list[BaseException]:
+    """The errors of ``threads`` member threads asking once each (all asked at once)."""
     errors: list[BaseException] = []
+    joined = threading.Barrier(threads)
 
     def member() -> None:
         with inference.member():
+            joined.wait(10)
             try:
                 inference.evaluate(np.zeros(2, np.float32))
-            except RunStoppedError as error:
+            except Exception as error:  # handed to the test
                 errors.append(error)
 
-    threads = [threading.Thread(target=member) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert len(errors) == 4
+    workers = [threading.Thread(target=member) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    assert not any(worker.is_alive() for worker in workers), "a thread never got its answer or error"
+    return errors
+
+
+def test_an_error_reaches_every_thread_of_the_request():
+    errors = ask_once_each(ActorInference(SlowServer(0.0, stop_after=0), batch_size=4, delay=0.05))
+    assert len(errors) == 4 and all(isinstance(error, RunStoppedError) for error in errors), errors
+
+
+def test_an_answer_missing_from_a_reply_fails_every_thread_instead_of_stranding_some():
+    errors = ask_once_each(ActorInference(SlowServer(0.0, short=True), batch_size=4, delay=0.05))
+    assert len(errors) == 4, errors
+
