@@ -58,10 +58,10 @@ def test_each_thread_gets_the_answer_to_its_own_observation():
 
 
 def test_threads_answered_together_ask_together_again_after_one_fell_behind():
-    server = SlowServer(0.1)
-    # thread 0 comes back 0.08 s late once: the other three go by the delay, thread 0 waits for their request;
+    server = SlowServer(0.2)
+    # thread 0 comes back 0.16 s late once: the other three go by the delay, thread 0 waits for their request;
     # when it returns, thread 0 must wait for the three instead of going alone (which would split the four for good)
-    run_members(ActorInference(server, batch_size=4, delay=0.05), steps=14, slow_first_step=0.08)
+    run_members(ActorInference(server, batch_size=4, delay=0.1), steps=14, slow_first_step=0.16)
     assert server.sizes[:2] == [4, 3], server.sizes  # the three went without thread 0
     assert sum(size == 4 for size in server.sizes[-10:]) >= 8, server.sizes
 
