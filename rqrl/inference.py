@@ -264,15 +264,13 @@ class InferenceServer:
         first = connection.blpop([requests_key], timeout=wait)
         if first is None:
             return 0
-        requests = self._decode([_as_bytes(first[1])], None)
-        held = sum(len(request.obs) for request in requests)
+        requests: list[_Request] = []
+        held = self._take([_as_bytes(first[1])], requests)
         deadline = time.monotonic() + self.delay
         while held < self.batch_size:
             more = connection.lpop(requests_key, self.batch_size - held)
             if isinstance(more, list) and more:
-                added = self._decode([_as_bytes(blob) for blob in more], _obs_shape(requests))
-                requests += added
-                held += sum(len(request.obs) for request in added)
+                held += self._take([_as_bytes(blob) for blob in more], requests)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -284,9 +282,10 @@ class InferenceServer:
             return 0
         return self._answer(requests, "full" if held >= self.batch_size else "delay")
 
-    def _decode(self, blobs: list[bytes], obs_shape: tuple[int, ...] | None) -> list[_Request]:
-        """The signed requests among ``blobs`` whose observations have ``obs_shape`` (the batch's so far)."""
-        requests: list[_Request] = []
+    def _take(self, blobs: list[bytes], requests: list[_Request]) -> int:
+        """Add to ``requests`` the signed requests among ``blobs`` whose observations are shaped like the first
+        request's; returns how many observations it added."""
+        added = 0
         for blob in blobs:
             try:
                 arrays, metadata = unseal(blob, self.run.message_key)
@@ -294,13 +293,14 @@ class InferenceServer:
             except (SignatureError, RecordError, KeyError) as error:
                 log.warning("%s: dropping a request that is not a signed observation: %s", self.server_id, error)
                 continue
-            shape = obs_shape if obs_shape is not None else _obs_shape(requests)
+            shape = requests[0].obs.shape[1:] if requests else None
             if request.obs.ndim < 1 or len(request.obs) == 0 or (shape is not None and request.obs.shape[1:] != shape):
                 log.warning("%s: dropping a request of observations shaped %s, expected (N, %s)", self.server_id,
                             request.obs.shape, ", ".join(map(str, shape or ("...",))))
                 continue
             requests.append(request)
-        return requests
+            added += len(request.obs)
+        return added
 
     def _answer(self, requests: list[_Request], reason: str) -> int:
         """Forward passes of up to ``batch_size`` observations over all of ``requests``, one reply to each."""
@@ -336,11 +336,6 @@ class _Request:
     reply: str
     request_id: str
     obs: np.ndarray
-
-
-def _obs_shape(requests: list[_Request]) -> tuple[int, ...] | None:
-    """The shape of one observation of a batch's requests (None: no request yet)."""
-    return tuple(requests[0].obs.shape[1:]) if requests else None
 
 
 def _as_bytes(value: object) -> bytes:

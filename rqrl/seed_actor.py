@@ -97,25 +97,29 @@ class TransitionSender:
             pause = min(0.1, pause * 2)
 
 
-_switch_lock = threading.Lock()
-_switch_users = [0, 0.0]  # Actors running in this process, and the interval to restore when the last one ends
+class _SwitchInterval:
+    """The Actors running in this process, and the switch interval to restore when the last one ends."""
+
+    lock = threading.Lock()
+    users = 0
+    restore = 0.0
 
 
 @contextlib.contextmanager
 def short_switch_interval() -> Iterator[None]:
     """SWITCH_INTERVAL as the process's GIL switch interval while any Actor of the process runs."""
-    with _switch_lock:
-        if _switch_users[0] == 0:
-            _switch_users[1] = sys.getswitchinterval()
-            sys.setswitchinterval(min(_switch_users[1], SWITCH_INTERVAL))
-        _switch_users[0] += 1
+    with _SwitchInterval.lock:
+        if _SwitchInterval.users == 0:
+            _SwitchInterval.restore = sys.getswitchinterval()
+            sys.setswitchinterval(min(_SwitchInterval.restore, SWITCH_INTERVAL))
+        _SwitchInterval.users += 1
     try:
         yield
     finally:
-        with _switch_lock:
-            _switch_users[0] -= 1
-            if _switch_users[0] == 0:
-                sys.setswitchinterval(_switch_users[1])
+        with _SwitchInterval.lock:
+            _SwitchInterval.users -= 1
+            if _SwitchInterval.users == 0:
+                sys.setswitchinterval(_SwitchInterval.restore)
 
 
 def thread_seeds(run_seed: int, actor_index: int, thread_index: int,

@@ -183,7 +183,7 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     best: list[float] = [before["best_mean_return"]] if before["best_mean_return"] is not None else []
     started = last_checkpoint = time.monotonic()
     # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
-    last_row = [(before["env_steps"], before["train_steps"])] if config.resume else []
+    last_row = (before["env_steps"], before["train_steps"]) if config.resume else None
 
     def env_steps(trainer: Trainer) -> int:
         return int(before["env_steps"]) + trainer.stats.transitions_received
@@ -216,10 +216,10 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
                 and value >= target_return)
 
     def progress(trainer: Trainer) -> None:
-        nonlocal last_checkpoint
+        nonlocal last_checkpoint, last_row
         stats, seconds, now = trainer.stats, time.monotonic() - started, counters(trainer)
-        if last_row != [(now["env_steps"], now["train_steps"])]:  # a row per state: none for a tick that saw nothing
-            last_row[:] = [(now["env_steps"], now["train_steps"])]
+        if last_row != (now["env_steps"], now["train_steps"]):  # a row per state: none for a tick that saw nothing
+            last_row = (now["env_steps"], now["train_steps"])
             metrics.write(now["env_steps"], {
                 "seconds": now["seconds"], "train_steps": now["train_steps"], "mean_return": mean_return(trainer),
                 "steps_per_second": stats.transitions_received / max(seconds, 1e-9), "episodes": now["episodes"],
