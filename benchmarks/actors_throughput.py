@@ -31,6 +31,7 @@ import logging
 import multiprocessing
 import os
 import platform
+import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -259,7 +260,6 @@ def _reference_process(actor_ids: list[int], n_rollout_steps: int, counter, stop
     envs = gymnasium.vector.SyncVectorEnv([make_env for _ in actor_ids])
     rng = np.random.default_rng(actor_ids[0])
     obs, _ = envs.reset(seed=[env_seeds(max(actor_ids) + 1)[a] for a in actor_ids])
-    steps_per_rollout = n_rollout_steps * len(actor_ids)
     try:
         while not stop.is_set():
             for _ in range(n_rollout_steps):
@@ -269,8 +269,8 @@ def _reference_process(actor_ids: list[int], n_rollout_steps: int, counter, stop
                 probs /= probs.sum(axis=1, keepdims=True)
                 actions = (probs.cumsum(axis=1) < rng.random((len(probs), 1))).sum(axis=1)
                 obs, _, _, _, _ = envs.step(np.minimum(actions, probs.shape[1] - 1))
-            with counter.get_lock():
-                counter.value += steps_per_rollout
+                with counter.get_lock():  # per step (~1 us), so that short windows count no partial rollout
+                    counter.value += len(actor_ids)
     finally:
         envs.close()
 
@@ -326,6 +326,137 @@ def measure_processes(kind: str, workers: int, actors_per_worker: int, n_rollout
     if any(process.exitcode != 0 for process in processes):
         raise RuntimeError(f"{kind} process exit codes {[process.exitcode for process in processes]}")
     return Measurement(count_after - count_before, elapsed, cpu)
+
+
+# ---- rqrl and the reference side by side, in alternating windows ---------------------------
+
+
+def _signal_all(pids: list[int], signal_number: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal_number)
+        except ProcessLookupError:
+            pass
+
+
+def _count_window(read_steps, resume: list[int], pause: list[int], seconds: float,  # noqa: ANN001
+                  settle: float) -> Measurement:
+    """Pause ``pause``, resume ``resume``, let them settle, then count steps for ``seconds``: (steps, CPU)."""
+    _signal_all(pause, signal.SIGSTOP)
+    _signal_all(resume, signal.SIGCONT)
+    time.sleep(settle)
+    steps_before, cpu_before, started = read_steps(), cpu_snapshot(), time.perf_counter()
+    time.sleep(seconds)
+    steps, elapsed = read_steps() - steps_before, time.perf_counter() - started
+    return Measurement(steps, elapsed, cpu_used(cpu_before, cpu_snapshot()))
+
+
+def measure_alternating(workers: int, actors_per_worker: int, n_rollout_steps: int, seconds: float, rounds: int,
+                        warmup: float, queue_factor: float, settle: float = 0.3) -> list[dict[str, Measurement]]:
+    """rqrl and the reference, both started once and kept alive, measured in ``rounds`` pairs of short windows:
+    while one side runs, the other's processes are stopped (SIGSTOP), so each pair sees the same machine within
+    seconds. On a VM whose speed drifts by 20-30% from minute to minute, paired ratios of this kind are what
+    resolve a few per cent; separate runs of each side do not.
+
+    The rqrl side counts the steps of the batches ``collect_outputs`` returned in its window (the learner collects
+    only then); its workers stop for one window at a time, well inside their 5 s lease."""
+    n_actors = workers * actors_per_worker
+    context = multiprocessing.get_context("fork")
+    counter, stop = context.Value("q", 0), context.Event()
+    reference = [context.Process(target=_reference_process, name=f"reference-{index}", daemon=True, args=(
+        list(range(index * actors_per_worker, (index + 1) * actors_per_worker)), n_rollout_steps, counter, stop))
+        for index in range(workers)]
+    for process in reference:
+        process.start()
+    reference_pids = [process.pid for process in reference if process.pid is not None]
+    policy = make_policy()
+    actors = SubprocDistributedActors(
+        make_env, policy, n_rollout_steps, n_actors, n_actors, queue_factor, "fork",
+        env_seeds(n_actors), agent_seeds(n_actors), n_workers=workers, actors_per_job=actors_per_worker,
+    )
+    results: list[dict[str, Measurement]] = []
+    try:
+        _wait_for_count(counter, START_TIMEOUT_SECONDS)
+        _signal_all(reference_pids, signal.SIGSTOP)
+        with actors:
+            actors.broadcast_updated_policy(policy.state_dict())
+            actors.collect_outputs("cpu")  # worker start-up is not part of any window
+            warm_until = time.perf_counter() + warmup
+            while time.perf_counter() < warm_until:
+                actors.collect_outputs("cpu")
+            worker_pids = [process.pid for process in actors.local_workers.processes if process.pid is not None]
+            for round_index in range(rounds):
+                measured: dict[str, Measurement] = {}
+                for kind in (("rqrl", "reference") if round_index % 2 == 0 else ("reference", "rqrl")):
+                    if kind == "reference":
+                        measured[kind] = _count_window(lambda: counter.value, reference_pids, worker_pids, seconds,
+                                                       settle)
+                    else:
+                        measured[kind] = _collect_window(actors, reference_pids, worker_pids, seconds, settle)
+                results.append(measured)
+                log.info("    round %d/%d: rqrl %.0f, reference %.0f steps/s", round_index + 1, rounds,
+                         measured["rqrl"].steps_per_second, measured["reference"].steps_per_second)
+            _signal_all(worker_pids, signal.SIGCONT)
+    finally:
+        stop.set()
+        _signal_all(reference_pids, signal.SIGCONT)
+        for process in reference:
+            process.join(10)
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+    return results
+
+
+def _collect_window(actors: SubprocDistributedActors, reference_pids: list[int], worker_pids: list[int],
+                    seconds: float, settle: float) -> Measurement:
+    """Resume rqrl's workers (reference paused), collect through ``settle``, then count collected steps."""
+    _signal_all(reference_pids, signal.SIGSTOP)
+    _signal_all(worker_pids, signal.SIGCONT)
+    settle_until = time.perf_counter() + settle
+    while time.perf_counter() < settle_until:
+        actors.collect_outputs("cpu")
+    steps = collects = 0
+    queue_sizes: list[int] = []
+    cpu_before, started = cpu_snapshot(), time.perf_counter()
+    while True:
+        out = actors.collect_outputs("cpu")
+        steps += int(out.record.rewards.numel())
+        collects += 1
+        queue_sizes.append(out.queue_size_before)
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            break
+    cpu = cpu_used(cpu_before, cpu_snapshot())
+    _signal_all(worker_pids, signal.SIGSTOP)
+    return Measurement(steps, elapsed, cpu, collects, None, statistics.fmean(queue_sizes))
+
+
+def print_alternating(args: argparse.Namespace, results: dict[tuple[int, int], list[dict[str, Measurement]]]) -> None:
+    obs_size, n_actions = policy_sizes()
+    print()
+    print(f"## rqrl collect_outputs vs. the reference in alternating windows: {ENV_ID}, {args.rollout_steps}-step "
+          f"rollouts, {obs_size}-64-64-{n_actions} tanh MLP, {args.alternate} pairs of {args.seconds:g} s windows")
+    print()
+    print("| workers | envs per worker | rqrl steps/s | reference steps/s | rqrl / reference (median of pairs) "
+          "| pairs at or above 0.9 | rqrl workers CPU | learner CPU | redis CPU | reference CPU |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for (workers, envs), rounds in results.items():
+        ratios = [m["rqrl"].steps_per_second / m["reference"].steps_per_second for m in rounds]
+
+        def cores(kind: str, role: str, rounds: list[dict[str, Measurement]] = rounds) -> str:
+            values = [m[kind].cores(role) for m in rounds]
+            return "n/a" if None in values else f"{statistics.median(v for v in values if v is not None):.2f}"
+
+        print(f"| {workers} | {envs} | {_median(rounds, lambda m: m['rqrl'].steps_per_second):,.0f} | "
+              f"{_median(rounds, lambda m: m['reference'].steps_per_second):,.0f} | {statistics.median(ratios):.2f} | "
+              f"{sum(ratio >= 0.9 for ratio in ratios)}/{len(ratios)} | {cores('rqrl', 'workers')} | "
+              f"{cores('rqrl', 'learner')} | {cores('rqrl', 'redis')} | {cores('reference', 'workers')} |")
+    print()
+    print("Per pair, rqrl / reference: " + "; ".join(
+        f"{workers}x{envs}: " + ", ".join(f"{m['rqrl'].steps_per_second / m['reference'].steps_per_second:.2f}"
+                                          for m in rounds)
+        for (workers, envs), rounds in results.items()))
 
 
 # ---- report ------------------------------------------------------------------------------
@@ -399,6 +530,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rollout-steps", type=int, default=128, help="n_rollout_steps")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds after the first output")
     parser.add_argument("--queue-factor", type=float, default=2.0, help="queue_out_of_sync_factor")
+    parser.add_argument("--alternate", type=int, default=0, metavar="PAIRS",
+                        help="instead of separate runs, measure rqrl and the reference in PAIRS pairs of alternating "
+                             "--seconds windows, each side kept alive and paused (SIGSTOP) while the other runs; no "
+                             "loop column")
     parser.add_argument("--quiet-wait", type=float, default=10.0,
                         help="before each measurement, wait up to this many seconds for other load to stop (0: off)")
     args = parser.parse_args(argv)
@@ -422,6 +557,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(1)
     configurations = [(workers, envs) for workers in args.workers for envs in args.actors_per_worker]
+    if args.alternate:
+        alternating = {}
+        for workers, envs in configurations:
+            log.info("%d worker(s) x %d envs: %d pairs of %g s windows, rqrl and the reference alternating", workers,
+                     envs, args.alternate, args.seconds)
+            alternating[(workers, envs)] = measure_alternating(workers, envs, args.rollout_steps, args.seconds,
+                                                               args.alternate, args.warmup, args.queue_factor)
+        print_alternating(args, alternating)
+        return
     results: Rounds = {configuration: [] for configuration in configurations}
     for round_index in range(args.rounds):
         for workers, envs in configurations:

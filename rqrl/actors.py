@@ -385,8 +385,7 @@ class RedisDistributedActors(DistributedActors):
         per_entry = self._records_per_entry()
         size_before, size_after = popped.size_before * per_entry + pending_before, popped.size_after * per_entry
         if len(inbox) < self.batch_size:
-            self._wait_for_batch()
-            size_after = self._queue.size() * self._records_per_entry()
+            size_after = self._wait_for_batch() * self._records_per_entry()
         records = inbox.peek(self.batch_size)
         size_after += len(inbox) - len(records)
         batch = batch_records(records, learner_device)
@@ -396,13 +395,15 @@ class RedisDistributedActors(DistributedActors):
         inbox.hand_over(len(records))
         return CollectedOutputs(batch, size_before, size_after, dequeue_time)
 
-    def _wait_for_batch(self) -> None:
-        """The slow path: block on the queue, watching for failures, missing workers and the timeout."""
+    def _wait_for_batch(self) -> int:
+        """The slow path: block on the queue, watching for failures (at most every 0.5 s: each check is a round
+        trip), missing workers and the timeout; returns the entries left on the queue after the last pop."""
         collect_timeout, no_worker_timeout = self.options.collect_timeout, self.options.no_worker_timeout
         deadline = time.monotonic() + collect_timeout
         no_worker_since: float | None = None
+        entries_left = 0
         while len(self._inbox) < self.batch_size:
-            self.supervisor.raise_actor_failures()
+            self.supervisor.raise_actor_failures(throttled=True)
             self.supervisor.check_sidelined_workers(throttled=True)
             now = time.monotonic()
             if self.workers_alive() == 0:  # re-read at most once a second
@@ -419,7 +420,8 @@ class RedisDistributedActors(DistributedActors):
                 )
             self._reap()
             if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
-                self._pop(self._entries_for(self.batch_size - len(self._inbox)))
+                entries_left = self._pop(self._entries_for(self.batch_size - len(self._inbox))).size_after
+        return entries_left
 
     def _records_per_entry(self) -> int:
         """Rollouts per queue entry: a whole actor group until an entry shows fewer (see rqrl.group_records)."""

@@ -155,6 +155,7 @@ def _split(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> list[Roll
             if arrays[name].ndim < 1 or len(arrays[name]) != actors:
                 raise RecordError(f"group entry's {name} has {list(arrays[name].shape)[:1]} rows, "
                                   f"expected one per actor ({actors})")
+        _check_step_axes(arrays, per_actor)
         finals = _counts(arrays, "final_obs_counts", "final_obs_steps", actors)
         episodes = _counts(arrays, "episode_counts", "episode_returns", actors)
         final_names = [name for name in arrays if name.startswith("final_obs/") or name == "final_obs"]
@@ -165,22 +166,43 @@ def _split(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> list[Roll
         policy_version, rollout_id = int(metadata["policy_version"]), int(metadata["rollout_id"])
         worker = metadata.get("worker", "")
         continues = arrays["continues_previous"].astype(bool).tolist()
+        rows = {name: list(arrays[name]) for name in per_actor}  # each actor's view of every per-actor array
+        finals, episodes = finals.tolist(), episodes.tolist()
+        plain_obs = all(name in arrays for name in ("obs", "next_obs", "final_obs"))  # no tree to rebuild
         records = []
         for index, actor_id in enumerate(actor_ids.tolist()):
-            row = {name: arrays[name][index] for name in per_actor}
+            row = {name: values[index] for name, values in rows.items()}
             final = slice(finals[index], finals[index + 1])
             row.update({name: arrays[name][final] for name in (*final_names, "final_obs_steps")})
             episode = slice(episodes[index], episodes[index + 1])
-            records.append(RolloutRecord(
+            # every invariant RolloutRecord.__post_init__ checks was checked above, or is by _check_group, for the
+            # whole entry's arrays at once
+            records.append(RolloutRecord.unchecked(
                 **{name: row[name] for name in STEP_FIELDS}, logits=row.get("logits"),
-                obs=unflatten_obs(row, "obs"), next_obs=unflatten_obs(row, "next_obs"),
-                final_obs=unflatten_obs(row, "final_obs"), final_obs_steps=row["final_obs_steps"],
+                obs=row["obs"] if plain_obs else unflatten_obs(row, "obs"),
+                next_obs=row["next_obs"] if plain_obs else unflatten_obs(row, "next_obs"),
+                final_obs=row["final_obs"] if plain_obs else unflatten_obs(row, "final_obs"),
+                final_obs_steps=row["final_obs_steps"],
                 episode_returns=arrays["episode_returns"][episode], episode_lengths=arrays["episode_lengths"][episode],
                 policy_version=policy_version, actor_id=actor_id, rollout_id=rollout_id, worker=worker,
                 continues_previous=continues[index]))
         return records
     except (KeyError, ValueError, TypeError, IndexError) as error:
         raise RecordError(f"group entry is missing or has a malformed field: {error}") from error
+
+
+def _check_step_axes(arrays: dict[str, np.ndarray], per_actor: list[str]) -> None:
+    """Every per-step array (actions, rewards, ..., logits, observations) has the same number of steps per actor:
+    what RolloutRecord checks of each record, checked once for the entry."""
+    steps = arrays["rewards"].shape[1] if arrays["rewards"].ndim >= 2 else None
+    for name in per_actor:
+        if name in STEP_FIELDS or name == "logits" or name == "obs" or name.startswith("obs/"):
+            if steps is None or arrays[name].ndim < 2 or arrays[name].shape[1] != steps:
+                raise RecordError(f"group entry's {name} is {list(arrays[name].shape)}, expected [actors, steps, ...] "
+                                  f"with the steps of its rewards {list(arrays['rewards'].shape)}")
+    for name in STEP_FIELDS:
+        if name not in arrays:
+            raise RecordError(f"group entry has no {name}")
 
 
 def _check_group(arrays: dict[str, np.ndarray], records: list[RolloutRecord], spec: RecordSpec) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 import torch
@@ -77,9 +77,20 @@ class RolloutRecord:
                 f"got {len(self.final_obs_steps)}"
             )
 
+    @classmethod
+    def unchecked(cls, **fields: Any) -> RolloutRecord:
+        """A record built without ``__post_init__``'s checks, for a caller that checked the same invariants over
+        many records at once (``rqrl.group_records``: every array of an entry, not each record's views)."""
+        record = object.__new__(cls)
+        record.__dict__.update(_UNCHECKED_DEFAULTS, **fields)
+        return record
+
     @property
     def n_steps(self) -> int:
         return len(self.rewards)
+
+
+_UNCHECKED_DEFAULTS = {"worker": "", "continues_previous": False}
 
 
 RecordSignature: TypeAlias = dict[str, tuple[tuple[int, ...], str]]
@@ -343,10 +354,9 @@ def batch_records(records: Sequence[RolloutRecord], device: torch.device | str) 
     def stack(name: str) -> torch.Tensor:
         return torch.from_numpy(np.stack([getattr(r, name) for r in records], axis=1)).to(device)
 
-    final_index = [
-        np.stack([r.final_obs_steps.astype(np.int64), np.full(len(r.final_obs_steps), column)], axis=1)
-        for column, r in enumerate(records)
-    ]
+    final_steps = [r.final_obs_steps for r in records]
+    final_columns = np.repeat(np.arange(len(records)), [len(steps) for steps in final_steps])
+    final_index = np.stack([np.concatenate(final_steps).astype(np.int64, copy=False), final_columns], axis=1)
     has_logits = all(r.logits is not None for r in records)
     return BatchedRecord(
         obs=stack_to([r.obs for r in records], 1, device),
@@ -358,7 +368,7 @@ def batch_records(records: Sequence[RolloutRecord], device: torch.device | str) 
         logits=stack("logits") if has_logits else None,
         next_obs=stack_to([r.next_obs for r in records], 0, device),
         final_obs=concat_to([r.final_obs for r in records], device),
-        final_obs_index=torch.from_numpy(np.concatenate(final_index, axis=0)).to(device),
+        final_obs_index=torch.from_numpy(final_index).to(device),
         policy_version=torch.tensor([r.policy_version for r in records], device=device),
         actor_id=torch.tensor([r.actor_id for r in records], device=device),
         rollout_id=torch.tensor([r.rollout_id for r in records], device=device),

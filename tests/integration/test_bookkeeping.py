@@ -94,6 +94,9 @@ def test_error_list_entries_that_are_no_reports_are_dropped_and_counted(connecti
         collect(actors, 2, delivered)
         connection.rpush(actors.keys.errors, b"not json", b"[]", b'{"job_id": 1}', b"\xff\xfe")
         collect(actors, 4, delivered)  # before the fix: JSONDecodeError / KeyError out of collect_outputs
+        deadline = time.monotonic() + 10  # the error list is read at most every 0.5 s
+        while actors.supervisor.error_reports_rejected < 4 and time.monotonic() < deadline:
+            collect(actors, 1, delivered)
         assert actors.supervisor.error_reports_rejected == 4
     assert_contiguous(delivered)
     assert actors.keys.errors in caplog.text

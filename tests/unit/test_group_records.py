@@ -184,3 +184,13 @@ def test_a_group_is_cut_into_entries_of_whole_rollouts_that_fit_the_entry_size()
     assert records_per_entry(record, entry_bytes=10) == 1, "a rollout larger than an entry goes alone"
     assert records_per_entry(box_record(5, truncated_at=(1, 2, 3))) == records_per_entry(record)
     assert [entry_stream(7, part) for part in range(3)] == [7, "7.1", "7.2"]
+
+
+@pytest.mark.parametrize("name", ["actions", "log_probs", "logits", "obs"])
+def test_a_per_step_array_with_another_number_of_steps_is_malformed(name):
+    records = [box_record(5, truncated_at=(2,), actor_id=actor) for actor in range(2)]
+    arrays, metadata = decode_arrays(encode_group(records, RUN))
+    arrays = {key: np.array(value) for key, value in arrays.items()}
+    arrays[name] = arrays[name][:, :4]  # 4 steps where the rewards have 5
+    with pytest.raises(RecordError, match=rf"entry's {name} is \[2, 4.*with the steps of its rewards \[2, 5\]"):
+        decode_signed_entry(sign(encode_arrays(arrays, metadata), KEY, RECORD_MAGIC), RUN, KEY, SPEC)

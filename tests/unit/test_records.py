@@ -351,7 +351,7 @@ def test_batch_records_stacks_time_major():
 def test_batch_records_without_truncations_has_empty_final_obs():
     batch = batch_records([box_record(4), box_record(4)], "cpu")
     assert batch.final_obs.shape == (0, 3)
-    assert batch.final_obs_index.shape == (0, 2)
+    assert batch.final_obs_index.shape == (0, 2) and batch.final_obs_index.dtype == torch.int64
 
 
 def test_batch_records_drops_logits_unless_every_record_has_them():

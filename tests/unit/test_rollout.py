@@ -403,3 +403,60 @@ def test_an_env_that_changes_its_observation_dtype_mid_rollout_is_refused_with_t
     act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
     with pytest.raises(EnvError, match=r"changed shape or dtype at step 3 .*float64.* fix the env factory"):
         group.run(act, 0, 1, cut_at_end=False)
+
+
+class _OldApiEnv(fixtures.CountingEnv):
+    """Returns gym's old 4-tuple (obs, reward, done, info) from step."""
+
+    def step(self, action):
+        obs, reward, terminated, _, info = super().step(action)
+        return obs, reward, terminated, info
+
+
+class _RewardEnv(fixtures.CountingEnv):
+    """Returns ``reward`` (a value of any type) from every step."""
+
+    def __init__(self, reward):
+        super().__init__(length=3)
+        self.reward = reward
+
+    def step(self, action):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, self.reward, terminated, truncated, info
+
+
+def test_an_env_with_the_old_four_value_step_is_refused_with_the_fix():
+    from rqrl.errors import EnvError
+
+    group = ActorGroup(_OldApiEnv, [0, 1], [1, 2], [3, 4], 4)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    with pytest.raises(EnvError, match=r"lengths \[4\] .* step 0 .* \(obs, reward, terminated, truncated, info\)"):
+        group.run(act, 0, 1, cut_at_end=False)
+
+
+@pytest.mark.parametrize("reward, expected", [(np.float32(0.5), 0.5), (np.array([2.0]), 2.0), (3, 3.0)])
+def test_rewards_of_numpy_scalar_one_element_array_and_int_types_are_recorded(reward, expected):
+    group = ActorGroup(lambda: _RewardEnv(reward), [0, 1], [1, 2], [3, 4], 5)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    records = group.run(act, 0, 1, cut_at_end=False)
+    assert all(record.rewards.tolist() == [expected] * 5 for record in records)
+    assert records[0].episode_returns.tolist() == [3 * expected]  # episodes of 3 steps
+
+
+def test_a_reward_that_is_not_a_number_is_refused_with_the_fix():
+    from rqrl.errors import EnvError
+
+    group = ActorGroup(lambda: _RewardEnv(None), [0], [1], [3], 4)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    with pytest.raises(EnvError, match=r"returned reward None at step 0 .* rewards must be finite numbers"):
+        group.run(act, 0, 1, cut_at_end=False)
+
+
+@pytest.mark.parametrize("reward, shown", [(np.array([1.0, 2.0]), r"array\(\[1., 2.\]\)"), ("high", "'high'")])
+def test_a_reward_that_is_not_one_number_is_refused_with_the_fix(reward, shown):
+    from rqrl.errors import EnvError
+
+    group = ActorGroup(lambda: _RewardEnv(reward), [0, 1], [1, 2], [3, 4], 4)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    with pytest.raises(EnvError, match=rf"actor 0's env returned reward {shown} at step 0 .* single numbers"):
+        group.run(act, 0, 1, cut_at_end=False)
