@@ -93,6 +93,7 @@ class Measurement:
     collects: int = 0
     jobs_finished: int | None = None
     mean_queue_before: float | None = None
+    autoreset_steps: int | None = None  # the reference's steps spent on resets alone (see _reference_process)
 
     @property
     def steps_per_second(self) -> float:
@@ -253,8 +254,11 @@ def _loop_process(actor_ids: list[int], n_rollout_steps: int, counter, stop) -> 
         group.close()
 
 
-def _reference_process(actor_ids: list[int], n_rollout_steps: int, counter, stop) -> None:  # noqa: ANN001
-    """The yardstick: a SyncVectorEnv stepped with one batched forward per step and numpy sampling."""
+def _reference_process(actor_ids: list[int], n_rollout_steps: int, counter, stop,  # noqa: ANN001
+                       autoresets=None) -> None:  # noqa: ANN001
+    """The yardstick: a SyncVectorEnv stepped with one batched forward per step and numpy sampling. gymnasium's
+    default autoreset (next step) spends the step after an episode's end on the reset alone: no env.step, no
+    transition, yet a step of the count. ``autoresets`` (a shared Value) counts those steps."""
     torch.set_num_threads(1)
     policy = make_policy()
     envs = gymnasium.vector.SyncVectorEnv([make_env for _ in actor_ids])
@@ -268,9 +272,11 @@ def _reference_process(actor_ids: list[int], n_rollout_steps: int, counter, stop
                 probs = np.exp(logits - logits.max(axis=1, keepdims=True))
                 probs /= probs.sum(axis=1, keepdims=True)
                 actions = (probs.cumsum(axis=1) < rng.random((len(probs), 1))).sum(axis=1)
-                obs, _, _, _, _ = envs.step(np.minimum(actions, probs.shape[1] - 1))
+                obs, _, terminated, truncated, _ = envs.step(np.minimum(actions, probs.shape[1] - 1))
                 with counter.get_lock():  # per step (~1 us), so that short windows count no partial rollout
                     counter.value += len(actor_ids)
+                    if autoresets is not None:  # guarded by the counter's lock too
+                        autoresets.value += int(np.count_nonzero(terminated | truncated))
     finally:
         envs.close()
 
@@ -339,16 +345,17 @@ def _signal_all(pids: list[int], signal_number: int) -> None:
             pass
 
 
-def _count_window(read_steps, resume: list[int], pause: list[int], seconds: float,  # noqa: ANN001
+def _count_window(read_counts, resume: list[int], pause: list[int], seconds: float,  # noqa: ANN001
                   settle: float) -> Measurement:
-    """Pause ``pause``, resume ``resume``, let them settle, then count steps for ``seconds``: (steps, CPU)."""
+    """Pause ``pause``, resume ``resume``, let them settle, then count (steps, autoreset steps) for ``seconds``."""
     _signal_all(pause, signal.SIGSTOP)
     _signal_all(resume, signal.SIGCONT)
     time.sleep(settle)
-    steps_before, cpu_before, started = read_steps(), cpu_snapshot(), time.perf_counter()
+    (steps_before, resets_before), cpu_before, started = read_counts(), cpu_snapshot(), time.perf_counter()
     time.sleep(seconds)
-    steps, elapsed = read_steps() - steps_before, time.perf_counter() - started
-    return Measurement(steps, elapsed, cpu_used(cpu_before, cpu_snapshot()))
+    (steps, resets), elapsed = read_counts(), time.perf_counter() - started
+    return Measurement(steps - steps_before, elapsed, cpu_used(cpu_before, cpu_snapshot()),
+                       autoreset_steps=resets - resets_before)
 
 
 def measure_alternating(workers: int, actors_per_worker: int, n_rollout_steps: int, seconds: float, rounds: int,
@@ -362,10 +369,10 @@ def measure_alternating(workers: int, actors_per_worker: int, n_rollout_steps: i
     only then); its workers stop for one window at a time, well inside their 5 s lease."""
     n_actors = workers * actors_per_worker
     context = multiprocessing.get_context("fork")
-    counter, stop = context.Value("q", 0), context.Event()
+    counter, autoresets, stop = context.Value("q", 0), context.Value("q", 0, lock=False), context.Event()
     reference = [context.Process(target=_reference_process, name=f"reference-{index}", daemon=True, args=(
-        list(range(index * actors_per_worker, (index + 1) * actors_per_worker)), n_rollout_steps, counter, stop))
-        for index in range(workers)]
+        list(range(index * actors_per_worker, (index + 1) * actors_per_worker)), n_rollout_steps, counter, stop,
+        autoresets)) for index in range(workers)]
     for process in reference:
         process.start()
     reference_pids = [process.pid for process in reference if process.pid is not None]
@@ -389,8 +396,8 @@ def measure_alternating(workers: int, actors_per_worker: int, n_rollout_steps: i
                 measured: dict[str, Measurement] = {}
                 for kind in (("rqrl", "reference") if round_index % 2 == 0 else ("reference", "rqrl")):
                     if kind == "reference":
-                        measured[kind] = _count_window(lambda: counter.value, reference_pids, worker_pids, seconds,
-                                                       settle)
+                        measured[kind] = _count_window(lambda: (counter.value, autoresets.value), reference_pids,
+                                                       worker_pids, seconds, settle)
                     else:
                         measured[kind] = _collect_window(actors, reference_pids, worker_pids, seconds, settle)
                 results.append(measured)
@@ -439,10 +446,14 @@ def print_alternating(args: argparse.Namespace, results: dict[tuple[int, int], l
           f"rollouts, {obs_size}-64-64-{n_actions} tanh MLP, {args.alternate} pairs of {args.seconds:g} s windows")
     print()
     print("| workers | envs per worker | rqrl steps/s | reference steps/s | rqrl / reference (median of pairs) "
-          "| pairs at or above 0.9 | rqrl workers CPU | learner CPU | redis CPU | reference CPU |")
-    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+          "| pairs at or above 0.9 | reference's autoreset steps | rqrl / reference's env.step calls "
+          "| rqrl workers CPU | learner CPU | redis CPU | reference CPU |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for (workers, envs), rounds in results.items():
         ratios = [m["rqrl"].steps_per_second / m["reference"].steps_per_second for m in rounds]
+        resets = [(m["reference"].autoreset_steps or 0) / max(1, m["reference"].steps) for m in rounds]
+        stepped = [m["rqrl"].steps / max(1, m["reference"].steps - (m["reference"].autoreset_steps or 0))
+                   * m["reference"].seconds / m["rqrl"].seconds for m in rounds]
 
         def cores(kind: str, role: str, rounds: list[dict[str, Measurement]] = rounds) -> str:
             values = [m[kind].cores(role) for m in rounds]
@@ -450,8 +461,14 @@ def print_alternating(args: argparse.Namespace, results: dict[tuple[int, int], l
 
         print(f"| {workers} | {envs} | {_median(rounds, lambda m: m['rqrl'].steps_per_second):,.0f} | "
               f"{_median(rounds, lambda m: m['reference'].steps_per_second):,.0f} | {statistics.median(ratios):.2f} | "
-              f"{sum(ratio >= 0.9 for ratio in ratios)}/{len(ratios)} | {cores('rqrl', 'workers')} | "
+              f"{sum(ratio >= 0.9 for ratio in ratios)}/{len(ratios)} | {statistics.median(resets):.1%} | "
+              f"{statistics.median(stepped):.2f} | {cores('rqrl', 'workers')} | "
               f"{cores('rqrl', 'learner')} | {cores('rqrl', 'redis')} | {cores('reference', 'workers')} |")
+    print()
+    print("The reference's autoreset steps are steps gymnasium's SyncVectorEnv spends on resets alone (its default "
+          "next-step autoreset): counted as steps, though no env.step ran and no transition came of them; rqrl "
+          "resets inside the step that ended the episode. The column after them compares rqrl's steps with the "
+          "reference's env.step calls.")
     print()
     print("Per pair, rqrl / reference: " + "; ".join(
         f"{workers}x{envs}: " + ", ".join(f"{m['rqrl'].steps_per_second / m['reference'].steps_per_second:.2f}"

@@ -31,6 +31,19 @@ def test_actors_throughput_prints_rqrl_reference_and_loop_for_each_configuration
         assert all(float(rate) > 0 for rate in rates), row
 
 
+@pytest.mark.timeout(300)
+def test_actors_throughput_alternating_prints_paired_ratios_and_the_references_autoresets() -> None:
+    out = run_benchmark("actors_throughput.py", "--seconds", "0.3", "--warmup", "0", "--alternate", "2",
+                        "--workers", "1", "--actors-per-worker", "2", "--rollout-steps", "8")
+    rows = [line for line in out.splitlines() if line.startswith("| 1 | 2 |")]
+    assert len(rows) == 1, out
+    cells = [cell.strip().replace(",", "") for cell in rows[0].strip("|").split("|")]
+    assert float(cells[2]) > 0 and float(cells[3]) > 0, rows[0]  # rqrl and reference steps/s
+    assert cells[5] in ("0/2", "1/2", "2/2"), rows[0]  # pairs at or above 0.9
+    assert 0 < float(cells[6].rstrip("%")) < 100, rows[0]  # CartPole's episodes end: some autoreset steps
+    assert out.count("1x2: ") == 1 and len(out.split("1x2: ")[1].split(",")) == 2, out  # one ratio per pair
+
+
 @pytest.mark.timeout(200)
 def test_rollout_loop_prints_loop_and_reference_per_env() -> None:
     out = run_benchmark("rollout_loop.py", "--envs", "2", "--env-ids", "CartPole-v1", "--steps", "8",
