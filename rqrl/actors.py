@@ -42,7 +42,7 @@ from rqrl.observations import stack_obs, to_array, to_tensor
 from rqrl.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
 from rqrl.policy import Policy, check_state_dict, make_act_function, select_policy_state, state_dict_of
 from rqrl.process import ProcessContext
-from rqrl.progress import Throughput
+from rqrl.progress import Throughput, pace_seconds
 from rqrl.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory
 from rqrl.rq_safety import rollout_queue
@@ -52,6 +52,11 @@ from rqrl.stats import EpochStatsAggregator, RolloutEvents, StatsReader, record_
 from rqrl.supervisor import Supervisor
 from rqrl.trajectories import Popped, QueueIndicesLost, TrajectoryQueue
 from rqrl.weights import WeightStore
+
+PACE = 0.8
+"""A learner waiting for entries sleeps this share of the time their delivery is expected to take (see
+RedisDistributedActors._pause_for): early enough that a steady stream is not kept waiting."""
+MAX_PACE_SECONDS = 0.05
 
 
 class DistributedActors(StatsReader, abc.ABC):
@@ -182,6 +187,7 @@ class RedisDistributedActors(DistributedActors):
         # what the learner publishes with its heartbeat, for `rqrl status`
         self._steps_collected = 0
         self._throughputs = (Throughput(10.0), Throughput(60.0))
+        self._emptied_at: float | None = None  # when the learner's last pop left the queue empty (see _pause_for)
         self._last_batch: dict[str, float] = {}
 
     def _redis_url(self, options: RunOptions, connection: redis.Redis | None) -> str | None:
@@ -381,6 +387,7 @@ class RedisDistributedActors(DistributedActors):
         self._reap()
         inbox = self._inbox
         pending_before = len(inbox)
+        self._pause_for(self._entries_for(self.batch_size - pending_before), MAX_PACE_SECONDS)
         popped = self._pop(self._entries_for(self.batch_size - pending_before))
         per_entry = self._records_per_entry()
         size_before, size_after = popped.size_before * per_entry + pending_before, popped.size_after * per_entry
@@ -419,9 +426,21 @@ class RedisDistributedActors(DistributedActors):
                     f"with {self.workers_alive()} worker(s) alive; raise collect_timeout or check the workers' logs"
                 )
             self._reap()
+            self._pause_for(self._entries_for(self.batch_size - len(self._inbox)), deadline - now)
             if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
                 entries_left = self._pop(self._entries_for(self.batch_size - len(self._inbox))).size_after
         return entries_left
+
+    def _pause_for(self, entries: int, time_left: float) -> None:
+        """After a pop that emptied the queue, sleep through most of the time the workers take to deliver
+        ``entries`` more entries (at the delivery rate of the last 10 s), so that one pop takes them together:
+        each pop and wake-up costs the learner a round trip and a context switch that takes a core from the
+        workers. At most 50 ms; not at all once that time has passed (a learner back from a training step)."""
+        steps = entries * self._records_per_entry() * self.n_rollout_steps
+        pause = pace_seconds(self._emptied_at, time.monotonic(), steps, self._throughputs[0].rate(), PACE,
+                             min(MAX_PACE_SECONDS, time_left))
+        if pause > 0.001:
+            time.sleep(pause)
 
     def _records_per_entry(self) -> int:
         """Rollouts per queue entry: a whole actor group until an entry shows fewer (see rqrl.group_records)."""
@@ -442,10 +461,12 @@ class RedisDistributedActors(DistributedActors):
         """Pop into the inbox; if the queue's indices were reset (junk in the acknowledged counter),
         realign them as after a restart and pop again."""
         try:
-            return self._inbox.pop(self._queue, count)
+            popped = self._inbox.pop(self._queue, count)
         except QueueIndicesLost:
             self._inbox.restart_indices()
-            return self._inbox.pop(self._queue, count)
+            popped = self._inbox.pop(self._queue, count)
+        self._emptied_at = time.monotonic() if popped.size_after == 0 else None
+        return popped
 
     def _reap(self) -> None:
         """Beat the learner's heartbeat; store the run again if Redis lost it; RunStoppedError if it was

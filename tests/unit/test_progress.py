@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rqrl.progress import Progress, Throughput
+from rqrl.progress import Progress, Throughput, pace_seconds
 
 
 class FakeClock:
@@ -100,3 +100,19 @@ def test_a_terminal_gets_a_bar_and_log_records_do_not_break_into_it(monkeypatch)
 def test_bad_interval_is_refused():
     with pytest.raises(ValueError, match="interval > 0"):
         Progress("run", interval=0)
+
+
+def test_pace_sleeps_most_of_the_expected_delivery_time_counted_from_the_emptying():
+    # 2,048 steps at 100,000 steps/s take 20.48 ms; 0.8 of that from the emptying at t=10.000
+    assert pace_seconds(10.0, 10.0, 2048, 100_000.0) == pytest.approx(0.016384)
+    assert pace_seconds(10.0, 10.010, 2048, 100_000.0) == pytest.approx(0.006384)  # 10 ms of it have passed
+    assert pace_seconds(10.0, 10.5, 2048, 100_000.0) == 0.0  # a learner back from a long training step
+    assert pace_seconds(10.0, 10.0, 2048, 1_000.0) == 0.05  # slow workers: capped
+    assert pace_seconds(10.0, 10.0, 2048, 1_000.0, cap=0.01) == 0.01
+
+
+@pytest.mark.parametrize("emptied_at, steps, rate", [(None, 2048, 1e5), (10.0, 0, 1e5), (10.0, 2048, None),
+                                                     (10.0, 2048, 0.0)])
+def test_pace_is_zero_when_the_queue_was_not_emptied_nothing_is_needed_or_the_rate_is_unknown(emptied_at, steps,
+                                                                                              rate):
+    assert pace_seconds(emptied_at, 10.0, steps, rate) == 0.0
