@@ -18,15 +18,22 @@ rollout loop's own bookkeeping costs.
 Rounds interleave the three sides (rotating which goes first) so that machine noise hits all of
 them. The goal is rqrl >= 0.9 x reference; this script only reports what it measures.
 
+``--alternate PAIRS`` measures rqrl and the reference instead in pairs of short alternating windows, both
+kept alive and the idle side stopped (SIGSTOP): on a machine whose speed drifts within seconds, the paired
+ratios resolve what separate runs do not. It also counts the reference's autoreset steps (see
+``_reference_process``).
+
 Run from the repository root::
 
     python benchmarks/actors_throughput.py --seconds 10 --rounds 3 --workers 2 --actors-per-worker 8 32
     python benchmarks/actors_throughput.py --env Acrobot-v1 --seconds 10 --rounds 3
+    python benchmarks/actors_throughput.py --seconds 2 --alternate 16 --workers 2 --actors-per-worker 8 32
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -213,22 +220,27 @@ def measure_rqrl(workers: int, actors_per_worker: int, n_rollout_steps: int, sec
         while time.perf_counter() < warm_until:
             actors.collect_outputs("cpu")
         jobs_before = _jobs_finished(actors.connection)
-        cpu_before = cpu_snapshot()
-        steps = collects = 0
-        queue_sizes: list[int] = []
-        started = time.perf_counter()
-        while True:
-            out = actors.collect_outputs("cpu")
-            steps += int(out.record.rewards.numel())
-            collects += 1
-            queue_sizes.append(out.queue_size_before)
-            elapsed = time.perf_counter() - started
-            if elapsed >= seconds:
-                break
-        cpu = cpu_used(cpu_before, cpu_snapshot())
+        measured = _collect_for(actors, seconds)
         jobs_after = _jobs_finished(actors.connection)
     jobs = jobs_after - jobs_before if jobs_before is not None and jobs_after is not None else None
-    return Measurement(steps, elapsed, cpu, collects, jobs, statistics.fmean(queue_sizes))
+    return dataclasses.replace(measured, jobs_finished=jobs)
+
+
+def _collect_for(actors: SubprocDistributedActors, seconds: float) -> Measurement:
+    """Steps of the batches collect_outputs returns over at least ``seconds``, with CPU use and queue lengths."""
+    steps = collects = 0
+    queue_sizes: list[int] = []
+    cpu_before, started = cpu_snapshot(), time.perf_counter()
+    while True:
+        out = actors.collect_outputs("cpu")
+        steps += int(out.record.rewards.numel())
+        collects += 1
+        queue_sizes.append(out.queue_size_before)
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            break
+    return Measurement(steps, elapsed, cpu_used(cpu_before, cpu_snapshot()), collects, None,
+                       statistics.fmean(queue_sizes))
 
 
 # ---- plain processes: rqrl's loop, and the reference ----------------------------------------
@@ -423,20 +435,9 @@ def _collect_window(actors: SubprocDistributedActors, reference_pids: list[int],
     settle_until = time.perf_counter() + settle
     while time.perf_counter() < settle_until:
         actors.collect_outputs("cpu")
-    steps = collects = 0
-    queue_sizes: list[int] = []
-    cpu_before, started = cpu_snapshot(), time.perf_counter()
-    while True:
-        out = actors.collect_outputs("cpu")
-        steps += int(out.record.rewards.numel())
-        collects += 1
-        queue_sizes.append(out.queue_size_before)
-        elapsed = time.perf_counter() - started
-        if elapsed >= seconds:
-            break
-    cpu = cpu_used(cpu_before, cpu_snapshot())
+    measured = _collect_for(actors, seconds)
     _signal_all(worker_pids, signal.SIGSTOP)
-    return Measurement(steps, elapsed, cpu, collects, None, statistics.fmean(queue_sizes))
+    return measured
 
 
 def print_alternating(args: argparse.Namespace, results: dict[tuple[int, int], list[dict[str, Measurement]]]) -> None:
