@@ -246,8 +246,22 @@ def _collect_for(actors: SubprocDistributedActors, seconds: float) -> Measuremen
 # ---- plain processes: rqrl's loop, and the reference ----------------------------------------
 
 
-def _loop_process(actor_ids: list[int], n_rollout_steps: int, counter, stop) -> None:  # noqa: ANN001
-    """Step one actor group forever (like one rqrl worker's job), adding finished steps to ``counter``."""
+class Counts:
+    """Steps (and the reference's autoreset steps) of plain processes, one shared slot per process: each process is
+    the only writer of its slot, so nobody takes a lock (a lock held by a process stopped with SIGSTOP would
+    block the reader) and counting each step costs the reference next to nothing."""
+
+    def __init__(self, context, processes: int):  # noqa: ANN001 - a multiprocessing context
+        self.steps = context.Array("q", processes, lock=False)
+        self.autoresets = context.Array("q", processes, lock=False)
+
+    def total(self) -> tuple[int, int]:
+        """(steps, autoreset steps) of all processes so far."""
+        return sum(self.steps), sum(self.autoresets)
+
+
+def _loop_process(actor_ids: list[int], n_rollout_steps: int, counts: Counts, slot: int, stop) -> None:  # noqa: ANN001
+    """Step one actor group forever (like one rqrl worker's job), adding finished steps to its slot of ``counts``."""
     torch.set_num_threads(1)
     policy = make_policy()
     all_env_seeds, all_agent_seeds = env_seeds(max(actor_ids) + 1), agent_seeds(max(actor_ids) + 1)
@@ -260,17 +274,17 @@ def _loop_process(actor_ids: list[int], n_rollout_steps: int, counter, stop) -> 
         while not stop.is_set():
             group.run(act, rollout_id, policy_version=1, cut_at_end=False)
             rollout_id += 1
-            with counter.get_lock():
-                counter.value += steps_per_rollout
+            counts.steps[slot] += steps_per_rollout
     finally:
         group.close()
 
 
-def _reference_process(actor_ids: list[int], n_rollout_steps: int, counter, stop,  # noqa: ANN001
-                       autoresets=None) -> None:  # noqa: ANN001
-    """The yardstick: a SyncVectorEnv stepped with one batched forward per step and numpy sampling. gymnasium's
-    default autoreset (next step) spends the step after an episode's end on the reset alone: no env.step, no
-    transition, yet a step of the count. ``autoresets`` (a shared Value) counts those steps."""
+def _reference_process(actor_ids: list[int], n_rollout_steps: int, counts: Counts, slot: int,
+                       stop) -> None:  # noqa: ANN001
+    """The yardstick: a SyncVectorEnv stepped with one batched forward per step and numpy sampling, counted per
+    step (short windows then count no partial rollout). gymnasium's default autoreset (next step) spends the step
+    after an episode's end on the reset alone: no env.step, no transition, yet a step of the count; those steps
+    are counted apart too."""
     torch.set_num_threads(1)
     policy = make_policy()
     envs = gymnasium.vector.SyncVectorEnv([make_env for _ in actor_ids])
@@ -285,10 +299,8 @@ def _reference_process(actor_ids: list[int], n_rollout_steps: int, counter, stop
                 probs /= probs.sum(axis=1, keepdims=True)
                 actions = (probs.cumsum(axis=1) < rng.random((len(probs), 1))).sum(axis=1)
                 obs, _, terminated, truncated, _ = envs.step(np.minimum(actions, probs.shape[1] - 1))
-                with counter.get_lock():  # per step (~1 us), so that short windows count no partial rollout
-                    counter.value += len(actor_ids)
-                    if autoresets is not None:  # guarded by the counter's lock too
-                        autoresets.value += int(np.count_nonzero(terminated | truncated))
+                counts.steps[slot] += len(actor_ids)
+                counts.autoresets[slot] += int(np.count_nonzero(terminated | truncated))
     finally:
         envs.close()
 
@@ -296,51 +308,53 @@ def _reference_process(actor_ids: list[int], n_rollout_steps: int, counter, stop
 PROCESS_TARGETS = {"loop": _loop_process, "reference": _reference_process}
 
 
-def _wait_for_count(counter, timeout: float) -> None:  # noqa: ANN001
+def _wait_for_count(counts: Counts, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while counter.value == 0:
+    while counts.total()[0] == 0:
         if time.monotonic() > deadline:
             raise RuntimeError(f"benchmark processes produced no rollout within {timeout:.0f} s")
         time.sleep(0.005)
+
+
+def _start_processes(kind: str, workers: int, actors_per_worker: int, n_rollout_steps: int, counts: Counts,
+                     stop) -> list[multiprocessing.process.BaseProcess]:  # noqa: ANN001
+    """``workers`` forked processes running PROCESS_TARGETS[kind], each on its own actors and slot of ``counts``."""
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=PROCESS_TARGETS[kind], name=f"{kind}-{index}", daemon=True, args=(
+        list(range(index * actors_per_worker, (index + 1) * actors_per_worker)), n_rollout_steps, counts, index,
+        stop)) for index in range(workers)]
+    for process in processes:
+        process.start()
+    return processes
+
+
+def _stop_processes(processes: list[multiprocessing.process.BaseProcess], stop) -> None:  # noqa: ANN001
+    """Let stopped (SIGSTOP) processes go on, tell them to finish, and make sure they do."""
+    _signal_all([process.pid for process in processes if process.pid is not None], signal.SIGCONT)
+    stop.set()
+    for process in processes:
+        process.join(10)
+        if process.is_alive():
+            process.terminate()
+            process.join(5)
 
 
 def measure_processes(kind: str, workers: int, actors_per_worker: int, n_rollout_steps: int, seconds: float,
                       warmup: float) -> Measurement:
     """Steps/s of ``workers`` plain processes running PROCESS_TARGETS[kind] without Redis."""
     context = multiprocessing.get_context("fork")
-    counter = context.Value("q", 0)
-    stop = context.Event()
-    processes = [
-        context.Process(
-            target=PROCESS_TARGETS[kind],
-            args=(list(range(index * actors_per_worker, (index + 1) * actors_per_worker)), n_rollout_steps,
-                  counter, stop),
-            name=f"{kind}-{index}",
-            daemon=True,
-        )
-        for index in range(workers)
-    ]
-    for process in processes:
-        process.start()
+    counts, stop = Counts(context, workers), context.Event()
+    processes = _start_processes(kind, workers, actors_per_worker, n_rollout_steps, counts, stop)
     try:
-        _wait_for_count(counter, START_TIMEOUT_SECONDS)
+        _wait_for_count(counts, START_TIMEOUT_SECONDS)
         time.sleep(warmup)
-        with counter.get_lock():
-            count_before = counter.value
         cpu_before = cpu_snapshot()
-        started = time.perf_counter()
+        (count_before, _), started = counts.total(), time.perf_counter()
         time.sleep(seconds)
-        with counter.get_lock():
-            count_after = counter.value
-        elapsed = time.perf_counter() - started
+        (count_after, _), elapsed = counts.total(), time.perf_counter() - started
         cpu = cpu_used(cpu_before, cpu_snapshot())
     finally:
-        stop.set()
-        for process in processes:
-            process.join(10)
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
+        _stop_processes(processes, stop)
     if any(process.exitcode != 0 for process in processes):
         raise RuntimeError(f"{kind} process exit codes {[process.exitcode for process in processes]}")
     return Measurement(count_after - count_before, elapsed, cpu)
@@ -350,6 +364,7 @@ def measure_processes(kind: str, workers: int, actors_per_worker: int, n_rollout
 
 
 def _signal_all(pids: list[int], signal_number: int) -> None:
+    """Send ``signal_number`` to every process of ``pids`` that still exists."""
     for pid in pids:
         try:
             os.kill(pid, signal_number)
@@ -357,45 +372,46 @@ def _signal_all(pids: list[int], signal_number: int) -> None:
             pass
 
 
-def _count_window(read_counts, resume: list[int], pause: list[int], seconds: float,  # noqa: ANN001
-                  settle: float) -> Measurement:
+LEASE_MARGIN_SECONDS = 3.0
+"""--alternate stops rqrl's workers for one window and its settling at a time: well inside their 5 s lease,
+which their refresher renews every 1.25 s."""
+SETTLE_SECONDS = 0.3
+
+
+def _count_window(counts: Counts, resume: list[int], pause: list[int], seconds: float) -> Measurement:
     """Pause ``pause``, resume ``resume``, let them settle, then count (steps, autoreset steps) for ``seconds``."""
     _signal_all(pause, signal.SIGSTOP)
     _signal_all(resume, signal.SIGCONT)
-    time.sleep(settle)
-    (steps_before, resets_before), cpu_before, started = read_counts(), cpu_snapshot(), time.perf_counter()
+    time.sleep(SETTLE_SECONDS)
+    cpu_before = cpu_snapshot()
+    (steps_before, resets_before), started = counts.total(), time.perf_counter()
     time.sleep(seconds)
-    (steps, resets), elapsed = read_counts(), time.perf_counter() - started
+    (steps, resets), elapsed = counts.total(), time.perf_counter() - started
     return Measurement(steps - steps_before, elapsed, cpu_used(cpu_before, cpu_snapshot()),
                        autoreset_steps=resets - resets_before)
 
 
 def measure_alternating(workers: int, actors_per_worker: int, n_rollout_steps: int, seconds: float, rounds: int,
-                        warmup: float, queue_factor: float, settle: float = 0.3) -> list[dict[str, Measurement]]:
+                        warmup: float, queue_factor: float) -> list[dict[str, Measurement]]:
     """rqrl and the reference, both started once and kept alive, measured in ``rounds`` pairs of short windows:
     while one side runs, the other's processes are stopped (SIGSTOP), so each pair sees the same machine within
-    seconds. On a VM whose speed drifts by 20-30% from minute to minute, paired ratios of this kind are what
-    resolve a few per cent; separate runs of each side do not.
+    seconds. On a VM whose speed drifts by 15-25% within seconds, paired ratios of this kind are what resolve a
+    few per cent; separate runs of each side do not.
 
     The rqrl side counts the steps of the batches ``collect_outputs`` returned in its window (the learner collects
-    only then); its workers stop for one window at a time, well inside their 5 s lease."""
+    only then)."""
     n_actors = workers * actors_per_worker
     context = multiprocessing.get_context("fork")
-    counter, autoresets, stop = context.Value("q", 0), context.Value("q", 0, lock=False), context.Event()
-    reference = [context.Process(target=_reference_process, name=f"reference-{index}", daemon=True, args=(
-        list(range(index * actors_per_worker, (index + 1) * actors_per_worker)), n_rollout_steps, counter, stop,
-        autoresets)) for index in range(workers)]
-    for process in reference:
-        process.start()
+    counts, stop = Counts(context, workers), context.Event()
+    reference = _start_processes("reference", workers, actors_per_worker, n_rollout_steps, counts, stop)
     reference_pids = [process.pid for process in reference if process.pid is not None]
     policy = make_policy()
     actors = SubprocDistributedActors(
         make_env, policy, n_rollout_steps, n_actors, n_actors, queue_factor, "fork",
         env_seeds(n_actors), agent_seeds(n_actors), n_workers=workers, actors_per_job=actors_per_worker,
     )
-    results: list[dict[str, Measurement]] = []
     try:
-        _wait_for_count(counter, START_TIMEOUT_SECONDS)
+        _wait_for_count(counts, START_TIMEOUT_SECONDS)
         _signal_all(reference_pids, signal.SIGSTOP)
         with actors:
             actors.broadcast_updated_policy(policy.state_dict())
@@ -404,35 +420,35 @@ def measure_alternating(workers: int, actors_per_worker: int, n_rollout_steps: i
             while time.perf_counter() < warm_until:
                 actors.collect_outputs("cpu")
             worker_pids = [process.pid for process in actors.local_workers.processes if process.pid is not None]
-            for round_index in range(rounds):
-                measured: dict[str, Measurement] = {}
-                for kind in (("rqrl", "reference") if round_index % 2 == 0 else ("reference", "rqrl")):
-                    if kind == "reference":
-                        measured[kind] = _count_window(lambda: (counter.value, autoresets.value), reference_pids,
-                                                       worker_pids, seconds, settle)
-                    else:
-                        measured[kind] = _collect_window(actors, reference_pids, worker_pids, seconds, settle)
-                results.append(measured)
-                log.info("    round %d/%d: rqrl %.0f, reference %.0f steps/s", round_index + 1, rounds,
-                         measured["rqrl"].steps_per_second, measured["reference"].steps_per_second)
-            _signal_all(worker_pids, signal.SIGCONT)
+            try:
+                return [_measure_pair(actors, counts, reference_pids, worker_pids, seconds, round_index, rounds)
+                        for round_index in range(rounds)]
+            finally:  # stopped workers would sit out their SIGTERM until the stop timeout
+                _signal_all(worker_pids, signal.SIGCONT)
     finally:
-        stop.set()
-        _signal_all(reference_pids, signal.SIGCONT)
-        for process in reference:
-            process.join(10)
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
-    return results
+        _stop_processes(reference, stop)
+
+
+def _measure_pair(actors: SubprocDistributedActors, counts: Counts, reference_pids: list[int],
+                  worker_pids: list[int], seconds: float, round_index: int, rounds: int) -> dict[str, Measurement]:
+    """One window of each side, rqrl first in even rounds."""
+    measured: dict[str, Measurement] = {}
+    for kind in (("rqrl", "reference") if round_index % 2 == 0 else ("reference", "rqrl")):
+        if kind == "reference":
+            measured[kind] = _count_window(counts, reference_pids, worker_pids, seconds)
+        else:
+            measured[kind] = _collect_window(actors, reference_pids, worker_pids, seconds)
+    log.info("    round %d/%d: rqrl %.0f, reference %.0f steps/s", round_index + 1, rounds,
+             measured["rqrl"].steps_per_second, measured["reference"].steps_per_second)
+    return measured
 
 
 def _collect_window(actors: SubprocDistributedActors, reference_pids: list[int], worker_pids: list[int],
-                    seconds: float, settle: float) -> Measurement:
-    """Resume rqrl's workers (reference paused), collect through ``settle``, then count collected steps."""
+                    seconds: float) -> Measurement:
+    """Resume rqrl's workers (reference paused), collect while they settle, then count collected steps."""
     _signal_all(reference_pids, signal.SIGSTOP)
     _signal_all(worker_pids, signal.SIGCONT)
-    settle_until = time.perf_counter() + settle
+    settle_until = time.perf_counter() + SETTLE_SECONDS
     while time.perf_counter() < settle_until:
         actors.collect_outputs("cpu")
     measured = _collect_for(actors, seconds)
@@ -559,6 +575,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("expected --seconds > 0, --warmup >= 0, and --rounds, --rollout-steps >= 1")
     if any(workers < 1 for workers in args.workers) or any(envs < 1 for envs in args.actors_per_worker):
         parser.error("expected --workers >= 1 and --actors-per-worker >= 1")
+    if args.alternate < 0 or (args.alternate and args.seconds + SETTLE_SECONDS > LEASE_MARGIN_SECONDS):
+        parser.error(f"expected --alternate >= 0, and with it --seconds <= {LEASE_MARGIN_SECONDS - SETTLE_SECONDS:g} "
+                     f"(rqrl's workers are stopped while the reference runs; their lease is 5 s)")
     return args
 
 

@@ -427,6 +427,7 @@ class RedisDistributedActors(DistributedActors):
                 )
             self._reap()
             self._pause_for(self._entries_for(self.batch_size - len(self._inbox)), deadline - now)
+            now = time.monotonic()
             if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
                 entries_left = self._pop(self._entries_for(self.batch_size - len(self._inbox))).size_after
         return entries_left
@@ -436,7 +437,10 @@ class RedisDistributedActors(DistributedActors):
         ``entries`` more entries (at the delivery rate of the last 10 s), so that one pop takes them together:
         each pop and wake-up costs the learner a round trip and a context switch that takes a core from the
         workers. At most 50 ms; not at all once that time has passed (a learner back from a training step)."""
-        steps = entries * self._records_per_entry() * self.n_rollout_steps
+        per_entry = self._records_per_entry()
+        # no longer than the queue takes to fill (queue_out_of_sync_factor < 1): full, it would stall the workers
+        entries = min(entries, self.config.entries_bound(per_entry))
+        steps = entries * per_entry * self.n_rollout_steps
         pause = pace_seconds(self._emptied_at, time.monotonic(), steps, self._throughputs[0].rate(), PACE,
                              min(MAX_PACE_SECONDS, time_left))
         if pause > 0.001:

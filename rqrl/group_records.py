@@ -194,15 +194,15 @@ def _split(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> list[Roll
 def _check_step_axes(arrays: dict[str, np.ndarray], per_actor: list[str]) -> None:
     """Every per-step array (actions, rewards, ..., logits, observations) has the same number of steps per actor:
     what RolloutRecord checks of each record, checked once for the entry."""
+    for name in STEP_FIELDS:
+        if name not in arrays:
+            raise RecordError(f"group entry has no {name}")
     steps = arrays["rewards"].shape[1] if arrays["rewards"].ndim >= 2 else None
     for name in per_actor:
         if name in STEP_FIELDS or name == "logits" or name == "obs" or name.startswith("obs/"):
             if steps is None or arrays[name].ndim < 2 or arrays[name].shape[1] != steps:
                 raise RecordError(f"group entry's {name} is {list(arrays[name].shape)}, expected [actors, steps, ...] "
                                   f"with the steps of its rewards {list(arrays['rewards'].shape)}")
-    for name in STEP_FIELDS:
-        if name not in arrays:
-            raise RecordError(f"group entry has no {name}")
 
 
 def _check_group(arrays: dict[str, np.ndarray], records: list[RolloutRecord], spec: RecordSpec) -> None:

@@ -11,6 +11,7 @@ against the run's ``RecordSpec`` (``check_record``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeAlias
@@ -90,7 +91,8 @@ class RolloutRecord:
         return len(self.rewards)
 
 
-_UNCHECKED_DEFAULTS = {"worker": "", "continues_previous": False}
+_UNCHECKED_DEFAULTS = {item.name: item.default for item in dataclasses.fields(RolloutRecord)
+                       if item.default is not dataclasses.MISSING}
 
 
 RecordSignature: TypeAlias = dict[str, tuple[tuple[int, ...], str]]

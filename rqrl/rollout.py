@@ -268,12 +268,13 @@ class ActorGroup:
         results = [env.step(action) for env, action in zip(self.envs, actions, strict=True)]
         try:
             stepped_obs, reward_list, terminated_list, truncated_list, _ = zip(*results, strict=True)
-        except ValueError as error:
-            lengths = sorted({len(result) if isinstance(result, tuple) else -1 for result in results})
+        except (ValueError, TypeError) as error:  # other lengths, or not sequences
+            shapes = sorted({str(len(result)) if isinstance(result, (tuple, list)) else type(result).__name__
+                             for result in results})
             raise EnvError(
-                f"actors {self.actor_ids}' envs returned step results of lengths {lengths} (-1: not a tuple) at step "
-                f"{step} of the rollout; gymnasium envs return (obs, reward, terminated, truncated, info): wrap an "
-                f"old gym env in gymnasium's compatibility wrapper") from error
+                f"actors {self.actor_ids}' envs returned step results of lengths or types {shapes} at step {step} of "
+                f"the rollout; gymnasium envs return (obs, reward, terminated, truncated, info): convert an old gym "
+                f"env with shimmy's GymV21CompatibilityV0, or return the five values") from error
         observations: list[object] = list(stepped_obs)
         try:
             step_rewards = np.array(reward_list, dtype=np.float64)  # a None reward becomes NaN: refused below
@@ -282,7 +283,11 @@ class ActorGroup:
         if step_rewards.shape != (len(results),):  # rewards as one-element arrays, or worse
             step_rewards = self._scalar_rewards(reward_list, step)
         term = np.array(terminated_list, dtype=bool)
-        trunc = np.array(truncated_list, dtype=bool) & ~term
+        trunc = np.array(truncated_list, dtype=bool)
+        if term.shape != (len(results),) or trunc.shape != (len(results),):
+            raise EnvError(f"actors {self.actor_ids}' envs returned terminated {list(terminated_list)} and truncated "
+                           f"{list(truncated_list)} at step {step} of the rollout; each must be one bool per step")
+        trunc &= ~term
         if not np.isfinite(step_rewards).all():
             index = int(np.flatnonzero(~np.isfinite(step_rewards))[0])
             raise EnvError(

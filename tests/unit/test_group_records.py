@@ -20,7 +20,7 @@ from rqrl.group_records import (
 )
 from rqrl.inbox import probe_spec
 from rqrl.policy import make_act_function
-from rqrl.records import RecordSpec, check_record, encode_signed_record, record_signature
+from rqrl.records import RecordSpec, RolloutRecord, check_record, encode_signed_record, record_signature
 from rqrl.rollout import ActorGroup
 from tests import fixtures
 from tests.unit.test_records import MISFITS, SPEC, assert_records_equal, box_record, changed, nested_record
@@ -194,3 +194,14 @@ def test_a_per_step_array_with_another_number_of_steps_is_malformed(name):
     arrays[name] = arrays[name][:, :4]  # 4 steps where the rewards have 5
     with pytest.raises(RecordError, match=rf"entry's {name} is \[2, 4.*with the steps of its rewards \[2, 5\]"):
         decode_signed_entry(sign(encode_arrays(arrays, metadata), KEY, RECORD_MAGIC), RUN, KEY, SPEC)
+
+
+def test_records_of_a_group_entry_equal_records_built_with_every_check():
+    records = [box_record(5, truncated_at=(1, 3), actor_id=actor, worker="w2", continues_previous=actor == 1)
+               for actor in range(3)]
+    decoded = decode_signed_entry(encode_signed_group(records, RUN, KEY), RUN, KEY, SPEC).records
+    for record in decoded:
+        checked = RolloutRecord(**{item.name: getattr(record, item.name) for item in dataclasses.fields(record)})
+        assert_records_equal(record, checked)
+        assert (record.worker, record.continues_previous) == (checked.worker, checked.continues_previous)
+    assert [record.continues_previous for record in decoded] == [False, True, False]

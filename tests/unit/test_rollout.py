@@ -430,7 +430,39 @@ def test_an_env_with_the_old_four_value_step_is_refused_with_the_fix():
 
     group = ActorGroup(_OldApiEnv, [0, 1], [1, 2], [3, 4], 4)
     act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
-    with pytest.raises(EnvError, match=r"lengths \[4\] .* step 0 .* \(obs, reward, terminated, truncated, info\)"):
+    with pytest.raises(EnvError, match=r"lengths or types \['4'\] at step 0 .* \(obs, reward, terminated, truncated, "
+                                       r"info\): convert an old gym env with shimmy"):
+        group.run(act, 0, 1, cut_at_end=False)
+
+
+class _NoneStepEnv(fixtures.CountingEnv):
+    def step(self, action):
+        return None
+
+
+def test_an_env_whose_step_returns_no_tuple_is_refused_with_the_fix():
+    from rqrl.errors import EnvError
+
+    group = ActorGroup(_NoneStepEnv, [0, 1], [1, 2], [3, 4], 4)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    with pytest.raises(EnvError, match=r"lengths or types \['NoneType'\] at step 0"):
+        group.run(act, 0, 1, cut_at_end=False)
+
+
+class _ArrayDoneEnv(fixtures.CountingEnv):
+    """Returns terminated as a two-element array."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, np.array([terminated, terminated]), truncated, info
+
+
+def test_an_env_whose_terminated_is_not_one_bool_is_refused_with_the_fix():
+    from rqrl.errors import EnvError
+
+    group = ActorGroup(_ArrayDoneEnv, [0, 1], [1, 2], [3, 4], 4)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    with pytest.raises(EnvError, match=r"returned terminated .* at step 0 .* each must be one bool per step"):
         group.run(act, 0, 1, cut_at_end=False)
 
 
