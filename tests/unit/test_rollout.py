@@ -405,6 +405,16 @@ def test_an_env_that_changes_its_observation_dtype_mid_rollout_is_refused_with_t
         group.run(act, 0, 1, cut_at_end=False)
 
 
+def assert_first_rollout_refused(make_env, match: str) -> None:  # noqa: ANN001
+    """A group of two such envs (one for a single-env factory) refuses its first rollout with EnvError."""
+    from rqrl.errors import EnvError
+
+    group = ActorGroup(make_env, [0, 1], [1, 2], [3, 4], 4)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    with pytest.raises(EnvError, match=match):
+        group.run(act, 0, 1, cut_at_end=False)
+
+
 class _OldApiEnv(fixtures.CountingEnv):
     """Returns gym's old 4-tuple (obs, reward, done, info) from step."""
 
@@ -426,13 +436,8 @@ class _RewardEnv(fixtures.CountingEnv):
 
 
 def test_an_env_with_the_old_four_value_step_is_refused_with_the_fix():
-    from rqrl.errors import EnvError
-
-    group = ActorGroup(_OldApiEnv, [0, 1], [1, 2], [3, 4], 4)
-    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
-    with pytest.raises(EnvError, match=r"lengths or types \['4'\] at step 0 .* \(obs, reward, terminated, truncated, "
-                                       r"info\): convert an old gym env with shimmy"):
-        group.run(act, 0, 1, cut_at_end=False)
+    assert_first_rollout_refused(_OldApiEnv, r"lengths or types \['4'\] at step 0 .* \(obs, reward, terminated, "
+                                             r"truncated, info\): convert an old gym env with shimmy")
 
 
 class _NoneStepEnv(fixtures.CountingEnv):
@@ -441,12 +446,7 @@ class _NoneStepEnv(fixtures.CountingEnv):
 
 
 def test_an_env_whose_step_returns_no_tuple_is_refused_with_the_fix():
-    from rqrl.errors import EnvError
-
-    group = ActorGroup(_NoneStepEnv, [0, 1], [1, 2], [3, 4], 4)
-    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
-    with pytest.raises(EnvError, match=r"lengths or types \['NoneType'\] at step 0"):
-        group.run(act, 0, 1, cut_at_end=False)
+    assert_first_rollout_refused(_NoneStepEnv, r"lengths or types \['NoneType'\] at step 0")
 
 
 class _ArrayDoneEnv(fixtures.CountingEnv):
@@ -458,12 +458,7 @@ class _ArrayDoneEnv(fixtures.CountingEnv):
 
 
 def test_an_env_whose_terminated_is_not_one_bool_is_refused_with_the_fix():
-    from rqrl.errors import EnvError
-
-    group = ActorGroup(_ArrayDoneEnv, [0, 1], [1, 2], [3, 4], 4)
-    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
-    with pytest.raises(EnvError, match=r"returned terminated .* at step 0 .* each must be one bool per step"):
-        group.run(act, 0, 1, cut_at_end=False)
+    assert_first_rollout_refused(_ArrayDoneEnv, r"returned terminated .* at step 0 .* each must be one bool per step")
 
 
 @pytest.mark.parametrize("reward, expected", [(np.float32(0.5), 0.5), (np.array([2.0]), 2.0), (3, 3.0)])
@@ -476,19 +471,11 @@ def test_rewards_of_numpy_scalar_one_element_array_and_int_types_are_recorded(re
 
 
 def test_a_reward_that_is_not_a_number_is_refused_with_the_fix():
-    from rqrl.errors import EnvError
-
-    group = ActorGroup(lambda: _RewardEnv(None), [0], [1], [3], 4)
-    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
-    with pytest.raises(EnvError, match=r"returned reward None at step 0 .* rewards must be finite numbers"):
-        group.run(act, 0, 1, cut_at_end=False)
+    assert_first_rollout_refused(lambda: _RewardEnv(None),
+                                 r"returned reward None at step 0 .* rewards must be finite numbers")
 
 
 @pytest.mark.parametrize("reward, shown", [(np.array([1.0, 2.0]), r"array\(\[1., 2.\]\)"), ("high", "'high'")])
 def test_a_reward_that_is_not_one_number_is_refused_with_the_fix(reward, shown):
-    from rqrl.errors import EnvError
-
-    group = ActorGroup(lambda: _RewardEnv(reward), [0, 1], [1, 2], [3, 4], 4)
-    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
-    with pytest.raises(EnvError, match=rf"actor 0's env returned reward {shown} at step 0 .* single numbers"):
-        group.run(act, 0, 1, cut_at_end=False)
+    assert_first_rollout_refused(lambda: _RewardEnv(reward),
+                                 rf"actor 0's env returned reward {shown} at step 0 .* single numbers")
