@@ -42,7 +42,7 @@ from rqrl.observations import stack_obs, to_array, to_tensor
 from rqrl.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
 from rqrl.policy import Policy, check_state_dict, make_act_function, select_policy_state, state_dict_of
 from rqrl.process import ProcessContext
-from rqrl.progress import Throughput, pace_seconds
+from rqrl.progress import MAX_PACE_SECONDS, Throughput, pace_seconds
 from rqrl.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.rollout import EnvFactory
 from rqrl.rq_safety import rollout_queue
@@ -52,11 +52,6 @@ from rqrl.stats import EpochStatsAggregator, RolloutEvents, StatsReader, record_
 from rqrl.supervisor import Supervisor
 from rqrl.trajectories import Popped, QueueIndicesLost, TrajectoryQueue
 from rqrl.weights import WeightStore
-
-PACE = 0.8
-"""A learner waiting for entries sleeps this share of the time their delivery is expected to take (see
-RedisDistributedActors._pause_for): early enough that a steady stream is not kept waiting."""
-MAX_PACE_SECONDS = 0.05
 
 
 class DistributedActors(StatsReader, abc.ABC):
@@ -387,8 +382,9 @@ class RedisDistributedActors(DistributedActors):
         self._reap()
         inbox = self._inbox
         pending_before = len(inbox)
-        self._pause_for(self._entries_for(self.batch_size - pending_before), MAX_PACE_SECONDS)
-        popped = self._pop(self._entries_for(self.batch_size - pending_before))
+        wanted = self._entries_for(self.batch_size - pending_before)
+        self._pause_for(wanted)
+        popped = self._pop(wanted)
         per_entry = self._records_per_entry()
         size_before, size_after = popped.size_before * per_entry + pending_before, popped.size_after * per_entry
         if len(inbox) < self.batch_size:
@@ -426,13 +422,14 @@ class RedisDistributedActors(DistributedActors):
                     f"with {self.workers_alive()} worker(s) alive; raise collect_timeout or check the workers' logs"
                 )
             self._reap()
-            self._pause_for(self._entries_for(self.batch_size - len(self._inbox)), deadline - now)
+            wanted = self._entries_for(self.batch_size - len(self._inbox))
+            self._pause_for(wanted, deadline - now)
             now = time.monotonic()
             if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
-                entries_left = self._pop(self._entries_for(self.batch_size - len(self._inbox))).size_after
+                entries_left = self._pop(wanted).size_after
         return entries_left
 
-    def _pause_for(self, entries: int, time_left: float) -> None:
+    def _pause_for(self, entries: int, time_left: float = MAX_PACE_SECONDS) -> None:
         """After a pop that emptied the queue, sleep through most of the time the workers take to deliver
         ``entries`` more entries (at the delivery rate of the last 10 s), so that one pop takes them together:
         each pop and wake-up costs the learner a round trip and a context switch that takes a core from the
@@ -441,7 +438,7 @@ class RedisDistributedActors(DistributedActors):
         # no longer than the queue takes to fill (queue_out_of_sync_factor < 1): full, it would stall the workers
         entries = min(entries, self.config.entries_bound(per_entry))
         steps = entries * per_entry * self.n_rollout_steps
-        pause = pace_seconds(self._emptied_at, time.monotonic(), steps, self._throughputs[0].rate(), PACE,
+        pause = pace_seconds(self._emptied_at, time.monotonic(), steps, self._throughputs[0].rate(),
                              min(MAX_PACE_SECONDS, time_left))
         if pause > 0.001:
             time.sleep(pause)

@@ -50,14 +50,20 @@ class Throughput:
         return (last - first) / (end - start) if end > start else None
 
 
+PACE_SHARE = 0.8
+"""A consumer waiting for steps sleeps this share of their expected delivery time: early enough that a steady
+stream is not kept waiting."""
+MAX_PACE_SECONDS = 0.05
+
+
 def pace_seconds(emptied_at: float | None, now: float, steps_needed: int, steps_per_second: float | None,
-                 share: float = 0.8, cap: float = 0.05) -> float:
+                 cap: float = MAX_PACE_SECONDS) -> float:
     """How long a consumer that emptied its queue at ``emptied_at`` sleeps before it pops again for
-    ``steps_needed`` more steps arriving at ``steps_per_second``: ``share`` of their expected delivery time
+    ``steps_needed`` more steps arriving at ``steps_per_second``: PACE_SHARE of their expected delivery time
     counted from the emptying, at most ``cap``; 0 if any of it is unknown or that time has passed."""
     if emptied_at is None or not steps_per_second or steps_per_second <= 0 or steps_needed <= 0:
         return 0.0
-    return max(0.0, min(emptied_at + share * steps_needed / steps_per_second - now, cap))
+    return max(0.0, min(emptied_at + PACE_SHARE * steps_needed / steps_per_second - now, cap))
 
 
 class Progress:

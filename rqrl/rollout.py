@@ -276,12 +276,7 @@ class ActorGroup:
                 f"the rollout; gymnasium envs return (obs, reward, terminated, truncated, info): convert an old gym "
                 f"env with shimmy's GymV21CompatibilityV0, or return the five values") from error
         observations: list[object] = list(stepped_obs)
-        try:
-            step_rewards = np.array(reward_list, dtype=np.float64)  # a None reward becomes NaN: refused below
-        except (TypeError, ValueError):  # ragged, or not numbers
-            step_rewards = self._scalar_rewards(reward_list, step)
-        if step_rewards.shape != (len(results),):  # rewards as one-element arrays, or worse
-            step_rewards = self._scalar_rewards(reward_list, step)
+        step_rewards = self._rewards(reward_list, step)
         term = np.array(terminated_list, dtype=bool)
         trunc = np.array(truncated_list, dtype=bool)
         if term.shape != (len(results),) or trunc.shape != (len(results),):
@@ -310,9 +305,16 @@ class ActorGroup:
                 observations[index] = self.envs[index].reset()[0]
         self._write_obs(obs, step + 1, observations)  # type: ignore[arg-type]
 
-    def _scalar_rewards(self, rewards: tuple[object, ...], step: int) -> np.ndarray:
-        """Rewards given as one-element arrays, as numbers; EnvError naming the actor for any other shape."""
-        values = []
+    def _rewards(self, rewards: tuple[object, ...], step: int) -> np.ndarray:
+        """One step's rewards as float64 (a None reward becomes NaN, refused by the caller); one-element arrays
+        are taken as their number, anything else is an EnvError naming the actor."""
+        try:
+            values = np.array(rewards, dtype=np.float64)
+        except (TypeError, ValueError):  # ragged, or not numbers
+            values = None
+        if values is not None and values.shape == (len(rewards),):
+            return values
+        scalars = []
         for actor, reward in zip(self.actor_ids, rewards, strict=True):
             try:
                 array = np.asarray(reward, dtype=np.float64)
@@ -321,8 +323,8 @@ class ActorGroup:
             if array.size != 1:
                 raise EnvError(f"actor {actor}'s env returned reward {reward!r} at step {step} of the rollout; rewards "
                                f"must be single numbers: fix the env or wrap it to sum or pick one")
-            values.append(array.item())
-        return np.array(values, dtype=np.float64)
+            scalars.append(array.item())
+        return np.array(scalars, dtype=np.float64)
 
     def close(self) -> None:
         for env in self.envs:

@@ -103,7 +103,7 @@ def test_bad_interval_is_refused():
 
 
 def test_pace_sleeps_most_of_the_expected_delivery_time_counted_from_the_emptying():
-    # 2,048 steps at 100,000 steps/s take 20.48 ms; 0.8 of that from the emptying at t=10.000
+    # 2,048 steps at 100,000 steps/s take 20.48 ms; 0.8 (PACE_SHARE) of that from the emptying at t=10.000
     assert pace_seconds(10.0, 10.0, 2048, 100_000.0) == pytest.approx(0.016384)
     assert pace_seconds(10.0, 10.010, 2048, 100_000.0) == pytest.approx(0.006384)  # 10 ms of it have passed
     assert pace_seconds(10.0, 10.5, 2048, 100_000.0) == 0.0  # a learner back from a long training step
