@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from rqrl.errors import RedisServerNotFoundError, ServerError
 from rqrl.process import die_with_parent_thread
@@ -101,15 +103,26 @@ class EmbeddedRedis:
                     f"{self.executable} exited at start: {message.strip()}; point redis_server= (RQRL_REDIS_SERVER "
                     f"on the command line) to a working redis-server binary. To get one: {INSTALL_HINT}"
                 )
-            try:
-                redis.Redis(unix_socket_path=self.socket_path).ping()
+            if self._answers():
                 log.info("embedded redis-server on %s", self.socket_path)
                 return self
-            except (redis.ConnectionError, FileNotFoundError):
-                time.sleep(0.02)
+            time.sleep(0.02)
         self.stop()
         raise ServerError(f"{self.executable} did not answer within {self.startup_timeout} s; check that it is a "
                           f"redis-server, or raise startup_timeout on a slow machine")
+
+    def _answers(self) -> bool:
+        """One PING without redis-py's default retries, whose backoff (seconds, jittered) would let the
+        startup loop miss both a quick start and a binary that exits at once."""
+        if not os.path.exists(self.socket_path):
+            return False
+        client = redis.Redis(unix_socket_path=self.socket_path, retry=Retry(NoBackoff(), 0), socket_timeout=1.0)
+        try:
+            return bool(client.ping())
+        except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
+            return False
+        finally:
+            client.close()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
