@@ -144,7 +144,7 @@ class ActorGroup:
         obs = map_tree(lambda first: np.empty((n_steps + 1, n_envs, *first.shape), first.dtype), self._obs[0])
         self._write_obs(obs, 0, self._obs)
         buffers: dict[str, np.ndarray] = {}
-        rewards = np.zeros((n_steps, n_envs), dtype=np.float32)
+        rewards = np.zeros((n_steps, n_envs), dtype=np.float64)  # float32 in the records, checked in float64
         terminated = np.zeros((n_steps, n_envs), dtype=bool)
         truncated = np.zeros((n_steps, n_envs), dtype=bool)
         final_obs: list[list[tuple[int, Obs]]] = [[] for _ in self.envs]
@@ -164,9 +164,11 @@ class ActorGroup:
                     step_actions = out.actions.cpu().numpy()
                     step_log_probs = out.log_probs.cpu().numpy()
                     step_logits = out.logits.cpu().numpy() if out.logits is not None else None
-                self._check_policy_step(step, step_actions, step_log_probs, step_logits)
+                self._check_action_shape(step, step_actions)
                 self._store_policy_step(buffers, rollout_id, step, step_actions, step_log_probs, step_logits)
                 self._step_envs(step, step_actions, obs, rewards, terminated, truncated, final_obs, episodes)
+        self._check_policy_outputs(buffers["log_probs"], buffers.get("logits"))
+        self._check_rewards(rewards)
         if cut_at_end:
             for index in range(n_envs):
                 if not (terminated[-1, index] or truncated[-1, index]):
@@ -177,7 +179,7 @@ class ActorGroup:
             self.next_rollout_id = rollout_id + 1
         self._obs = [select(obs, (n_steps, index)) for index in range(n_envs)]
         steps = RolloutSteps(obs=obs, actions=buffers["actions"], log_probs=buffers["log_probs"],
-                             logits=buffers.get("logits"), rewards=rewards, terminated=terminated,
+                             logits=buffers.get("logits"), rewards=rewards.astype(np.float32), terminated=terminated,
                              truncated=truncated, final_obs=final_obs, episodes=episodes)
         records = steps.records(self.actor_ids, policy_version, rollout_id, worker, continues_previous)
         self._check_spaces_kept(records)
@@ -203,27 +205,35 @@ class ActorGroup:
         if stored is not None:
             stored[step] = logits
 
-    def _check_policy_step(self, step: int, actions: np.ndarray, log_probs: np.ndarray,
-                           logits: np.ndarray | None) -> None:
-        """Refuse what the learner must not train on: actions that do not fit the action space, log-probs
-        that are not finite numbers, NaN logits (-inf is a masked action). One pass over [n] per step."""
+    def _check_action_shape(self, step: int, actions: np.ndarray) -> None:
+        """Refuse actions that do not fit the action space before an env sees them."""
         if self._action_shape is not None and actions.shape != self._action_shape:
             raise PolicyError(
                 f"the policy returned actions of shape {actions.shape} at step {step} of the rollout; actors "
                 f"{self.actor_ids} need {self._action_shape} (one action of shape {self._action_shape[1:]} per env "
                 f"for action space {self.action_space}): fix the policy's act() or forward()"
             )
-        if not np.isfinite(log_probs).all():
+
+    def _check_policy_outputs(self, log_probs: np.ndarray, logits: np.ndarray | None) -> None:
+        """Refuse what the learner must not train on: log-probs that are not finite numbers, NaN logits (-inf
+        is a masked action). One pass over the rollout's ``[T, n]`` buffers, not one per step; the error names
+        the first step at fault, as a check per step would have."""
+        bad_log_probs = ~np.isfinite(log_probs).reshape(len(log_probs), -1).all(axis=1)
+        nan_logits = np.zeros_like(bad_log_probs) if logits is None else np.isnan(logits).reshape(
+            len(logits), -1).any(axis=1)
+        if not (bad_log_probs.any() or nan_logits.any()):
+            return
+        step = int(np.argmax(bad_log_probs | nan_logits))
+        if bad_log_probs[step]:
             raise PolicyError(
-                f"the policy returned log-probs {log_probs.tolist()} at step {step} of the rollout for actors "
+                f"the policy returned log-probs {log_probs[step].tolist()} at step {step} of the rollout for actors "
                 f"{self.actor_ids}; expected finite numbers: check the policy (NaN weights after an "
                 f"update, NaN observations, sampling an action of probability 0)"
             )
-        if logits is not None and np.isnan(logits).any():
-            raise PolicyError(
-                f"the policy returned NaN logits at step {step} of the rollout for actors {self.actor_ids}: check "
-                f"the policy's weights (a diverged update?) and the observations it got"
-            )
+        raise PolicyError(
+            f"the policy returned NaN logits at step {step} of the rollout for actors {self.actor_ids}: check "
+            f"the policy's weights (a diverged update?) and the observations it got"
+        )
 
     def _write_obs(self, obs: Obs, row: int, observations: Sequence[Obs]) -> None:
         """Stack one observation per env into ``obs[row]``, refusing a changed shape or dtype."""
@@ -276,26 +286,23 @@ class ActorGroup:
                 f"the rollout; gymnasium envs return (obs, reward, terminated, truncated, info): convert an old gym "
                 f"env with shimmy's GymV21CompatibilityV0, or return the five values") from error
         observations: list[object] = list(stepped_obs)
-        step_rewards = self._rewards(reward_list, step)
-        term = np.array(terminated_list, dtype=bool)
-        trunc = np.array(truncated_list, dtype=bool)
-        if term.shape != (len(results),) or trunc.shape != (len(results),):
+        try:  # rows written straight from the tuples: no per-step arrays (checked once per rollout, or below)
+            rewards[step] = reward_list
+        except (TypeError, ValueError):  # None, or arrays: converted one by one, and refused here if not numbers
+            rewards[step] = self._rewards(reward_list, step)
+        try:
+            terminated[step] = terminated_list
+            truncated[step] = truncated_list
+        except (TypeError, ValueError) as error:
             raise EnvError(f"actors {self.actor_ids}' envs returned terminated {list(terminated_list)} and truncated "
-                           f"{list(truncated_list)} at step {step} of the rollout; each must be one bool per step")
-        trunc &= ~term
-        if not np.isfinite(step_rewards).all():
-            index = int(np.flatnonzero(~np.isfinite(step_rewards))[0])
-            raise EnvError(
-                f"actor {self.actor_ids[index]}'s env returned reward {results[index][1]} at step {step} of the "
-                f"rollout; rewards must be finite numbers: fix the env or wrap it to clip or replace them"
-            )
-        rewards[step] = step_rewards
-        terminated[step] = term
-        truncated[step] = trunc
-        self._returns += step_rewards
+                           f"{list(truncated_list)} at step {step} of the rollout; each must be one bool per "
+                           f"step") from error
+        self._returns += rewards[step]
         self._lengths += 1
-        done = term | trunc
-        if done.any():
+        if any(terminated_list) or any(truncated_list):
+            term, trunc = terminated[step], truncated[step]
+            trunc &= ~term  # a view: the row itself
+            done = term | trunc
             for index in np.flatnonzero(done).tolist():
                 if trunc[index]:
                     final_obs[index].append((step, map_tree(np.array, observations[index])))  # a copy
@@ -313,6 +320,7 @@ class ActorGroup:
         except (TypeError, ValueError):  # ragged, or not numbers
             values = None
         if values is not None and values.shape == (len(rewards),):
+            self._refuse_rewards(values, step, rewards)
             return values
         scalars = []
         for actor, reward in zip(self.actor_ids, rewards, strict=True):
@@ -324,7 +332,29 @@ class ActorGroup:
                 raise EnvError(f"actor {actor}'s env returned reward {reward!r} at step {step} of the rollout; rewards "
                                f"must be single numbers: fix the env or wrap it to sum or pick one")
             scalars.append(array.item())
-        return np.array(scalars, dtype=np.float64)
+        values = np.array(scalars, dtype=np.float64)
+        self._refuse_rewards(values, step, rewards)
+        return values
+
+    def _check_rewards(self, rewards: np.ndarray) -> None:
+        """Refuse a rollout whose rewards are not all finite numbers (one pass over ``[T, n]``), naming the first
+        step and actor at fault."""
+        finite = np.isfinite(rewards)
+        if not finite.all():
+            step = int(np.flatnonzero(~finite.all(axis=1))[0])
+            self._refuse_rewards(rewards[step], step, tuple(rewards[step].tolist()))
+
+    def _refuse_rewards(self, values: np.ndarray, step: int, rewards: tuple[object, ...]) -> None:
+        """EnvError for the first actor whose reward in ``values`` (one step's, as float64) is not a finite number;
+        the message shows the env's own ``rewards``."""
+        finite = np.isfinite(values)
+        if not finite.all():
+            index = int(np.flatnonzero(~finite)[0])
+            raise EnvError(
+                f"actor {self.actor_ids[index]}'s env returned reward {rewards[index]} at step {step} of the "
+                f"rollout; rewards must be finite numbers (None reads as nan): fix the env or wrap it to clip or "
+                f"replace them"
+            )
 
     def close(self) -> None:
         for env in self.envs:

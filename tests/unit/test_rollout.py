@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rqrl.errors import ConfigError, PolicyError
+from rqrl.errors import ConfigError, EnvError, PolicyError
 from rqrl.policy import categorical_step, make_act_function
 from rqrl.rollout import ActorGroup, derive_seed
 from tests import fixtures
@@ -270,15 +270,20 @@ def test_an_env_that_changes_its_observation_shape_is_refused_with_the_fix():
 class _BrokenPolicy(torch.nn.Module):
     """Samples like a categorical policy, then breaks one output as told."""
 
-    def __init__(self, broken: str):
+    def __init__(self, broken: str, from_step: int = 0):
         super().__init__()
         self.broken = broken
+        self.from_step = from_step
+        self.steps = 0
         self.inner = fixtures.mlp_policy(seed=0)
 
     def act(self, obs, generator):
         from rqrl.policy import PolicyStep, categorical_step
 
         step = categorical_step(self.inner(obs), generator)
+        self.steps += 1
+        if self.steps <= self.from_step:
+            return step
         if self.broken == "nan-log-probs":
             return PolicyStep(step.actions, torch.full_like(step.log_probs, float("nan")), step.logits)
         if self.broken == "nan-logits":
@@ -297,6 +302,18 @@ class _BrokenPolicy(torch.nn.Module):
 def test_policy_outputs_that_the_learner_must_not_train_on_raise_policy_error(broken, message):
     group, _ = group_and_act(fixtures.make_cartpole, 2, 8)
     act = make_act_function(_BrokenPolicy(broken), group.action_space)
+    with pytest.raises(PolicyError, match=message):
+        group.run(act, rollout_id=0, policy_version=1, cut_at_end=False)
+
+
+@pytest.mark.parametrize("broken, message", [
+    ("nan-log-probs", r"log-probs \[nan, nan\] at step 3 "),
+    ("nan-logits", r"NaN logits at step 3 "),
+])
+def test_policy_outputs_are_refused_naming_the_first_step_at_fault(broken, message):
+    # checked once per rollout, not per step: the error still names the step where they went wrong
+    group, _ = group_and_act(fixtures.make_cartpole, 2, 8)
+    act = make_act_function(_BrokenPolicy(broken, from_step=3), group.action_space)
     with pytest.raises(PolicyError, match=message):
         group.run(act, rollout_id=0, policy_version=1, cut_at_end=False)
 
@@ -470,9 +487,27 @@ def test_rewards_of_numpy_scalar_one_element_array_and_int_types_are_recorded(re
     assert records[0].episode_returns.tolist() == [3 * expected]  # episodes of 3 steps
 
 
-def test_a_reward_that_is_not_a_number_is_refused_with_the_fix():
-    assert_first_rollout_refused(lambda: _RewardEnv(None),
-                                 r"returned reward None at step 0 .* rewards must be finite numbers")
+@pytest.mark.parametrize("reward, shown", [(None, "nan"), (float("nan"), "nan"), (-np.inf, "-inf")])
+def test_a_reward_that_is_not_a_finite_number_is_refused_with_the_fix(reward, shown):
+    assert_first_rollout_refused(lambda: _RewardEnv(reward),
+                                 rf"actor 0's env returned reward {shown} at step 0 .* rewards must be finite numbers")
+
+
+class _LateInfiniteRewardEnv(fixtures.CountingEnv):
+    """Rewards 1.0, then inf from its 3rd step on."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, (np.inf if self.total_steps >= 3 else reward), terminated, truncated, info
+
+
+def test_a_non_finite_reward_is_refused_naming_its_actor_and_step():
+    # rewards are checked once per rollout: the error still names the first step and actor at fault
+    envs = iter([fixtures.CountingEnv(length=50), _LateInfiniteRewardEnv(length=50)])
+    group = ActorGroup(lambda: next(envs), [0, 1], [1, 2], [3, 4], 5)
+    act = make_act_function(fixtures.mlp_policy(obs_size=1), group.action_space)
+    with pytest.raises(EnvError, match=r"actor 1's env returned reward inf at step 2 "):
+        group.run(act, 0, 1, cut_at_end=False)
 
 
 @pytest.mark.parametrize("reward, shown", [(np.array([1.0, 2.0]), r"array\(\[1., 2.\]\)"), ("high", "'high'")])
