@@ -46,7 +46,7 @@ from rqrl.policy import ActFunction, Policy, make_act_function
 from rqrl.records import RolloutRecord
 from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import RunConfig
-from rqrl.trajectories import PendingRollout, TrajectoryQueue
+from rqrl.trajectories import PendingRollout, SentPush, TrajectoryQueue
 from rqrl.weights import WeightStore
 
 log = logging.getLogger(__name__)
@@ -426,32 +426,59 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             held.touch()
 
         label = worker_label()
+        fence = (keys.lease(group_id), held.holder)
         refused: set[int] = set()  # actors whose last rollout here was already delivered by an earlier job
-        while True:
-            weights_version = _wait_for_weights(context, store, is_stopped, beat)
-            if is_stopped():
-                return {"rollouts": rollout_id - first_rollout, "stopped": True}
-            if weights_version is None:  # the worker shuts down before any weights came: hand the group back
-                enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
-                return {"rollouts": 0, "stopped": False}
-            yield_now = work.should_yield()
-            records = group.run(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
-            # a re-run recomputes rollouts an earlier job delivered; the first new one does not
-            # continue the delivered one before it, and says so
-            records = [dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r
-                       for r in records]
-            entries = _group_entries(records, group_id, rollout_id, config.run_id, context.records_key)
-            queue.bound = config.entries_bound(len(entries[0][1]))
-            report = queue.push([entry for entry, _ in entries], is_stopped, on_wait=beat, token=token,
-                                lease=(keys.lease(group_id), held.holder))
-            duplicates = {entry.stream_id for entry in report.duplicates}
-            refused = {actor for entry, actors in entries if entry.stream_id in duplicates for actor in actors}
-            rollout_id += 1
-            held.record_progress(rollout_id)
-            work.heartbeat(len(records) * config.n_rollout_steps)
-            if yield_now:
-                enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
-                return {"rollouts": rollout_id - first_rollout, "stopped": False}
+        # the last rollout's push, sent but not yet confirmed: its reply is read after the next rollout is
+        # stepped, so the worker never idles waiting for Redis (one entry per rollout: the common case)
+        in_flight: tuple[SentPush, list[int], int] | None = None
+
+        def settle() -> None:
+            """Confirm the in-flight push (re-pushing it if the queue was full or the reply lost), then
+            record the group's progress past it."""
+            nonlocal in_flight, refused
+            if in_flight is not None:
+                sent, actors, next_rollout_id = in_flight
+                in_flight = None
+                report = queue.finish(sent, is_stopped, on_wait=beat)
+                refused = set(actors) if report.duplicates else set()
+                held.record_progress(next_rollout_id)
+
+        try:
+            while True:
+                weights_version = _wait_for_weights(context, store, is_stopped, beat)
+                if is_stopped():
+                    return {"rollouts": rollout_id - first_rollout, "stopped": True}
+                if weights_version is None:  # the worker shuts down before any weights came: hand the group back
+                    settle()
+                    enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
+                    return {"rollouts": 0, "stopped": False}
+                yield_now = work.should_yield()
+                records = group.run(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
+                settle()
+                # a re-run recomputes rollouts an earlier job delivered; the first new one does not
+                # continue the delivered one before it, and says so
+                records = [dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r
+                           for r in records]
+                entries = _group_entries(records, group_id, rollout_id, config.run_id, context.records_key)
+                queue.bound = config.entries_bound(len(entries[0][1]))
+                sent = queue.send(entries[0][0], token, fence) if len(entries) == 1 and not yield_now else None
+                rollout_id += 1
+                if sent is not None:
+                    in_flight = (sent, entries[0][1], rollout_id)
+                else:
+                    report = queue.push([entry for entry, _ in entries], is_stopped, on_wait=beat, token=token,
+                                        lease=fence)
+                    duplicates = {entry.stream_id for entry in report.duplicates}
+                    refused = {actor for entry, actors in entries if entry.stream_id in duplicates
+                               for actor in actors}
+                    held.record_progress(rollout_id)
+                work.heartbeat(len(records) * config.n_rollout_steps)
+                if yield_now:
+                    enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
+                    return {"rollouts": rollout_id - first_rollout, "stopped": False}
+        finally:
+            if in_flight is not None:  # the job ends before it needed the outcome (stopped, failed, lost)
+                in_flight[0].abandon()
     except RunStoppedError:
         _drop_context(run_name)
         return {"rollouts": rollout_id - first_rollout, "stopped": True}

@@ -167,6 +167,42 @@ class Popped:
 
 
 PUSHED, FULL, DUPLICATE, MINE, NOT_HOLDER = 1, 0, 2, 3, 4
+LOST_REPLY = -1  # SentPush.reply: no reply came (the connection failed); push again to learn the outcome
+
+
+class SentPush:
+    """A push sent on a connection of its own whose reply is read later (``TrajectoryQueue.finish``), or never
+    (``abandon``: the connection is closed, and what Redis did is left to the idempotent re-push)."""
+
+    def __init__(self, rollout: PendingRollout, token: str, lease: tuple[str, str] | None,
+                 pool: redis.ConnectionPool, connection: redis.connection.AbstractConnection):
+        self.rollout, self.token, self.lease = rollout, token, lease
+        self._pool: redis.ConnectionPool | None = pool
+        self._connection = connection
+
+    def reply(self) -> int:
+        """The push script's result (PUSHED, FULL, ...), or LOST_REPLY; the connection goes back to its pool."""
+        if self._pool is None:
+            return LOST_REPLY
+        try:
+            for _ in range(3):  # MULTI's OK, then QUEUED for RPUSH and EVAL
+                self._connection.read_response()
+            replies = self._connection.read_response()
+            result = int(replies[1])
+        except (redis.RedisError, OSError, TypeError, ValueError, IndexError) as error:
+            log.debug("the reply to a sent push was lost (%s); pushing it again", error)
+            self.abandon()
+            return LOST_REPLY
+        self._pool.release(self._connection)
+        self._pool = None
+        return result
+
+    def abandon(self) -> None:
+        """Close the connection without reading the reply (a job that ends before it needs the outcome)."""
+        if self._pool is not None:
+            self._connection.disconnect()
+            self._pool.release(self._connection)
+            self._pool = None
 ACKNOWLEDGE_ALL = -1
 REDIS_MAX_VALUE_BYTES = 512 * 2**20  # Redis's default proto-max-bulk-len: the largest value one command carries
 MARKER_GRACE_ROLLOUTS = 2
@@ -194,6 +230,13 @@ class TrajectoryQueue:
         self._duplicate_since: dict[int | str, tuple[float, int]] = {}
         self._lower_marker = connection.register_script(_LOWER_MARKER)
 
+    def _push_keys(self, lease: tuple[str, str] | None) -> tuple[list[str], str]:
+        """The push script's keys, and the lease holder it must find ('' without a fence)."""
+        keys = [self.keys.trajectories, self.keys.pushed_rollouts, self.keys.pushed_by, self.keys.doorbell]
+        if lease is None:
+            return keys, ""
+        return [*keys, lease[0]], lease[1]
+
     def try_push(self, rollouts: Sequence[PendingRollout], token: str = "",
                  lease: tuple[str, str] | None = None) -> list[int]:
         """Push what fits, in order, in one atomic call; returns PUSHED, FULL, DUPLICATE or MINE per
@@ -201,11 +244,7 @@ class TrajectoryQueue:
         ``lease`` = (lease key, holder) is given and the key does not hold that holder."""
         if not rollouts:
             return []
-        keys = [self.keys.trajectories, self.keys.pushed_rollouts, self.keys.pushed_by, self.keys.doorbell]
-        holder = ""
-        if lease is not None:
-            keys.append(lease[0])
-            holder = lease[1]
+        keys, holder = self._push_keys(lease)
         with self.connection.pipeline(transaction=True) as pipe:
             for rollout in rollouts:  # each entry is pushed by a plain RPUSH, then kept or taken back
                 pipe.rpush(self.keys.trajectories, rollout.payload)
@@ -213,6 +252,41 @@ class TrajectoryQueue:
                           rollout.rollout_id)
             replies = pipe.execute()
         return [int(result) for result in replies[1::2]]
+
+    def send(self, rollout: PendingRollout, token: str, lease: tuple[str, str] | None = None) -> SentPush | None:
+        """Send the push of one entry without waiting for Redis's reply, so the worker steps its next rollout
+        meanwhile (``finish`` reads the reply); None, having sent nothing, for an entry over the server's value
+        limit or when the send fails (then ``push`` it)."""
+        if len(rollout.payload) > self._value_limit():
+            return None
+        keys, holder = self._push_keys(lease)
+        pool = self.connection.connection_pool
+        try:
+            connection = pool.get_connection()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
+            log.debug("no connection to send a push on (%s); pushing it the waiting way", error)
+            return None
+        commands = [("MULTI",), ("RPUSH", self.keys.trajectories, rollout.payload),
+                    ("EVAL", _PUSH_BOUNDED, len(keys), *keys, self.bound, token, holder, rollout.stream_id,
+                     rollout.rollout_id), ("EXEC",)]
+        try:
+            connection.send_packed_command(connection.pack_commands(commands))
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
+            log.debug("sending a push failed (%s); pushing it the waiting way", error)
+            connection.disconnect()
+            pool.release(connection)
+            return None
+        return SentPush(rollout, token, lease, pool, connection)
+
+    def finish(self, sent: SentPush, is_stopped: Callable[[], bool],
+               on_wait: Callable[[], None] = lambda: None) -> PushReport:
+        """The outcome of a ``send``: its reply if it pushed the entry; otherwise (queue full, a duplicate, a lost
+        reply) ``push`` again, which takes a resent entry this token pushed already as pushed."""
+        result = sent.reply()
+        if result in (PUSHED, MINE):
+            self._impossible_markers([sent.rollout], [])  # the stream is fine: forget its duplicate streak
+            return PushReport(0.0, ())
+        return self.push([sent.rollout], is_stopped, on_wait, token=sent.token, lease=sent.lease)
 
     def push(
         self,

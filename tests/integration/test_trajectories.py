@@ -431,3 +431,55 @@ def test_a_pusher_waiting_on_a_full_queue_does_not_resend_its_rollouts(connectio
     pusher.join(timeout=10)
     assert not errors
     assert popped[2:] == [rollout.payload for rollout in big]  # in order, each once
+
+
+# ---- a push sent now and confirmed after the next rollout (issue 10) --------------------------------------
+
+
+def test_a_sent_push_is_delivered_once_and_confirmed_later(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=4)
+    sent = queue.send(rollout(0, 0), token="job-a")
+    assert sent is not None
+    assert queue.size() == 1  # in Redis before anyone reads the reply
+    report = queue.finish(sent, never_stopped)
+    assert report.waited_seconds == 0.0 and report.duplicates == ()
+    assert queue.pop_available(4) == [b"a0-r0"]
+
+
+def test_a_sent_push_whose_reply_is_lost_is_pushed_again_without_a_copy(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=4)
+    sent = queue.send(rollout(0, 0), token="job-a")
+    assert sent is not None
+    queue.size()  # most likely run by now; either way finish must not leave a copy
+    sent.abandon()  # the reply is never read: finish must find out again
+    assert queue.finish(sent, never_stopped).duplicates == ()  # MINE: this token pushed it already
+    assert queue.pop_available(4) == [b"a0-r0"]
+
+
+def test_a_sent_push_into_a_full_queue_waits_for_room_when_it_is_finished(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
+    assert queue.try_push([rollout(0, 0)]) == [PUSHED]
+    sent = queue.send(rollout(1, 0), token="job-b")
+    assert sent is not None
+    with pytest.raises(RunStoppedError):
+        queue.finish(sent, lambda: True)  # still full: it waits, and gives up only when the run stops
+    assert queue.pop_available(1) == [b"a0-r0"]
+    sent = queue.send(rollout(1, 0), token="job-b")
+    assert sent is not None
+    assert queue.finish(sent, never_stopped).duplicates == ()
+    assert queue.pop_available(1) == [b"a1-r0"]
+
+
+def test_a_sent_duplicate_is_reported_and_a_sent_push_without_the_lease_raises(connection, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=4)
+    assert queue.try_push([rollout(0, 0)]) == [PUSHED]
+    sent = queue.send(rollout(0, 0), token="job-b")
+    assert sent is not None
+    assert queue.finish(sent, never_stopped).duplicates == (rollout(0, 0),)
+    connection.set("lease-key", "job-a#1")
+    sent = queue.send(rollout(0, 1), token="job-c", lease=("lease-key", "job-c#1"))
+    assert sent is not None
+    with pytest.raises(LeaseLostError, match="no longer names job-c#1"):
+        queue.finish(sent, never_stopped)
+    assert queue.size() == 1
