@@ -175,7 +175,7 @@ class SentPush:
     (``abandon``: the connection is closed, and what Redis did is left to the idempotent re-push)."""
 
     def __init__(self, rollout: PendingRollout, token: str, lease: tuple[str, str] | None,
-                 pool: redis.ConnectionPool, connection: redis.connection.AbstractConnection):
+                 pool: redis.ConnectionPool, connection: redis.Connection):
         self.rollout, self.token, self.lease = rollout, token, lease
         self._pool: redis.ConnectionPool | None = pool
         self._connection = connection
@@ -200,7 +200,7 @@ class SentPush:
     def abandon(self) -> None:
         """Close the connection without reading the reply (a job that ends before it needs the outcome)."""
         if self._pool is not None:
-            self._connection.disconnect()
+            self._connection.disconnect()  # type: ignore[no-untyped-call]
             self._pool.release(self._connection)
             self._pool = None
 ACKNOWLEDGE_ALL = -1
@@ -270,10 +270,10 @@ class TrajectoryQueue:
                     ("EVAL", _PUSH_BOUNDED, len(keys), *keys, self.bound, token, holder, rollout.stream_id,
                      rollout.rollout_id), ("EXEC",)]
         try:
-            connection.send_packed_command(connection.pack_commands(commands))
+            connection.send_packed_command(connection.pack_commands(commands))  # type: ignore[no-untyped-call]
         except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
             log.debug("sending a push failed (%s); pushing it the waiting way", error)
-            connection.disconnect()
+            connection.disconnect()  # type: ignore[no-untyped-call]
             pool.release(connection)
             return None
         return SentPush(rollout, token, lease, pool, connection)
