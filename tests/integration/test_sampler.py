@@ -303,12 +303,17 @@ def test_more_groups_than_processes_do_not_run_far_ahead_of_the_round_robin_pref
     # 4 one-worker groups on one process: a job whose worker is 2 episodes ahead of the slowest other worker
     # hands the process to a waiting job, so a call drops a few episodes, not each worker's whole quota
     # (num_samples steps of its own: ~60 episodes a call here before pacing)
+    # (unpaced: 125 over 3 calls; paced: about 4 a call). Judged per call, by the median of three calls: on a
+    # loaded CI machine a run once dropped 65 in all, so one disturbed call must not fail the test
     policy = fixtures.mlp_policy(seed=3)
+    dropped = []
     with make_sampler(redis_url, policy, fixtures.make_cartpole(), n_workers=4, seed=11, max_episode_length=60,
                       workers_per_job=1) as sampler:
         for _ in range(3):
+            before = sampler.dropped_episodes
             assert int(sampler.obtain_samples(0, 400, policy.state_dict()).lengths.sum()) >= 400
-        assert sampler.dropped_episodes <= 60
+            dropped.append(sampler.dropped_episodes - before)
+    assert sorted(dropped)[1] <= 20, dropped
 
 
 def test_one_rqrl_worker_serves_actors_and_samplers(connection, redis_url, workers):
