@@ -181,21 +181,28 @@ class SentPush:
         self._connection = connection
 
     def reply(self) -> int:
-        """The push script's result (PUSHED, FULL, ...), or LOST_REPLY; the connection goes back to its pool."""
+        """The push script's result (PUSHED, FULL, ...), or LOST_REPLY when no reply came (the connection is then
+        closed); the connection always goes back to its pool. An error the commands met inside the transaction
+        (a key of the wrong type, say) is raised, as ``try_push`` raises it."""
         if self._pool is None:
             return LOST_REPLY
         try:
             for _ in range(3):  # MULTI's OK, then QUEUED for RPUSH and EVAL
                 self._connection.read_response()
             replies = self._connection.read_response()
-            result = int(replies[1])
-        except (redis.RedisError, OSError, TypeError, ValueError, IndexError) as error:
+        except (redis.RedisError, OSError) as error:  # no reply, or the transaction aborted while queuing
             log.debug("the reply to a sent push was lost (%s); pushing it again", error)
             self.abandon()
             return LOST_REPLY
+        except BaseException:
+            self.abandon()
+            raise
         self._pool.release(self._connection)
         self._pool = None
-        return result
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return int(replies[1])
 
     def abandon(self) -> None:
         """Close the connection without reading the reply (a job that ends before it needs the outcome)."""
@@ -203,6 +210,8 @@ class SentPush:
             self._connection.disconnect()  # type: ignore[no-untyped-call]
             self._pool.release(self._connection)
             self._pool = None
+
+
 ACKNOWLEDGE_ALL = -1
 REDIS_MAX_VALUE_BYTES = 512 * 2**20  # Redis's default proto-max-bulk-len: the largest value one command carries
 MARKER_GRACE_ROLLOUTS = 2
@@ -271,10 +280,12 @@ class TrajectoryQueue:
                      rollout.rollout_id), ("EXEC",)]
         try:
             connection.send_packed_command(connection.pack_commands(commands))  # type: ignore[no-untyped-call]
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
-            log.debug("sending a push failed (%s); pushing it the waiting way", error)
+        except BaseException as error:
             connection.disconnect()  # type: ignore[no-untyped-call]
             pool.release(connection)
+            if not isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                raise
+            log.debug("sending a push failed (%s); pushing it the waiting way", error)
             return None
         return SentPush(rollout, token, lease, pool, connection)
 
@@ -286,7 +297,12 @@ class TrajectoryQueue:
         if result in (PUSHED, MINE):
             self._impossible_markers([sent.rollout], [])  # the stream is fine: forget its duplicate streak
             return PushReport(0.0, ())
-        return self.push([sent.rollout], is_stopped, on_wait, token=sent.token, lease=sent.lease)
+        if result == NOT_HOLDER:
+            assert sent.lease is not None
+            raise LeaseLostError(f"{sent.lease[0]} no longer names {sent.lease[1]} (another job took the group "
+                                 f"over, or Redis restarted and lost it): not pushing")
+        return self.push([sent.rollout], is_stopped, on_wait, token=sent.token, lease=sent.lease,
+                         found_full=result == FULL)
 
     def push(
         self,
@@ -296,10 +312,12 @@ class TrajectoryQueue:
         max_poll_seconds: float = 0.02,
         token: str = "",
         lease: tuple[str, str] | None = None,
+        found_full: bool = False,
     ) -> PushReport:
         """Push all rollouts, waiting while the queue is full; ``token`` names the pusher (one per job
         run), so a retried command is not mistaken for a duplicate of another job's rollout; with
-        ``lease`` = (lease key, holder) only while the pusher holds that lease.
+        ``lease`` = (lease key, holder) only while the pusher holds that lease. ``found_full``: a push just
+        found the queue full, so wait for room before sending the payload again.
 
         Raises RunStoppedError if the run stops while waiting (the rollouts are dropped), and
         LeaseLostError if the pusher no longer holds ``lease`` (nothing more is pushed).
@@ -309,7 +327,7 @@ class TrajectoryQueue:
         duplicates: list[PendingRollout] = []
         poll, waited = 0.0005, False
         started = last_check = time.monotonic()
-        room = self._room(len(pending))
+        room = 0 if found_full else self._room(len(pending))
         while True:
             while room <= 0:  # no payload is sent until there is room for it
                 time.sleep(poll)

@@ -446,28 +446,60 @@ def test_a_sent_push_is_delivered_once_and_confirmed_later(connection, run_name)
     assert queue.pop_available(4) == [b"a0-r0"]
 
 
-def test_a_sent_push_whose_reply_is_lost_is_pushed_again_without_a_copy(connection, run_name):
+@pytest.mark.parametrize("how", ["abandoned", "connection-killed"])
+def test_a_sent_push_whose_reply_is_lost_is_pushed_again_without_a_copy(connection, run_name, how):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=4)
     sent = queue.send(rollout(0, 0), token="job-a")
     assert sent is not None
-    queue.size()  # most likely run by now; either way finish must not leave a copy
-    sent.abandon()  # the reply is never read: finish must find out again
+    wait_until(lambda: queue.size() == 1, 10, message="the sent push running")
+    if how == "abandoned":
+        sent.abandon()  # the reply is never read: finish must find out again
+    else:  # the server drops the connection before the reply is read (a restart, a network cut)
+        connection.client_kill_filter(_type="normal", skipme=True)
     assert queue.finish(sent, never_stopped).duplicates == ()  # MINE: this token pushed it already
     assert queue.pop_available(4) == [b"a0-r0"]
+    assert not connection.connection_pool._in_use_connections, "the sent push's connection went back to the pool"
 
 
-def test_a_sent_push_into_a_full_queue_waits_for_room_when_it_is_finished(connection, run_name):
+@pytest.mark.timeout(60)
+def test_a_sent_push_into_a_full_queue_waits_for_room_and_is_delivered_once(connection, redis_url, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
+    assert queue.try_push([rollout(0, 0)]) == [PUSHED]
+    sent = queue.send(rollout(1, 0), token="job-b")
+    assert sent is not None
+    consumer = TrajectoryQueue(redis.Redis.from_url(redis_url), RunKeys(run_name), bound=1)
+    popped: list[bytes] = []
+    timer = threading.Timer(0.3, lambda: popped.extend(consumer.pop_available(1)))
+    timer.start()
+    try:
+        report = queue.finish(sent, never_stopped)
+    finally:
+        timer.join()
+    assert report.waited_seconds > 0 and report.duplicates == ()
+    assert popped == [b"a0-r0"]
+    assert queue.pop_available(4) == [b"a1-r0"]
+
+
+def test_a_sent_push_into_a_full_queue_gives_up_when_the_run_stops(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
     assert queue.try_push([rollout(0, 0)]) == [PUSHED]
     sent = queue.send(rollout(1, 0), token="job-b")
     assert sent is not None
     with pytest.raises(RunStoppedError):
-        queue.finish(sent, lambda: True)  # still full: it waits, and gives up only when the run stops
-    assert queue.pop_available(1) == [b"a0-r0"]
-    sent = queue.send(rollout(1, 0), token="job-b")
+        queue.finish(sent, lambda: True)
+    assert queue.pop_available(4) == [b"a0-r0"]
+
+
+def test_an_error_inside_a_sent_push_is_raised_and_not_pushed_again(connection, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=4)
+    connection.set(keys.pushed_rollouts, "not a hash")  # the push script fails on it, after the RPUSH beside it
+    sent = queue.send(rollout(0, 0), token="job-a")
     assert sent is not None
-    assert queue.finish(sent, never_stopped).duplicates == ()
-    assert queue.pop_available(1) == [b"a1-r0"]
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        queue.finish(sent, never_stopped)
+    assert queue.size() == 1, "raised like try_push, not taken for a lost reply and pushed a second time"
+    assert not connection.connection_pool._in_use_connections, "the sent push's connection went back to the pool"
 
 
 def test_a_sent_duplicate_is_reported_and_a_sent_push_without_the_lease_raises(connection, run_name):
