@@ -46,7 +46,7 @@ from rqrl.policy import ActFunction, Policy, make_act_function
 from rqrl.records import RolloutRecord
 from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import RunConfig
-from rqrl.trajectories import PendingRollout, SentPush, TrajectoryQueue
+from rqrl.trajectories import PendingRollout, PushReport, SentPush, TrajectoryQueue
 from rqrl.weights import WeightStore
 
 log = logging.getLogger(__name__)
@@ -429,27 +429,31 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         fence = (keys.lease(group_id), held.holder)
         refused: set[int] = set()  # actors whose last rollout here was already delivered by an earlier job
         # the last rollout's push, sent but not yet confirmed: its reply is read after the next rollout is
-        # stepped, so the worker never idles waiting for Redis (one entry per rollout: the common case)
-        in_flight: tuple[SentPush, list[int], int] | None = None
+        # stepped, so the worker does not idle waiting for Redis (one entry per rollout: the common case)
+        in_flight: tuple[SentPush, list[tuple[PendingRollout, list[int]]], int] | None = None
+
+        def delivered(entries: list[tuple[PendingRollout, list[int]]], report: PushReport,
+                      next_rollout_id: int) -> None:
+            """Note the actors whose rollout an earlier job had delivered already, and the group's progress."""
+            nonlocal refused
+            duplicates = {entry.stream_id for entry in report.duplicates}
+            refused = {actor for entry, actors in entries if entry.stream_id in duplicates for actor in actors}
+            held.record_progress(next_rollout_id)
 
         def settle() -> None:
-            """Confirm the in-flight push (re-pushing it if the queue was full or the reply lost), then
-            record the group's progress past it."""
-            nonlocal in_flight, refused
+            """Confirm the in-flight push (pushing it again if the queue was full or the reply lost)."""
+            nonlocal in_flight
             if in_flight is not None:
-                sent, actors, next_rollout_id = in_flight
+                sent, sent_entries, next_rollout_id = in_flight
                 in_flight = None
-                report = queue.finish(sent, is_stopped, on_wait=beat)
-                refused = set(actors) if report.duplicates else set()
-                held.record_progress(next_rollout_id)
+                delivered(sent_entries, queue.finish(sent, is_stopped, on_wait=beat), next_rollout_id)
 
         try:
             while True:
                 weights_version = _wait_for_weights(context, store, is_stopped, beat)
                 if is_stopped():
                     return {"rollouts": rollout_id - first_rollout, "stopped": True}
-                if weights_version is None:  # the worker shuts down before any weights came: hand the group back
-                    settle()
+                if weights_version is None:  # shut down before any weights came (so before any push): hand it back
                     enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
                     return {"rollouts": 0, "stopped": False}
                 yield_now = work.should_yield()
@@ -464,14 +468,10 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                 sent = queue.send(entries[0][0], token, fence) if len(entries) == 1 and not yield_now else None
                 rollout_id += 1
                 if sent is not None:
-                    in_flight = (sent, entries[0][1], rollout_id)
+                    in_flight = (sent, entries, rollout_id)
                 else:
-                    report = queue.push([entry for entry, _ in entries], is_stopped, on_wait=beat, token=token,
-                                        lease=fence)
-                    duplicates = {entry.stream_id for entry in report.duplicates}
-                    refused = {actor for entry, actors in entries if entry.stream_id in duplicates
-                               for actor in actors}
-                    held.record_progress(rollout_id)
+                    delivered(entries, queue.push([entry for entry, _ in entries], is_stopped, on_wait=beat,
+                                                  token=token, lease=fence), rollout_id)
                 work.heartbeat(len(records) * config.n_rollout_steps)
                 if yield_now:
                     enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)

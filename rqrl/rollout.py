@@ -288,8 +288,8 @@ class ActorGroup:
         observations: list[object] = list(stepped_obs)
         try:  # rows written straight from the tuples: no per-step arrays (checked once per rollout, or below)
             rewards[step] = reward_list
-        except (TypeError, ValueError):  # None, or arrays: converted one by one, and refused here if not numbers
-            rewards[step] = self._rewards(reward_list, step)
+        except (TypeError, ValueError):  # one-element arrays, or worse: converted one by one
+            rewards[step] = self._scalar_rewards(reward_list, step)
         try:
             terminated[step] = terminated_list
             truncated[step] = truncated_list
@@ -312,17 +312,10 @@ class ActorGroup:
                 observations[index] = self.envs[index].reset()[0]
         self._write_obs(obs, step + 1, observations)  # type: ignore[arg-type]
 
-    def _rewards(self, rewards: tuple[object, ...], step: int) -> np.ndarray:
-        """One step's rewards as float64 (a None reward becomes NaN, refused by the caller); one-element arrays
-        are taken as their number, anything else is an EnvError naming the actor."""
-        try:
-            values = np.array(rewards, dtype=np.float64)
-        except (TypeError, ValueError):  # ragged, or not numbers
-            values = None
-        if values is not None and values.shape == (len(rewards),):
-            self._refuse_rewards(values, step, rewards)
-            return values
-        scalars = []
+    def _scalar_rewards(self, rewards: tuple[object, ...], step: int) -> np.ndarray:
+        """One step's rewards that numpy could not take as a row (one-element arrays, text): each as its number;
+        EnvError naming the actor for anything that is not one number."""
+        values = []
         for actor, reward in zip(self.actor_ids, rewards, strict=True):
             try:
                 array = np.asarray(reward, dtype=np.float64)
@@ -331,30 +324,21 @@ class ActorGroup:
             if array.size != 1:
                 raise EnvError(f"actor {actor}'s env returned reward {reward!r} at step {step} of the rollout; rewards "
                                f"must be single numbers: fix the env or wrap it to sum or pick one")
-            scalars.append(array.item())
-        values = np.array(scalars, dtype=np.float64)
-        self._refuse_rewards(values, step, rewards)
-        return values
+            values.append(array.item())
+        return np.array(values, dtype=np.float64)
 
     def _check_rewards(self, rewards: np.ndarray) -> None:
         """Refuse a rollout whose rewards are not all finite numbers (one pass over ``[T, n]``), naming the first
         step and actor at fault."""
         finite = np.isfinite(rewards)
-        if not finite.all():
-            step = int(np.flatnonzero(~finite.all(axis=1))[0])
-            self._refuse_rewards(rewards[step], step, tuple(rewards[step].tolist()))
-
-    def _refuse_rewards(self, values: np.ndarray, step: int, rewards: tuple[object, ...]) -> None:
-        """EnvError for the first actor whose reward in ``values`` (one step's, as float64) is not a finite number;
-        the message shows the env's own ``rewards``."""
-        finite = np.isfinite(values)
-        if not finite.all():
-            index = int(np.flatnonzero(~finite)[0])
-            raise EnvError(
-                f"actor {self.actor_ids[index]}'s env returned reward {rewards[index]} at step {step} of the "
-                f"rollout; rewards must be finite numbers (None reads as nan): fix the env or wrap it to clip or "
-                f"replace them"
-            )
+        if finite.all():
+            return
+        step, index = (int(i) for i in np.argwhere(~finite)[0])
+        raise EnvError(
+            f"actor {self.actor_ids[index]}'s env returned reward {rewards[step, index]} at step {step} of the "
+            f"rollout; rewards must be finite numbers (None reads as nan): fix the env or wrap it to clip or "
+            f"replace them"
+        )
 
     def close(self) -> None:
         for env in self.envs:

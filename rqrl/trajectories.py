@@ -217,6 +217,12 @@ REDIS_MAX_VALUE_BYTES = 512 * 2**20  # Redis's default proto-max-bulk-len: the l
 MARKER_GRACE_ROLLOUTS = 2
 
 
+def _lease_lost(lease: tuple[str, str]) -> LeaseLostError:
+    """The error of a push the script refused because ``lease`` = (lease key, holder) no longer holds."""
+    return LeaseLostError(f"{lease[0]} no longer names {lease[1]} (another job took the group over, or Redis "
+                          f"restarted and lost it): not pushing")
+
+
 class QueueIndicesLost(RqrlError):
     """The run's acknowledged counter held no index: the unacknowledged list was reset, as after a Redis
     restart; the learner realigns its indices (``Inbox.restart_indices``) and pops again."""
@@ -299,8 +305,7 @@ class TrajectoryQueue:
             return PushReport(0.0, ())
         if result == NOT_HOLDER:
             assert sent.lease is not None
-            raise LeaseLostError(f"{sent.lease[0]} no longer names {sent.lease[1]} (another job took the group "
-                                 f"over, or Redis restarted and lost it): not pushing")
+            raise _lease_lost(sent.lease)
         return self.push([sent.rollout], is_stopped, on_wait, token=sent.token, lease=sent.lease,
                          found_full=result == FULL)
 
@@ -343,8 +348,7 @@ class TrajectoryQueue:
             results = self.try_push(sent, token, lease) if chunks == 1 else self._try_push_chunked(sent, token, lease)
             if NOT_HOLDER in results:
                 assert lease is not None
-                raise LeaseLostError(f"{lease[0]} no longer names {lease[1]} (another job took the group over, "
-                                     f"or Redis restarted and lost it): not pushing")
+                raise _lease_lost(lease)
             refused = [rollout for rollout, result in zip(sent, results, strict=True) if result == DUPLICATE]
             retry = self._impossible_markers(sent, refused)
             duplicates += [rollout for rollout in refused if rollout not in retry]

@@ -440,7 +440,7 @@ def test_a_sent_push_is_delivered_once_and_confirmed_later(connection, run_name)
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=4)
     sent = queue.send(rollout(0, 0), token="job-a")
     assert sent is not None
-    assert queue.size() == 1  # in Redis before anyone reads the reply
+    wait_until(lambda: queue.size() == 1, 10, message="the sent push running before its reply is read")
     report = queue.finish(sent, never_stopped)
     assert report.waited_seconds == 0.0 and report.duplicates == ()
     assert queue.pop_available(4) == [b"a0-r0"]
