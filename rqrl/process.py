@@ -133,8 +133,16 @@ def _start_shutdown_watchdog(signum: signal.Signals, seconds: float) -> None:
     """The shutdown watchdog: a thread that, ``seconds`` after the stop signal, prints the stacks of every
     thread to stderr and exits. Should the clean-up hold the GIL so that thread cannot run, faulthandler's
     own C-level timer dumps the stacks and exits 1 ten seconds later."""
-    threading.Thread(target=_exit_after, args=(signum, seconds), name="rqrl-shutdown-watchdog",
-                     daemon=True).start()
+    # started with SIGINT and SIGTERM blocked (a thread inherits the mask), so the kernel hands a second Ctrl-C to
+    # the main thread: taken by this sleeping thread, it would not wake a main thread blocked in a system call
+    can_mask = hasattr(signal, "pthread_sigmask")  # POSIX only
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if can_mask else set()
+    try:
+        threading.Thread(target=_exit_after, args=(signum, seconds), name="rqrl-shutdown-watchdog",
+                         daemon=True).start()
+    finally:
+        if can_mask:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     faulthandler.dump_traceback_later(seconds + 10.0, exit=True)
 
 
