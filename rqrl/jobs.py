@@ -47,7 +47,7 @@ from rqrl.records import RolloutRecord
 from rqrl.rollout import ActorGroup, EnvFactory
 from rqrl.run_config import RunConfig
 from rqrl.trajectories import PendingRollout, PushReport, SentPush, TrajectoryQueue
-from rqrl.weights import WeightStore
+from rqrl.weights import SentFetch, WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -353,12 +353,14 @@ JobSlice = _Slice  # public for the sampler's job (rqrl.sampler_jobs), which sli
 
 
 def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Callable[[], bool],
-                      beat: Callable[[], None]) -> int | None:
-    """Load the latest weights; block until the learner has broadcast a first version (actors may start
-    before it). Returns the version loaded, or None if the worker was asked to shut down meanwhile."""
+                      beat: Callable[[], None], sent: SentFetch | None = None) -> int | None:
+    """Load the latest weights (the reply to ``sent``, a check sent ahead, if given); block until the learner has
+    broadcast a first version (actors may start before it). Returns the version loaded, or None if the worker was
+    asked to shut down meanwhile."""
     poll = 0.01
     while True:
-        fetched = store.fetch_if_newer(context.weights_version)
+        fetched = sent.result() if sent is not None else store.fetch_if_newer(context.weights_version)
+        sent = None
         if fetched is not None:
             version, state_dict = fetched
             context.policy.load_state_dict(state_dict)
@@ -448,9 +450,11 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                 in_flight = None
                 delivered(sent_entries, queue.finish(sent, is_stopped, on_wait=beat), next_rollout_id)
 
+        weights_check: SentFetch | None = None  # sent as a rollout ends, read before the next one starts
         try:
             while True:
-                weights_version = _wait_for_weights(context, store, is_stopped, beat)
+                weights_version = _wait_for_weights(context, store, is_stopped, beat, weights_check)
+                weights_check = None
                 if is_stopped():
                     return {"rollouts": rollout_id - first_rollout, "stopped": True}
                 if weights_version is None:  # shut down before any weights came (so before any push): hand it back
@@ -458,6 +462,8 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                     return {"rollouts": 0, "stopped": False}
                 yield_now = work.should_yield()
                 records = group.run(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
+                if not yield_now:  # the next rollout's weights: the reply is read after this push is sent
+                    weights_check = store.send_fetch(context.weights_version)
                 settle()
                 # a re-run recomputes rollouts an earlier job delivered; the first new one does not
                 # continue the delivered one before it, and says so
@@ -479,6 +485,8 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
         finally:
             if in_flight is not None:  # the job ends before it needed the outcome (stopped, failed, lost)
                 in_flight[0].abandon()
+            if weights_check is not None:
+                weights_check.abandon()
     except RunStoppedError:
         _drop_context(run_name)
         return {"rollouts": rollout_id - first_rollout, "stopped": True}

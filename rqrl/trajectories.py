@@ -28,6 +28,7 @@ import redis
 
 from rqrl.errors import ConfigError, LeaseLostError, RqrlError, RunStoppedError
 from rqrl.keys import RunKeys
+from rqrl.sent_commands import SentCommands
 
 log = logging.getLogger(__name__)
 
@@ -174,42 +175,27 @@ class SentPush:
     """A push sent on a connection of its own whose reply is read later (``TrajectoryQueue.finish``), or never
     (``abandon``: the connection is closed, and what Redis did is left to the idempotent re-push)."""
 
-    def __init__(self, rollout: PendingRollout, token: str, lease: tuple[str, str] | None,
-                 pool: redis.ConnectionPool, connection: redis.Connection):
+    def __init__(self, rollout: PendingRollout, token: str, lease: tuple[str, str] | None, sent: SentCommands):
         self.rollout, self.token, self.lease = rollout, token, lease
-        self._pool: redis.ConnectionPool | None = pool
-        self._connection = connection
+        self._sent = sent
 
     def reply(self) -> int:
-        """The push script's result (PUSHED, FULL, ...), or LOST_REPLY when no reply came (the connection is then
-        closed); the connection always goes back to its pool. An error the commands met inside the transaction
-        (a key of the wrong type, say) is raised, as ``try_push`` raises it."""
-        if self._pool is None:
+        """The push script's result (PUSHED, FULL, ...), or LOST_REPLY when no reply came or the transaction
+        aborted while queuing; the connection always goes back to its pool. An error the commands met inside the
+        transaction (a key of the wrong type, say) is raised, as ``try_push`` raises it."""
+        replies = self._sent.read(4)  # MULTI's OK, QUEUED for RPUSH and EVAL, then EXEC's replies
+        if replies is None or any(isinstance(reply, Exception) for reply in replies) or not isinstance(
+                replies[3], list):
+            log.debug("the reply to a sent push was lost (%s); pushing it again", replies)
             return LOST_REPLY
-        try:
-            for _ in range(3):  # MULTI's OK, then QUEUED for RPUSH and EVAL
-                self._connection.read_response()
-            replies = self._connection.read_response()
-        except (redis.RedisError, OSError) as error:  # no reply, or the transaction aborted while queuing
-            log.debug("the reply to a sent push was lost (%s); pushing it again", error)
-            self.abandon()
-            return LOST_REPLY
-        except BaseException:
-            self.abandon()
-            raise
-        self._pool.release(self._connection)
-        self._pool = None
-        for reply in replies:
+        for reply in replies[3]:
             if isinstance(reply, Exception):
                 raise reply
-        return int(replies[1])
+        return int(replies[3][1])
 
     def abandon(self) -> None:
         """Close the connection without reading the reply (a job that ends before it needs the outcome)."""
-        if self._pool is not None:
-            self._connection.disconnect()  # type: ignore[no-untyped-call]
-            self._pool.release(self._connection)
-            self._pool = None
+        self._sent.abandon()
 
 
 ACKNOWLEDGE_ALL = -1
@@ -275,25 +261,11 @@ class TrajectoryQueue:
         if len(rollout.payload) > self._value_limit():
             return None
         keys, holder = self._push_keys(lease)
-        pool = self.connection.connection_pool
-        try:
-            connection = pool.get_connection()
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
-            log.debug("no connection to send a push on (%s); pushing it the waiting way", error)
-            return None
         commands = [("MULTI",), ("RPUSH", self.keys.trajectories, rollout.payload),
                     ("EVAL", _PUSH_BOUNDED, len(keys), *keys, self.bound, token, holder, rollout.stream_id,
                      rollout.rollout_id), ("EXEC",)]
-        try:
-            connection.send_packed_command(connection.pack_commands(commands))  # type: ignore[no-untyped-call]
-        except BaseException as error:
-            connection.disconnect()  # type: ignore[no-untyped-call]
-            pool.release(connection)
-            if not isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
-                raise
-            log.debug("sending a push failed (%s); pushing it the waiting way", error)
-            return None
-        return SentPush(rollout, token, lease, pool, connection)
+        sent = SentCommands.send(self.connection, commands)
+        return None if sent is None else SentPush(rollout, token, lease, sent)
 
     def finish(self, sent: SentPush, is_stopped: Callable[[], bool],
                on_wait: Callable[[], None] = lambda: None) -> PushReport:

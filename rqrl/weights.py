@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import redis
 import torch
@@ -25,6 +26,7 @@ from rqrl.codec import WEIGHTS_MAGIC, decode_state_dict, encode_state_dict, read
 from rqrl.errors import RecordError, SignatureError
 from rqrl.keys import RunKeys
 from rqrl.records import MAX_ID
+from rqrl.sent_commands import SentCommands
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,18 @@ class WeightStore:
         """``(version, state_dict)`` if a verified version newer than ``held_version`` is latest, else None
         (nothing new, or refused and logged: never raises for what Redis holds)."""
         held = -1 if held_version is None else held_version
-        reply = self._fetch(keys=[self.keys.latest_version], args=[self.keys.weights_prefix, held])
+        return self._newer(self._fetch(keys=[self.keys.latest_version], args=[self.keys.weights_prefix, held]), held)
+
+    def send_fetch(self, held_version: int | None) -> SentFetch:
+        """Send ``fetch_if_newer``'s query without waiting for the reply: a worker sends it as its rollout ends and
+        reads it (``SentFetch.result``) once its push is on its way, so the check costs no idle round trip."""
+        held = -1 if held_version is None else held_version
+        sent = SentCommands.send(self.connection, [("EVAL", _FETCH_IF_NEWER, 1, self.keys.latest_version,
+                                                    self.keys.weights_prefix, held)])
+        return SentFetch(self, held_version, sent)
+
+    def _newer(self, reply: list[Any], held: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The weights of a fetch script's ``reply`` if they verify and are newer than ``held``, else None."""
         if len(reply) < 2:
             return None
         version, blob = _parse_version(reply[0]), reply[1]
@@ -151,6 +164,28 @@ class WeightStore:
         _last_log["at"], _last_log["unlogged"] = now, 0
         log.warning("run %s: refusing weights from Redis, keeping the ones held: %s%s", self.keys.run_name, reason,
                     more)
+
+
+class SentFetch:
+    """A weights check sent ahead (``WeightStore.send_fetch``); ``result`` reads its reply."""
+
+    def __init__(self, store: WeightStore, held_version: int | None, sent: SentCommands | None):
+        self.store, self.held_version, self._sent = store, held_version, sent
+
+    def result(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """What ``fetch_if_newer(held_version)`` gives; asked again the waiting way if the reply was lost or
+        was an error (a script cache flushed under it, say)."""
+        replies = None if self._sent is None else self._sent.read(1)
+        self._sent = None
+        if replies is None or not isinstance(replies[0], list):
+            return self.store.fetch_if_newer(self.held_version)
+        return self.store._newer(replies[0], -1 if self.held_version is None else self.held_version)
+
+    def abandon(self) -> None:
+        """Close the connection without reading the reply."""
+        if self._sent is not None:
+            self._sent.abandon()
+            self._sent = None
 
 
 def _parse_version(value: bytes | str) -> int | None:

@@ -91,6 +91,60 @@ def test_old_versions_expire_and_the_latest_does_not(connection, run_name):
     assert connection.ttl(keys.latest_version) == -1
 
 
+def test_a_check_sent_ahead_gives_what_fetch_if_newer_gives(connection, run_name):
+    store = new_store(connection, run_name)
+    assert store.send_fetch(None).result() is None, "nothing published yet"
+    store.publish(versioned_state(1))
+    sent = store.send_fetch(None)
+    store.publish(versioned_state(2))  # after the check was sent: that check answers for the moment it ran
+    version, state = sent.result()
+    assert version == 1 and torch.all(state["body"] == 1.0)
+    assert store.send_fetch(2).result() is None, "nothing newer than the version held"
+    version, state = store.send_fetch(1).result()
+    assert version == 2 and torch.all(state["body"] == 2.0)
+    assert not connection.connection_pool._in_use_connections, "each check's connection went back to the pool"
+
+
+def test_a_check_sent_ahead_refuses_forged_weights(connection, run_name, caplog):
+    keys = RunKeys(run_name)
+    connection.set(keys.weights(1), signed_blob(run_name, versioned_state(1), "1", secret="guessed"))
+    connection.set(keys.latest_version, 1)
+    store = new_store(connection, run_name)
+    with caplog.at_level(logging.WARNING, logger="rqrl.weights"):
+        assert store.send_fetch(None).result() is None
+    assert store.refused == 1
+    assert any("weights version 1" in message for message in caplog.messages), caplog.messages
+
+
+@pytest.mark.parametrize("how", ["connection-killed", "script-error"])
+def test_a_check_sent_ahead_whose_reply_is_lost_asks_again(connection, run_name, how):
+    store = new_store(connection, run_name)
+    store.publish(versioned_state(1))
+    if how == "script-error":  # a pointer of the wrong type: the sent script's reply is an error
+        keys = RunKeys(run_name)
+        connection.delete(keys.latest_version)
+        connection.hset(keys.latest_version, "version", 1)
+        sent = store.send_fetch(None)
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            sent.result()  # asked again the waiting way, which raises what fetch_if_newer raises
+    else:  # the server drops the connection before the reply is read (a restart, a network cut)
+        sent = store.send_fetch(None)
+        connection.client_kill_filter(_type="normal", skipme=True)
+        version, state = sent.result()
+        assert version == 1 and torch.all(state["body"] == 1.0)
+    assert not connection.connection_pool._in_use_connections, "the check's connection went back to the pool"
+
+
+def test_an_abandoned_check_closes_its_connection(connection, run_name):
+    store = new_store(connection, run_name)
+    store.publish(versioned_state(1))
+    sent = store.send_fetch(None)
+    sent.abandon()
+    sent.abandon()  # twice: no error
+    assert not connection.connection_pool._in_use_connections
+    assert store.fetch_if_newer(None)[0] == 1, "the store's own connection is untouched"
+
+
 def refused(store: WeightStore, held: int | None, caplog, match: str) -> None:
     """fetch_if_newer refuses what Redis holds: None, counted, and a warning naming why."""
     before = store.refused
