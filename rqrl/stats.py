@@ -133,7 +133,7 @@ class EpochStatsAggregator:
 
     def add(self, event: Event, values: float | Sequence[float] | np.ndarray) -> None:
         """Add one value, or the values of a sequence or array (of any shape), to ``event``'s epoch list."""
-        self._values[event_name(event)].extend(float(value) for value in np.asarray(values).ravel().tolist())
+        self._values[event_name(event)].extend(np.asarray(values, dtype=np.float64).ravel().tolist())
 
     def current(self) -> dict[str, dict[str, float]]:
         """Reduced statistics of the running epoch: ``{event: {reducer: value}}``."""
@@ -306,9 +306,9 @@ def record_batch(
     over ``elapsed_seconds`` (since the previous batch), queue size, dequeue time and, if given, the
     workers alive; every DistributedActors records the same events this way."""
     steps = sum(record.n_steps for record in records)
-    for record in records:
-        stats.add(RolloutEvents.episode_return, record.episode_returns)
-        stats.add(RolloutEvents.episode_length, record.episode_lengths)
+    if records:  # one add per event, not per record: this runs on the learner's hot path
+        stats.add(RolloutEvents.episode_return, np.concatenate([record.episode_returns for record in records]))
+        stats.add(RolloutEvents.episode_length, np.concatenate([record.episode_lengths for record in records]))
     stats.add(RolloutEvents.policy_lag, [policy_version - record.policy_version for record in records])
     stats.add(RolloutEvents.env_steps, steps)
     stats.add(RolloutEvents.env_steps_per_second, steps / max(elapsed_seconds, 1e-9))
