@@ -13,13 +13,13 @@ The learner's entries may hold one rollout (``rqrl.rollout.v1``, ``rqrl.records`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from rqrl.codec import RECORD_MAGIC, ArrayParts, decode_arrays, encode_arrays, sign, verified_view
 from rqrl.errors import RecordError
-from rqrl.observations import flatten_obs, unflatten_obs
+from rqrl.observations import Obs, flatten_obs, stack_obs, unflatten_obs
 from rqrl.records import (
     MAX_ID,
     RECORD_FORMAT,
@@ -88,6 +88,59 @@ def encode_group(records: Sequence[RolloutRecord], run_id: str) -> bytes:
     return encode_arrays(arrays, metadata)
 
 
+class StepBuffers(Protocol):
+    """What ``encode_steps_group`` reads of a group's rollout (``rqrl.rollout.RolloutSteps`` has it): ``[T + 1, n,
+    ...]`` observations, ``[T, n, ...]`` step arrays, and per actor its ``(step, final obs)`` and ``(return,
+    length)`` lists."""
+
+    obs: Obs
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    log_probs: np.ndarray
+    logits: np.ndarray | None
+    final_obs: list[list[tuple[int, Obs]]]
+    episodes: list[list[tuple[float, int]]]
+
+
+def encode_steps_group(steps: StepBuffers, actor_ids: Sequence[int], continues_previous: Sequence[bool],
+                       policy_version: int, rollout_id: int, worker: str, run_id: str) -> bytes:
+    """The buffer ``encode_group`` makes of the group's records, made straight from its ``[T, n]`` buffers: one
+    numpy copy per array instead of one record per actor (a worker's cost per rollout)."""
+    n_steps = len(steps.rewards)
+    arrays: dict[str, np.ndarray | ArrayParts] = {name: _actor_major(getattr(steps, name)) for name in STEP_FIELDS}
+    if steps.logits is not None:
+        arrays["logits"] = _actor_major(steps.logits)
+    obs = flatten_obs(steps.obs, "obs")
+    arrays.update({name: _actor_major(leaf[:n_steps]) for name, leaf in obs.items()})
+    arrays.update({"next_obs" + name[3:]: leaf[n_steps] for name, leaf in obs.items()})
+    final_names = {name: "final_obs" + name[3:] for name in obs}
+    finals = [final for per_actor in steps.final_obs for _, final in per_actor]
+    if finals:  # in the observations' order; leaves an env added or dropped go as they are, for the learner to refuse
+        final_leaves = flatten_obs(stack_obs(finals), "final_obs")
+        arrays.update({final: final_leaves[final] for final in final_names.values() if final in final_leaves})
+        arrays.update(final_leaves)
+    else:
+        arrays.update({final_names[name]: np.zeros((0, *leaf.shape[2:]), leaf.dtype) for name, leaf in obs.items()})
+    arrays["final_obs_steps"] = np.array([step for per_actor in steps.final_obs for step, _ in per_actor], np.int64)
+    arrays["episode_returns"] = np.array([ret for per_actor in steps.episodes for ret, _ in per_actor], np.float64)
+    arrays["episode_lengths"] = np.array([length for per_actor in steps.episodes for _, length in per_actor],
+                                         np.int64)
+    arrays["actor_ids"] = np.array(actor_ids, np.int64)
+    arrays["continues_previous"] = np.array(continues_previous, bool)
+    arrays["final_obs_counts"] = np.array([len(per_actor) for per_actor in steps.final_obs], np.int64)
+    arrays["episode_counts"] = np.array([len(per_actor) for per_actor in steps.episodes], np.int64)
+    metadata = {"format": GROUP_FORMAT, "run_id": run_id, "policy_version": str(policy_version),
+                "rollout_id": str(rollout_id), "worker": worker}
+    return encode_arrays(arrays, metadata)
+
+
+def _actor_major(array: np.ndarray) -> np.ndarray:
+    """``[T, n, ...]`` as a contiguous ``[n, T, ...]``: each actor's steps back to back, as the entry lays them."""
+    return np.ascontiguousarray(np.swapaxes(array, 0, 1))
+
+
 def records_per_entry(record: RolloutRecord, entry_bytes: int = ENTRY_BYTES) -> int:
     """How many of a group's rollouts go in one entry: as many as fit ``entry_bytes``, at least one. Counted from
     the arrays whose size is fixed for the run (not final observations or episodes), so every rollout of a group
@@ -106,6 +159,13 @@ def entry_stream(group_id: int, part: int) -> int | str:
 def encode_signed_group(records: Sequence[RolloutRecord], run_id: str, key: bytes) -> bytes:
     """encode_group, tagged with HMAC-SHA256 under the run's records key (as ``encode_signed_record``)."""
     return sign(encode_group(records, run_id), key, RECORD_MAGIC)
+
+
+def encode_signed_steps(steps: StepBuffers, actor_ids: Sequence[int], continues_previous: Sequence[bool],
+                        policy_version: int, rollout_id: int, worker: str, run_id: str, key: bytes) -> bytes:
+    """encode_steps_group, tagged with HMAC-SHA256 under the run's records key (as ``encode_signed_group``)."""
+    return sign(encode_steps_group(steps, actor_ids, continues_previous, policy_version, rollout_id, worker, run_id),
+                key, RECORD_MAGIC)
 
 
 def decode_signed_entry(blob: bytes, run_id: str, key: bytes, spec: RecordSpec) -> DecodedEntry:

@@ -39,12 +39,11 @@ from rqrl.errors import (
     SignatureError,
     WorkerUnfitError,
 )
-from rqrl.group_records import encode_signed_group, entry_stream, records_per_entry
+from rqrl.group_records import encode_signed_group, encode_signed_steps, entry_stream, records_per_entry
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder, recorded_progress, start_rollout
 from rqrl.policy import ActFunction, Policy, make_act_function
-from rqrl.records import RolloutRecord
-from rqrl.rollout import ActorGroup, EnvFactory
+from rqrl.rollout import ActorGroup, EnvFactory, GroupRollout
 from rqrl.run_config import RunConfig
 from rqrl.trajectories import PendingRollout, PushReport, SentPush, TrajectoryQueue
 from rqrl.weights import SentFetch, WeightStore
@@ -461,15 +460,14 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                     enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
                     return {"rollouts": 0, "stopped": False}
                 yield_now = work.should_yield()
-                records = group.run(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
+                rollout = group.run_group(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
                 if not yield_now:  # the next rollout's weights: the reply is read after this push is sent
                     weights_check = store.send_fetch(context.weights_version)
                 settle()
                 # a re-run recomputes rollouts an earlier job delivered; the first new one does not
                 # continue the delivered one before it, and says so
-                records = [dataclasses.replace(r, continues_previous=False) if r.actor_id in refused else r
-                           for r in records]
-                entries = _group_entries(records, group_id, rollout_id, config.run_id, context.records_key)
+                continues = [rollout.continues_previous and actor not in refused for actor in rollout.actor_ids]
+                entries = _group_entries(rollout, continues, group_id, config.run_id, context.records_key)
                 queue.bound = config.entries_bound(len(entries[0][1]))
                 sent = queue.send(entries[0][0], token, fence) if len(entries) == 1 and not yield_now else None
                 rollout_id += 1
@@ -478,7 +476,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                 else:
                     delivered(entries, queue.push([entry for entry, _ in entries], is_stopped, on_wait=beat,
                                                   token=token, lease=fence), rollout_id)
-                work.heartbeat(len(records) * config.n_rollout_steps)
+                work.heartbeat(len(rollout.actor_ids) * config.n_rollout_steps)
                 if yield_now:
                     enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)
                     return {"rollouts": rollout_id - first_rollout, "stopped": False}
@@ -525,11 +523,19 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
             lease.release()
 
 
-def _group_entries(records: list[RolloutRecord], group_id: int, rollout_id: int, run_id: str,
+def _group_entries(rollout: GroupRollout, continues: list[bool], group_id: int, run_id: str,
                    key: bytes) -> list[tuple[PendingRollout, list[int]]]:
     """A group's rollouts as queue entries of at most ENTRY_BYTES (whole rollouts; one if a rollout is larger),
-    each on its part's stream, with the actors it holds."""
-    size = records_per_entry(records[0])
+    each on its part's stream, with the actors it holds; ``continues``: each actor's continues_previous. A group
+    that fits one entry (the common case) is encoded straight from its buffers."""
+    size, rollout_id = records_per_entry(rollout.first_record), rollout.rollout_id
+    if size >= len(rollout.actor_ids):
+        payload = encode_signed_steps(rollout.steps, rollout.actor_ids, continues, rollout.policy_version,
+                                      rollout_id, rollout.worker, run_id, key)
+        return [(PendingRollout(entry_stream(group_id, 0), rollout_id, payload), list(rollout.actor_ids))]
+    records = [record if record.continues_previous == continued else
+               dataclasses.replace(record, continues_previous=continued)
+               for record, continued in zip(rollout.records(), continues, strict=True)]
     parts = [records[start:start + size] for start in range(0, len(records), size)]
     return [(PendingRollout(entry_stream(group_id, part), rollout_id, encode_signed_group(chunk, run_id, key)),
              [record.actor_id for record in chunk]) for part, chunk in enumerate(parts)]

@@ -8,6 +8,7 @@ seeds and weights give the same trajectories wherever the next rollout runs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -56,30 +57,57 @@ class RolloutSteps:
 
     def records(self, actor_ids: Sequence[int], policy_version: int, rollout_id: int, worker: str,
                 continues_previous: bool) -> list[RolloutRecord]:
+        return [self.record(index, actor_id, policy_version, rollout_id, worker, continues_previous)
+                for index, actor_id in enumerate(actor_ids)]
+
+    def record(self, index: int, actor_id: int, policy_version: int, rollout_id: int, worker: str,
+               continues_previous: bool) -> RolloutRecord:
+        """Env ``index``'s rollout as a record (its arrays copied out of the ``[T, n]`` buffers)."""
         n_steps = len(self.rewards)
-        return [
-            RolloutRecord(
-                obs=select(self.obs, (slice(0, n_steps), index)),
-                actions=self.actions[:, index].copy(),
-                rewards=self.rewards[:, index].copy(),
-                terminated=self.terminated[:, index].copy(),
-                truncated=self.truncated[:, index].copy(),
-                log_probs=self.log_probs[:, index].copy(),
-                logits=self.logits[:, index].copy() if self.logits is not None else None,
-                next_obs=select(self.obs, (n_steps, index)),
-                final_obs=(stack_obs([o for _, o in self.final_obs[index]]) if self.final_obs[index]
-                           else empty_like_batch(select(self.obs, (n_steps, index)))),
-                final_obs_steps=np.array([s for s, _ in self.final_obs[index]], dtype=np.int64),
-                episode_returns=np.array([r for r, _ in self.episodes[index]], dtype=np.float64),
-                episode_lengths=np.array([n for _, n in self.episodes[index]], dtype=np.int64),
-                policy_version=policy_version,
-                actor_id=actor_id,
-                rollout_id=rollout_id,
-                worker=worker,
-                continues_previous=continues_previous,
-            )
-            for index, actor_id in enumerate(actor_ids)
-        ]
+        return RolloutRecord(
+            obs=select(self.obs, (slice(0, n_steps), index)),
+            actions=self.actions[:, index].copy(),
+            rewards=self.rewards[:, index].copy(),
+            terminated=self.terminated[:, index].copy(),
+            truncated=self.truncated[:, index].copy(),
+            log_probs=self.log_probs[:, index].copy(),
+            logits=self.logits[:, index].copy() if self.logits is not None else None,
+            next_obs=select(self.obs, (n_steps, index)),
+            final_obs=(stack_obs([o for _, o in self.final_obs[index]]) if self.final_obs[index]
+                       else empty_like_batch(select(self.obs, (n_steps, index)))),
+            final_obs_steps=np.array([s for s, _ in self.final_obs[index]], dtype=np.int64),
+            episode_returns=np.array([r for r, _ in self.episodes[index]], dtype=np.float64),
+            episode_lengths=np.array([n for _, n in self.episodes[index]], dtype=np.int64),
+            policy_version=policy_version,
+            actor_id=actor_id,
+            rollout_id=rollout_id,
+            worker=worker,
+            continues_previous=continues_previous,
+        )
+
+
+@dataclass
+class GroupRollout:
+    """One ``ActorGroup.run_group``: the group's ``[T, n]`` buffers and what names them. A worker encodes them as
+    one queue entry straight from the buffers (``rqrl.group_records.encode_signed_steps``); ``records()`` splits
+    them into one record per actor."""
+
+    steps: RolloutSteps
+    actor_ids: list[int]
+    policy_version: int
+    rollout_id: int
+    worker: str
+    continues_previous: bool
+
+    def records(self) -> list[RolloutRecord]:
+        return self.steps.records(self.actor_ids, self.policy_version, self.rollout_id, self.worker,
+                                  self.continues_previous)
+
+    @functools.cached_property
+    def first_record(self) -> RolloutRecord:
+        """The first actor's record: its arrays' shapes and sizes are every actor's."""
+        return self.steps.record(0, self.actor_ids[0], self.policy_version, self.rollout_id, self.worker,
+                                 self.continues_previous)
 
 
 class ActorGroup:
@@ -133,9 +161,15 @@ class ActorGroup:
     def run(
         self, act: ActFunction, rollout_id: int, policy_version: int, cut_at_end: bool, worker: str = ""
     ) -> list[RolloutRecord]:
-        """Step every env ``n_rollout_steps`` times and return one record per actor.
+        """Step every env ``n_rollout_steps`` times and return one record per actor."""
+        return self.run_group(act, rollout_id, policy_version, cut_at_end, worker).records()
 
-        Everything lands in preallocated ``[T, n, ...]`` buffers; a ``LogitsActFunction`` samples in numpy.
+    def run_group(
+        self, act: ActFunction, rollout_id: int, policy_version: int, cut_at_end: bool, worker: str = ""
+    ) -> GroupRollout:
+        """Step every env ``n_rollout_steps`` times; the rollouts stay in the group's ``[T, n, ...]`` buffers.
+
+        Everything lands in preallocated buffers; a ``LogitsActFunction`` samples in numpy.
         """
         continues_previous = self.next_rollout_id == rollout_id
         if not continues_previous:
@@ -181,9 +215,9 @@ class ActorGroup:
         steps = RolloutSteps(obs=obs, actions=buffers["actions"], log_probs=buffers["log_probs"],
                              logits=buffers.get("logits"), rewards=rewards.astype(np.float32), terminated=terminated,
                              truncated=truncated, final_obs=final_obs, episodes=episodes)
-        records = steps.records(self.actor_ids, policy_version, rollout_id, worker, continues_previous)
-        self._check_spaces_kept(records)
-        return records
+        rollout = GroupRollout(steps, self.actor_ids, policy_version, rollout_id, worker, continues_previous)
+        self._check_spaces_kept(rollout.first_record)
+        return rollout
 
     def _store_policy_step(self, buffers: dict[str, np.ndarray], rollout_id: int, step: int, actions: np.ndarray,
                            log_probs: np.ndarray, logits: np.ndarray | None) -> None:
@@ -256,10 +290,10 @@ class ActorGroup:
             raise EnvError(f"observations changed shape or dtype at step {row} of the rollout ({found}, expected "
                            f"{expected}); {SPACES_HINT}") from error
 
-    def _check_spaces_kept(self, records: list[RolloutRecord]) -> None:
-        """Refuse envs whose observations or actions change shape or dtype during a run (the records of one
-        rollout are views of the same buffers: one signature holds for all of them)."""
-        signature = record_signature(records[0])
+    def _check_spaces_kept(self, record: RolloutRecord) -> None:
+        """Refuse envs whose observations or actions change shape or dtype during a run (``record``: the first
+        actor's; one rollout's records all come out of the same buffers, so one signature holds for all)."""
+        signature = record_signature(record)
         if self._signature is None:
             self._signature = signature
         elif signature != self._signature:

@@ -8,6 +8,7 @@ import gymnasium
 import numpy as np
 import pytest
 import safetensors.numpy
+import torch
 
 from rqrl.codec import RECORD_MAGIC, TAG_SIZE, decode_arrays, encode_arrays, records_key, sign
 from rqrl.errors import RecordError, SignatureError
@@ -15,11 +16,13 @@ from rqrl.group_records import (
     decode_signed_entry,
     encode_group,
     encode_signed_group,
+    encode_signed_steps,
+    encode_steps_group,
     entry_stream,
     records_per_entry,
 )
 from rqrl.inbox import probe_spec
-from rqrl.policy import make_act_function
+from rqrl.policy import PolicyStep, make_act_function
 from rqrl.records import RecordSpec, RolloutRecord, check_record, encode_signed_record, record_signature
 from rqrl.rollout import ActorGroup
 from tests import fixtures
@@ -56,6 +59,37 @@ def test_a_real_group_round_trips_record_for_record_and_fits_the_probe_spec(make
         check_record(decoded, spec)  # the per-record check agrees with the group's
     if make_env is short_cartpole:
         assert sum(len(r.final_obs_steps) for r in records) > 0 and sum(len(r.episode_returns) for r in records) > 0
+
+
+class NoLogitsPolicy:
+    """Samples CartPole's actions itself and gives no logits (an ActorPolicy)."""
+
+    def act(self, obs, generator) -> PolicyStep:  # noqa: ANN001
+        actions = torch.randint(0, 2, (len(obs),), generator=generator)
+        return PolicyStep(actions=actions, log_probs=torch.full((len(obs),), -0.5))
+
+
+@pytest.mark.parametrize("make_env,policy", [(short_cartpole, fixtures.mlp_policy()),
+                                             (fixtures.make_dict_env, fixtures.DictPolicy()),
+                                             (short_cartpole, NoLogitsPolicy())])
+@pytest.mark.parametrize("rollout_id", [1, 2])  # 2: cut at the end, every running episode truncated
+@pytest.mark.parametrize("refused", [(), (0, 2)])  # actors whose first rollout here does not continue
+def test_a_group_encoded_from_its_buffers_is_the_entry_its_records_make(make_env, policy, rollout_id, refused):
+    group = ActorGroup(make_env, [2, 3, 4], [5, 6, 7], [8, 9, 10], 16)
+    act = make_act_function(policy, group.action_space)
+    for earlier in range(rollout_id):
+        group.run(act, earlier, 1, cut_at_end=False)
+    rollout = group.run_group(act, rollout_id, 4, cut_at_end=rollout_id == 2, worker="w7")
+    records = [dataclasses.replace(record, continues_previous=False) if index in refused else record
+               for index, record in enumerate(rollout.records())]
+    continues = [record.continues_previous for record in records]
+    from_buffers = encode_steps_group(rollout.steps, rollout.actor_ids, continues, 4, rollout_id, "w7", RUN)
+    assert from_buffers == encode_group(records, RUN), "byte for byte the records' entry"
+    assert encode_signed_steps(rollout.steps, rollout.actor_ids, continues, 4, rollout_id, "w7", RUN,
+                               KEY) == encode_signed_group(records, RUN, KEY)
+    if make_env is short_cartpole:
+        assert sum(len(r.final_obs_steps) for r in records) > 0 and sum(len(r.episode_returns) for r in records) > 0
+    assert continues == [index not in refused for index in range(3)]
 
 
 def test_records_of_different_truncation_counts_split_at_the_right_rows():
