@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from rqrl.server import find_redis_server
 from tests.processes import free_port, stop_process
@@ -47,10 +49,11 @@ class RedisServer:
             self.port = free_port()
             listen = ["--port", "0", "--tls-port", str(self.port)] if self.tls else ["--port", str(self.port)]
             listen += ["--bind", "127.0.0.1"]
-            self.admin = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=2, **self.admin_options)
+            self._address = {"host": "127.0.0.1", "port": self.port}
         else:
             listen = ["--port", "0", "--unixsocket", self.socket]
-            self.admin = redis.Redis(unix_socket_path=self.socket, socket_connect_timeout=2, **self.admin_options)
+            self._address = {"unix_socket_path": self.socket}
+        self.admin = redis.Redis(**self._address, socket_connect_timeout=2, **self.admin_options)
         command = [find_redis_server(), *listen, "--save", "", "--appendonly", "no", "--dir", str(self.directory),
                    "--daemonize", "no", "--loglevel", "warning", "--logfile", str(self.directory / "redis.log"),
                    *self.extra]
@@ -59,12 +62,18 @@ class RedisServer:
                                             stderr=stderr)
 
     def _answers(self, timeout: float) -> bool:
+        """Ping until the server answers: one try per ping (redis-py's default retries with backoff made a ping
+        on a socket not there yet take seconds), a second at most each."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.process.poll() is None:
+            probe = redis.Redis(**self._address, socket_connect_timeout=1, socket_timeout=1,
+                                retry=Retry(NoBackoff(), 0), **self.admin_options)
             try:
-                return self.admin.ping()
-            except (redis.ConnectionError, FileNotFoundError):
+                return bool(probe.ping())
+            except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
                 time.sleep(0.05)
+            finally:
+                probe.close()
         return False
 
     def _output(self) -> str:
