@@ -4,7 +4,9 @@ A worker's ``ActorGroup`` yields one rollout per actor for the same rollout id a
 one safetensors buffer (every per-actor array with a leading actor axis; the arrays whose length varies per
 actor, final observations and finished episodes, concatenated with per-actor counts), a group costs one
 header, one HMAC, one Redis value and one numpy pass per array instead of one of each per actor: the
-per-rollout cost that kept ``collect_outputs`` below the machine's limit with many envs per worker.
+per-rollout cost that kept ``collect_outputs`` below the machine's limit with many envs per worker. Workers
+encode the group straight from its ``[T, n]`` buffers (``RolloutSteps``, ``encode_steps_group``); the same
+bytes as ``encode_group`` makes of its records.
 
 The learner's entries may hold one rollout (``rqrl.rollout.v1``, ``rqrl.records``) or a group
 (``rqrl.rollouts.v1``); ``decode_signed_entry`` reads either, after the HMAC check, and never unpickles.
@@ -13,13 +15,14 @@ The learner's entries may hold one rollout (``rqrl.rollout.v1``, ``rqrl.records`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from rqrl.codec import RECORD_MAGIC, ArrayParts, decode_arrays, encode_arrays, sign, verified_view
 from rqrl.errors import RecordError
-from rqrl.observations import Obs, flatten_obs, stack_obs, unflatten_obs
+from rqrl.observations import Obs, empty_like_batch, flatten_obs, select, stack_obs, unflatten_obs
 from rqrl.records import (
     MAX_ID,
     RECORD_FORMAT,
@@ -88,23 +91,58 @@ def encode_group(records: Sequence[RolloutRecord], run_id: str) -> bytes:
     return encode_arrays(arrays, metadata)
 
 
-class StepBuffers(Protocol):
-    """What ``encode_steps_group`` reads of a group's rollout (``rqrl.rollout.RolloutSteps`` has it): ``[T + 1, n,
-    ...]`` observations, ``[T, n, ...]`` step arrays, and per actor its ``(step, final obs)`` and ``(return,
-    length)`` lists."""
+@dataclass
+class RolloutSteps:
+    """What stepping ``n`` envs for ``T`` steps collected, before it is split into one record per actor.
+
+    ``obs`` is ``[T + 1, n, ...]`` (row ``T``: the observations after the last step);
+    ``actions``/``log_probs``/``logits``/``rewards``/``terminated``/``truncated`` are ``[T, n, ...]``;
+    ``final_obs[i]`` lists ``(step, obs)`` of env i's truncations and ``episodes[i]`` its finished
+    ``(return, length)``.
+    """
 
     obs: Obs
     actions: np.ndarray
+    log_probs: np.ndarray
+    logits: np.ndarray | None
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
-    log_probs: np.ndarray
-    logits: np.ndarray | None
     final_obs: list[list[tuple[int, Obs]]]
     episodes: list[list[tuple[float, int]]]
 
+    def records(self, actor_ids: Sequence[int], policy_version: int, rollout_id: int, worker: str,
+                continues_previous: bool) -> list[RolloutRecord]:
+        return [self.record(index, actor_id, policy_version, rollout_id, worker, continues_previous)
+                for index, actor_id in enumerate(actor_ids)]
 
-def encode_steps_group(steps: StepBuffers, actor_ids: Sequence[int], continues_previous: Sequence[bool],
+    def record(self, index: int, actor_id: int, policy_version: int, rollout_id: int, worker: str,
+               continues_previous: bool) -> RolloutRecord:
+        """Env ``index``'s rollout as a record (its arrays copied out of the ``[T, n]`` buffers)."""
+        n_steps = len(self.rewards)
+        return RolloutRecord(
+            obs=select(self.obs, (slice(0, n_steps), index)),
+            actions=self.actions[:, index].copy(),
+            rewards=self.rewards[:, index].copy(),
+            terminated=self.terminated[:, index].copy(),
+            truncated=self.truncated[:, index].copy(),
+            log_probs=self.log_probs[:, index].copy(),
+            logits=self.logits[:, index].copy() if self.logits is not None else None,
+            next_obs=select(self.obs, (n_steps, index)),
+            final_obs=(stack_obs([o for _, o in self.final_obs[index]]) if self.final_obs[index]
+                       else empty_like_batch(select(self.obs, (n_steps, index)))),
+            final_obs_steps=np.array([s for s, _ in self.final_obs[index]], dtype=np.int64),
+            episode_returns=np.array([r for r, _ in self.episodes[index]], dtype=np.float64),
+            episode_lengths=np.array([n for _, n in self.episodes[index]], dtype=np.int64),
+            policy_version=policy_version,
+            actor_id=actor_id,
+            rollout_id=rollout_id,
+            worker=worker,
+            continues_previous=continues_previous,
+        )
+
+
+def encode_steps_group(steps: RolloutSteps, actor_ids: Sequence[int], continues_previous: Sequence[bool],
                        policy_version: int, rollout_id: int, worker: str, run_id: str) -> bytes:
     """The buffer ``encode_group`` makes of the group's records, made straight from its ``[T, n]`` buffers: one
     numpy copy per array instead of one record per actor (a worker's cost per rollout)."""
@@ -161,7 +199,7 @@ def encode_signed_group(records: Sequence[RolloutRecord], run_id: str, key: byte
     return sign(encode_group(records, run_id), key, RECORD_MAGIC)
 
 
-def encode_signed_steps(steps: StepBuffers, actor_ids: Sequence[int], continues_previous: Sequence[bool],
+def encode_signed_steps(steps: RolloutSteps, actor_ids: Sequence[int], continues_previous: Sequence[bool],
                         policy_version: int, rollout_id: int, worker: str, run_id: str, key: bytes) -> bytes:
     """encode_steps_group, tagged with HMAC-SHA256 under the run's records key (as ``encode_signed_group``)."""
     return sign(encode_steps_group(steps, actor_ids, continues_previous, policy_version, rollout_id, worker, run_id),

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 
 from rqrl.errors import ConfigError, EnvError, PolicyError
+from rqrl.group_records import RolloutSteps
 
 # stack_obs, to_array and to_tensor are re-exported (rqrl.actors imports them from rollout)
-from rqrl.observations import Obs, empty_like_batch, flatten_obs, map_tree, select
+from rqrl.observations import Obs, flatten_obs, map_tree, select
 from rqrl.observations import stack_obs as stack_obs
 from rqrl.observations import to_array as to_array
 from rqrl.observations import to_tensor as to_tensor
@@ -33,57 +34,6 @@ SPACES_HINT = "envs must keep their observation and action spaces: fix the env f
 def derive_seed(*parts: int) -> int:
     """A 32-bit seed derived from integers (actor seed, rollout id, ...) without collisions in practice."""
     return int(np.random.SeedSequence([int(part) for part in parts]).generate_state(1)[0])
-
-
-@dataclass
-class RolloutSteps:
-    """What stepping ``n`` envs for ``T`` steps collected, before it is split into one record per actor.
-
-    ``obs`` is ``[T + 1, n, ...]`` (row ``T``: the observations after the last step);
-    ``actions``/``log_probs``/``logits``/``rewards``/``terminated``/``truncated`` are ``[T, n, ...]``;
-    ``final_obs[i]`` lists ``(step, obs)`` of env i's truncations and ``episodes[i]`` its finished
-    ``(return, length)``.
-    """
-
-    obs: Obs
-    actions: np.ndarray
-    log_probs: np.ndarray
-    logits: np.ndarray | None
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    final_obs: list[list[tuple[int, Obs]]]
-    episodes: list[list[tuple[float, int]]]
-
-    def records(self, actor_ids: Sequence[int], policy_version: int, rollout_id: int, worker: str,
-                continues_previous: bool) -> list[RolloutRecord]:
-        return [self.record(index, actor_id, policy_version, rollout_id, worker, continues_previous)
-                for index, actor_id in enumerate(actor_ids)]
-
-    def record(self, index: int, actor_id: int, policy_version: int, rollout_id: int, worker: str,
-               continues_previous: bool) -> RolloutRecord:
-        """Env ``index``'s rollout as a record (its arrays copied out of the ``[T, n]`` buffers)."""
-        n_steps = len(self.rewards)
-        return RolloutRecord(
-            obs=select(self.obs, (slice(0, n_steps), index)),
-            actions=self.actions[:, index].copy(),
-            rewards=self.rewards[:, index].copy(),
-            terminated=self.terminated[:, index].copy(),
-            truncated=self.truncated[:, index].copy(),
-            log_probs=self.log_probs[:, index].copy(),
-            logits=self.logits[:, index].copy() if self.logits is not None else None,
-            next_obs=select(self.obs, (n_steps, index)),
-            final_obs=(stack_obs([o for _, o in self.final_obs[index]]) if self.final_obs[index]
-                       else empty_like_batch(select(self.obs, (n_steps, index)))),
-            final_obs_steps=np.array([s for s, _ in self.final_obs[index]], dtype=np.int64),
-            episode_returns=np.array([r for r, _ in self.episodes[index]], dtype=np.float64),
-            episode_lengths=np.array([n for _, n in self.episodes[index]], dtype=np.int64),
-            policy_version=policy_version,
-            actor_id=actor_id,
-            rollout_id=rollout_id,
-            worker=worker,
-            continues_previous=continues_previous,
-        )
 
 
 @dataclass
