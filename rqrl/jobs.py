@@ -461,9 +461,10 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                     return {"rollouts": 0, "stopped": False}
                 yield_now = work.should_yield()
                 rollout = group.run_group(act, rollout_id, weights_version, cut_at_end=yield_now, worker=label)
-                if not yield_now:  # the next rollout's weights: the reply is read after this push is sent
-                    weights_check = store.send_fetch(context.weights_version)
                 settle()
+                if not yield_now:  # the next rollout's weights, asked after any wait for room in the queue: the
+                    # reply is read once this rollout's push is on its way
+                    weights_check = store.send_fetch(context.weights_version)
                 # a re-run recomputes rollouts an earlier job delivered; the first new one does not
                 # continue the delivered one before it, and says so
                 continues = [rollout.continues_previous and actor not in refused for actor in rollout.actor_ids]
@@ -474,8 +475,12 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                 if sent is not None:
                     in_flight = (sent, entries, rollout_id)
                 else:
-                    delivered(entries, queue.push([entry for entry, _ in entries], is_stopped, on_wait=beat,
-                                                  token=token, lease=fence), rollout_id)
+                    report = queue.push([entry for entry, _ in entries], is_stopped, on_wait=beat, token=token,
+                                        lease=fence)
+                    delivered(entries, report, rollout_id)
+                    if report.waited_seconds > 0 and weights_check is not None:  # the check predates the wait for
+                        weights_check.abandon()  # room, during which the learner may have published: ask afresh
+                        weights_check = None
                 work.heartbeat(len(rollout.actor_ids) * config.n_rollout_steps)
                 if yield_now:
                     enqueue_group(connection, config, group_id, rollout_id, holder=lease.holder)

@@ -193,3 +193,39 @@ def test_a_worker_that_cannot_run_the_run_is_sidelined_and_the_run_goes_on(conne
                   if job_id.startswith(actors.keys.job_id_prefix)]
         assert failed and all("WorkerUnfitError" in job.latest_result().exc_string for job in failed), failed
     assert bad.poll() is None, "the sidelined worker keeps serving the queue (other runs may suit it)"
+
+
+
+@pytest.mark.parametrize(("env_factory", "n_actors", "expected"), [
+    # one entry per rollout, pushes sent ahead: rollout 0 goes in, rollout 1 finds the queue full, rollout 2 is
+    # stepped, then the worker waits for room (reading rollout 1's reply); rollout 3 is the first stepped after
+    (fixtures.make_cartpole, 1, {0: 1, 1: 1, 2: 1, 3: 2}),
+    # rollouts of 0.5 MB: each goes in an entry of its own, and a group's entries are pushed waiting; rollout 0
+    # fills the queue, rollout 1 waits for room, and rollout 2 is the first stepped after
+    (fixtures.make_wide_counting_env, 3, {0: 1, 1: 1, 2: 2}),
+], ids=["sent-push", "waited-push"])
+def test_weights_published_while_a_worker_waits_for_room_reach_the_rollout_after_the_wait(
+        connection, redis_url, run_name, env_factory, n_actors, expected):
+    """A queue of one entry fills; weights published while the worker waits for room reach the first rollout it
+    steps after the wait: it asks for weights after waiting, not before (which would leave that rollout a
+    version behind)."""
+    policy = fixtures.WeightRevealingPolicy()
+    with local_actors(redis_url, run_name, env_factory=env_factory, policy=policy, n_rollout_steps=16,
+                      n_actors=n_actors, batch_size=n_actors, actors_per_job=n_actors,
+                      queue_out_of_sync_factor=1.0) as actors:
+        actors.broadcast_updated_policy(fixtures.revealing_state(1))
+        wait_until(lambda: actors.queue_size() > 0, 30, message="rollout 0 in the queue")
+        time.sleep(1.0)  # rollouts of 16 steps take milliseconds: the worker is waiting for room by now
+        actors.broadcast_updated_policy(fixtures.revealing_state(2))
+        versions: dict[int, set[int]] = {}
+
+        def last_rollout_delivered() -> bool:
+            record = actors.collect_outputs("cpu").record
+            for rollout_id, version in zip(record.rollout_id.tolist(), record.policy_version.tolist(), strict=True):
+                versions.setdefault(rollout_id, set()).add(version)
+            assert torch.all(record.log_probs == record.policy_version.float())
+            return max(expected) in versions
+
+        wait_until(last_rollout_delivered, 30, interval=0, message=f"rollout {max(expected)} delivered")
+    assert {rollout: versions[rollout] for rollout in expected} == {
+        rollout: {version} for rollout, version in expected.items()}
