@@ -449,7 +449,7 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
                 in_flight = None
                 delivered(sent_entries, queue.finish(sent, is_stopped, on_wait=beat), next_rollout_id)
 
-        weights_check: SentFetch | None = None  # sent as a rollout ends, read before the next one starts
+        weights_check: SentFetch | None = None  # sent after a rollout, read before the next one
         try:
             while True:
                 weights_version = _wait_for_weights(context, store, is_stopped, beat, weights_check)

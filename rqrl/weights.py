@@ -109,8 +109,9 @@ class WeightStore:
         return self._newer(self._fetch(keys=[self.keys.latest_version], args=[self.keys.weights_prefix, held]), held)
 
     def send_fetch(self, held_version: int | None) -> SentFetch:
-        """Send ``fetch_if_newer``'s query without waiting for the reply: a worker sends it as its rollout ends and
-        reads it (``SentFetch.result``) once its push is on its way, so the check costs no idle round trip."""
+        """Send ``fetch_if_newer``'s query without waiting for the reply: a worker sends it once a rollout is
+        stepped and reads it (``SentFetch.result``) once its push is on its way: the check costs no idle round
+        trip."""
         held = -1 if held_version is None else held_version
         sent = SentCommands.send(self.connection, [("EVAL", _FETCH_IF_NEWER, 1, self.keys.latest_version,
                                                     self.keys.weights_prefix, held)])
