@@ -19,8 +19,9 @@ import torch
 from rqrl.errors import ConfigError, EnvError, PolicyError
 from rqrl.group_records import RolloutSteps
 
-# stack_obs, to_array and to_tensor are re-exported (rqrl.actors imports them from rollout)
+# stack_obs, to_array, to_tensor and empty_like_batch are re-exported (rqrl.actors imports them from rollout)
 from rqrl.observations import Obs, flatten_obs, map_tree, select
+from rqrl.observations import empty_like_batch as empty_like_batch
 from rqrl.observations import stack_obs as stack_obs
 from rqrl.observations import to_array as to_array
 from rqrl.observations import to_tensor as to_tensor
