@@ -15,7 +15,7 @@ import redis
 
 log = logging.getLogger(__name__)
 
-_CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+_SEND_ERRORS = (redis.RedisError, OSError)  # no connection, a failed handshake or write: take the waiting path
 
 
 class SentCommands:
@@ -31,7 +31,7 @@ class SentCommands:
         pool = client.connection_pool
         try:
             connection = pool.get_connection()
-        except _CONNECTION_ERRORS as error:
+        except _SEND_ERRORS as error:
             log.debug("no connection to send %s on (%s)", commands[0][0], error)
             return None
         try:
@@ -39,7 +39,7 @@ class SentCommands:
         except BaseException as error:
             connection.disconnect()  # type: ignore[no-untyped-call]
             pool.release(connection)
-            if not isinstance(error, _CONNECTION_ERRORS):
+            if not isinstance(error, _SEND_ERRORS):
                 raise
             log.debug("sending %s failed (%s)", commands[0][0], error)
             return None
@@ -47,7 +47,8 @@ class SentCommands:
 
     def read(self, count: int) -> list[Any] | None:
         """The next ``count`` replies (an error reply as its exception object, not raised), or None when they
-        were lost (the connection is then closed). Reads once: later calls return None."""
+        were lost: the connection failed or sent what is no reply (it is then closed). Reads once: later calls
+        return None."""
         if self._pool is None:
             return None
         replies = []
@@ -57,7 +58,7 @@ class SentCommands:
                     replies.append(self._connection.read_response())
                 except redis.ResponseError as error:
                     replies.append(error)
-        except _CONNECTION_ERRORS as error:
+        except _SEND_ERRORS as error:  # the connection failed, or sent what is not a reply
             log.debug("a sent command's reply was lost (%s)", error)
             self.abandon()
             return None
