@@ -5,6 +5,7 @@ a developer's shell cannot redirect, and the gate of the ``slow`` marker (tests/
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 
 import pytest
@@ -22,6 +23,12 @@ from tests.processes import (  # noqa: F401 - re-exported: test files import the
     worker_env,
 )
 from tests.slow_gate import pytest_addoption, pytest_collection_modifyitems  # noqa: F401 - the plugin's hooks
+
+# A shell without job control (a script's `cmd &`, nohup) starts its background commands with SIGINT ignored, and
+# an ignored signal stays ignored across exec: the learners and workers the Ctrl-C tests start would never see
+# their SIGINT. A handler in this process is reset to the default at exec, so they get Python's usual one.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TEST_SECRET = "rqrl-test-secret"
 # what a developer's shell may set that would point tests (and the workers they start) elsewhere
