@@ -82,12 +82,22 @@ def encode_group(records: Sequence[RolloutRecord], run_id: str) -> bytes:
         joined(name, [leaves[name] for leaves in flat["final_obs"]])
     for name in _CONCATENATED:
         joined(name, [getattr(r, name) for r in records])
-    arrays["actor_ids"] = np.array([r.actor_id for r in records], np.int64)
-    arrays["continues_previous"] = np.array([r.continues_previous for r in records], bool)
-    arrays["final_obs_counts"] = np.array([len(r.final_obs_steps) for r in records], np.int64)
-    arrays["episode_counts"] = np.array([len(r.episode_returns) for r in records], np.int64)
-    metadata = {"format": GROUP_FORMAT, "run_id": run_id, "policy_version": str(first.policy_version),
-                "rollout_id": str(first.rollout_id), "worker": first.worker}
+    return _encode_with_actors(arrays, [r.actor_id for r in records], [r.continues_previous for r in records],
+                               [len(r.final_obs_steps) for r in records], [len(r.episode_returns) for r in records],
+                               first.policy_version, first.rollout_id, first.worker, run_id)
+
+
+def _encode_with_actors(arrays: dict[str, np.ndarray | ArrayParts], actor_ids: Sequence[int],
+                        continues_previous: Sequence[bool], final_obs_counts: Sequence[int],
+                        episode_counts: Sequence[int], policy_version: int, rollout_id: int, worker: str,
+                        run_id: str) -> bytes:
+    """``arrays`` with the per-actor arrays and the metadata every group entry ends with, encoded."""
+    arrays["actor_ids"] = np.array(actor_ids, np.int64)
+    arrays["continues_previous"] = np.array(continues_previous, bool)
+    arrays["final_obs_counts"] = np.array(final_obs_counts, np.int64)
+    arrays["episode_counts"] = np.array(episode_counts, np.int64)
+    metadata = {"format": GROUP_FORMAT, "run_id": run_id, "policy_version": str(policy_version),
+                "rollout_id": str(rollout_id), "worker": worker}
     return encode_arrays(arrays, metadata)
 
 
@@ -110,6 +120,15 @@ class RolloutSteps:
     truncated: np.ndarray
     final_obs: list[list[tuple[int, Obs]]]
     episodes: list[list[tuple[float, int]]]
+
+    def actors(self, start: int, stop: int) -> RolloutSteps:
+        """Envs ``start`` to ``stop`` (excluded) of the group: views of the same buffers."""
+        return RolloutSteps(
+            obs=select(self.obs, (slice(None), slice(start, stop))), actions=self.actions[:, start:stop],
+            log_probs=self.log_probs[:, start:stop],
+            logits=None if self.logits is None else self.logits[:, start:stop], rewards=self.rewards[:, start:stop],
+            terminated=self.terminated[:, start:stop], truncated=self.truncated[:, start:stop],
+            final_obs=self.final_obs[start:stop], episodes=self.episodes[start:stop])
 
     def records(self, actor_ids: Sequence[int], policy_version: int, rollout_id: int, worker: str,
                 continues_previous: bool) -> list[RolloutRecord]:
@@ -165,13 +184,9 @@ def encode_steps_group(steps: RolloutSteps, actor_ids: Sequence[int], continues_
     arrays["episode_returns"] = np.array([ret for per_actor in steps.episodes for ret, _ in per_actor], np.float64)
     arrays["episode_lengths"] = np.array([length for per_actor in steps.episodes for _, length in per_actor],
                                          np.int64)
-    arrays["actor_ids"] = np.array(actor_ids, np.int64)
-    arrays["continues_previous"] = np.array(continues_previous, bool)
-    arrays["final_obs_counts"] = np.array([len(per_actor) for per_actor in steps.final_obs], np.int64)
-    arrays["episode_counts"] = np.array([len(per_actor) for per_actor in steps.episodes], np.int64)
-    metadata = {"format": GROUP_FORMAT, "run_id": run_id, "policy_version": str(policy_version),
-                "rollout_id": str(rollout_id), "worker": worker}
-    return encode_arrays(arrays, metadata)
+    return _encode_with_actors(arrays, actor_ids, continues_previous, [len(finals) for finals in steps.final_obs],
+                               [len(episodes) for episodes in steps.episodes], policy_version, rollout_id, worker,
+                               run_id)
 
 
 def _actor_major(array: np.ndarray) -> np.ndarray:

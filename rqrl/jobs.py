@@ -13,7 +13,6 @@ plain JSON.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ from rqrl.errors import (
     SignatureError,
     WorkerUnfitError,
 )
-from rqrl.group_records import encode_signed_group, encode_signed_steps, entry_stream, records_per_entry
+from rqrl.group_records import encode_signed_steps, entry_stream, records_per_entry
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder, recorded_progress, start_rollout
 from rqrl.policy import ActFunction, Policy, make_act_function
@@ -531,19 +530,14 @@ def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, 
 def _group_entries(rollout: GroupRollout, continues: list[bool], group_id: int, run_id: str,
                    key: bytes) -> list[tuple[PendingRollout, list[int]]]:
     """A group's rollouts as queue entries of at most ENTRY_BYTES (whole rollouts; one if a rollout is larger),
-    each on its part's stream, with the actors it holds; ``continues``: each actor's continues_previous. A group
-    that fits one entry (the common case) is encoded straight from its buffers."""
-    size, rollout_id = records_per_entry(rollout.first_record), rollout.rollout_id
-    if size >= len(rollout.actor_ids):
-        payload = encode_signed_steps(rollout.steps, rollout.actor_ids, continues, rollout.policy_version,
-                                      rollout_id, rollout.worker, run_id, key)
-        return [(PendingRollout(entry_stream(group_id, 0), rollout_id, payload), list(rollout.actor_ids))]
-    records = [record if record.continues_previous == continued else
-               dataclasses.replace(record, continues_previous=continued)
-               for record, continued in zip(rollout.records(), continues, strict=True)]
-    parts = [records[start:start + size] for start in range(0, len(records), size)]
-    return [(PendingRollout(entry_stream(group_id, part), rollout_id, encode_signed_group(chunk, run_id, key)),
-             [record.actor_id for record in chunk]) for part, chunk in enumerate(parts)]
+    each on its part's stream, with the actors it holds; ``continues``: each actor's continues_previous. Each entry
+    is encoded straight from the group's buffers."""
+    size, actor_ids = records_per_entry(rollout.first_record), rollout.actor_ids
+    starts = range(0, len(actor_ids), size)
+    return [(PendingRollout(entry_stream(group_id, part), rollout.rollout_id, encode_signed_steps(
+                rollout.steps.actors(start, start + size), actor_ids[start:start + size],
+                continues[start:start + size], rollout.policy_version, rollout.rollout_id, rollout.worker, run_id,
+                key)), actor_ids[start:start + size]) for part, start in enumerate(starts)]
 
 
 def _build_group(context: RunContext, group_id: int) -> ActorGroup:

@@ -106,7 +106,8 @@ class WeightStore:
         """``(version, state_dict)`` if a verified version newer than ``held_version`` is latest, else None
         (nothing new, or refused and logged: never raises for what Redis holds)."""
         held = -1 if held_version is None else held_version
-        return self._newer(self._fetch(keys=[self.keys.latest_version], args=[self.keys.weights_prefix, held]), held)
+        reply = self._fetch(keys=[self.keys.latest_version], args=[self.keys.weights_prefix, held])
+        return self.from_reply(reply, held)
 
     def send_fetch(self, held_version: int | None) -> SentFetch:
         """Send ``fetch_if_newer``'s query without waiting for the reply: a worker sends it once a rollout is
@@ -117,8 +118,9 @@ class WeightStore:
                                                     self.keys.weights_prefix, held)])
         return SentFetch(self, held_version, sent)
 
-    def _newer(self, reply: list[Any], held: int) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The weights of a fetch script's ``reply`` if they verify and are newer than ``held``, else None."""
+    def from_reply(self, reply: list[Any], held: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The weights of a fetch script's ``reply`` (as ``fetch_if_newer`` or a ``SentFetch`` got it) if they verify
+        and are newer than ``held``, else None (refused and logged)."""
         if len(reply) < 2:
             return None
         version, blob = _parse_version(reply[0]), reply[1]
@@ -180,7 +182,7 @@ class SentFetch:
         self._sent = None
         if replies is None or not isinstance(replies[0], list):
             return self.store.fetch_if_newer(self.held_version)
-        return self.store._newer(replies[0], -1 if self.held_version is None else self.held_version)
+        return self.store.from_reply(replies[0], -1 if self.held_version is None else self.held_version)
 
     def abandon(self) -> None:
         """Close the connection without reading the reply."""

@@ -87,6 +87,10 @@ def test_a_group_encoded_from_its_buffers_is_the_entry_its_records_make(make_env
     assert from_buffers == encode_group(records, RUN), "byte for byte the records' entry"
     assert encode_signed_steps(rollout.steps, rollout.actor_ids, continues, 4, rollout_id, "w7", RUN,
                                KEY) == encode_signed_group(records, RUN, KEY)
+    for start, stop in [(0, 2), (2, 3), (1, 2)]:  # a group in several entries: each part from its actors' columns
+        part = encode_steps_group(rollout.steps.actors(start, stop), rollout.actor_ids[start:stop],
+                                  continues[start:stop], 4, rollout_id, "w7", RUN)
+        assert part == encode_group(records[start:stop], RUN), (start, stop)
     if make_env is short_cartpole:
         assert sum(len(r.final_obs_steps) for r in records) > 0 and sum(len(r.episode_returns) for r in records) > 0
     assert continues == [index not in refused for index in range(3)]
