@@ -519,7 +519,7 @@ class RedisDistributedActors(DistributedActors):
                      self.workers_alive())
 
     def workers_alive(self, cached: bool = True) -> int:
-        """Workers on this run's queue with a heartbeat in the last LIVENESS_SECONDS (a SIGKILLed
+        """Workers on this run's queue with a heartbeat within the run's liveness window (a SIGKILLed
         worker stays registered in RQ for minutes); re-read at most once a second if ``cached``."""
         with self._redis_errors():
             return self.supervisor.workers_alive(cached)

@@ -41,7 +41,35 @@ def redis_server_from_env() -> str | None:
     return os.environ.get("RQRL_REDIS_SERVER") or None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _RqrlGroup(click.Group):
+    """rqrl's commands, with ``train`` built on first use: its flags come from the algorithms' configs, which
+    import torch, and every other command (and ``rqrl --help``) starts without torch."""
+
+    lazy_commands = {"train": "Train IMPALA (V-trace) on distributed actors, PPO on the garage sampler (--algo "
+                              "ppo), or DQN on the SEED trainer (--algo dqn)..."}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "train" and cmd_name not in self.commands:
+            _train_command()  # registers itself on this group
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's command list, with the lazy commands' one-line help given here instead of built."""
+        names = [name for name in self.list_commands(ctx)
+                 if name in self.commands and not self.commands[name].hidden or name in self.lazy_commands]
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        shown = {**{name: click.Command(name, help=text) for name, text in self.lazy_commands.items()}, **self.commands}
+        rows = [(name, shown[name].get_short_help_str(limit)) for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_RqrlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="rqrl")
 def main() -> None:
     """rqrl: distributed reinforcement-learning rollouts on Redis and RQ."""
@@ -94,8 +122,8 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
     import redis
 
     from rqrl.errors import RqrlError
-    from rqrl.jobs import learner_gone
     from rqrl.keys import RunKeys
+    from rqrl.leases import learner_gone
     from rqrl.rq_safety import rollout_queue
     from rqrl.run_config import RunConfig
     from rqrl.run_store import RunStore
@@ -205,8 +233,7 @@ def health(redis_url: str, worker_prefix: str | None, run_name: str | None) -> N
     import redis
 
     from rqrl.errors import RqrlError
-    from rqrl.health import learner_is_healthy, worker_is_healthy
-    from rqrl.worker import host_worker_prefix
+    from rqrl.health import host_worker_prefix, learner_is_healthy, worker_is_healthy
 
     if worker_prefix is None and run_name is None:
         raise click.UsageError("give --worker, --run RUN or both")
@@ -393,8 +420,6 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     click.echo(f"{metadata['env_id']}: {episodes} episodes, return {np.mean(returns):.1f} +- {np.std(returns):.1f} "
                f"(min {np.min(returns):.1f}, max {np.max(returns):.1f})")
 
-
-_train_command()
 
 
 def _demo_policy(obs_size: int, n_actions: int) -> torch.nn.Sequential:

@@ -19,14 +19,15 @@ import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import numpy as np
-import safetensors.torch
-import torch
 
 from rqrl.errors import RecordError, SignatureError
+
+if TYPE_CHECKING:
+    import torch
 
 _MAX_HEADER_BYTES = 1 << 24
 
@@ -148,6 +149,9 @@ def decode_arrays(blob: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict
 
 def encode_state_dict(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> bytes:
     """Serialize a torch state dict (any dtype, any device) into a safetensors buffer."""
+    import safetensors.torch  # here, not at the top: what reads records or run state needs no torch
+    import torch
+
     tensors = {}
     for name, value in state_dict.items():
         if not isinstance(value, torch.Tensor):
@@ -161,6 +165,8 @@ def encode_state_dict(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[
 
 def decode_state_dict(blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Inverse of encode_state_dict; never calls a pickle-based loader."""
+    import safetensors.torch
+
     metadata = read_metadata(blob)
     try:
         tensors = safetensors.torch.load(blob)

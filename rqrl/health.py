@@ -4,15 +4,22 @@ learner alive. Each reads a few keys; neither changes anything."""
 from __future__ import annotations
 
 import datetime
+import socket
 
 import redis
 from rq.utils import utcparse
 from rq.worker_registration import REDIS_WORKER_KEYS
 
-from rqrl.jobs import LIVENESS_SECONDS, learner_gone
 from rqrl.keys import RunKeys
+from rqrl.leases import learner_gone
+from rqrl.timings import protocol_timings
 
 WORKER_KEY_PREFIX = "rq:worker:"
+
+
+def host_worker_prefix() -> str:
+    """What the default names of this host's workers start with (``rqrl health --worker`` looks for them)."""
+    return f"rqrl.{socket.gethostname()}."
 
 
 def worker_heartbeat_ages(connection: redis.Redis, name_prefix: str) -> dict[str, float]:
@@ -38,13 +45,15 @@ def worker_heartbeat_ages(connection: redis.Redis, name_prefix: str) -> dict[str
 
 
 def worker_is_healthy(connection: redis.Redis, name_prefix: str) -> tuple[bool, str]:
-    """Whether a worker named ``name_prefix``... sent a heartbeat in the last LIVENESS_SECONDS, and why not."""
+    """Whether a worker named ``name_prefix``... sent a heartbeat within the liveness window
+    (ProtocolTimings.liveness), and why not."""
     ages = worker_heartbeat_ages(connection, name_prefix)
     if not ages:
         return False, f"no RQ worker named {name_prefix}* is registered"
     name, age = min(ages.items(), key=lambda item: item[1])
-    if age > LIVENESS_SECONDS:
-        return False, f"worker {name} sent its last heartbeat {age:.0f} s ago (more than {LIVENESS_SECONDS:.0f} s)"
+    liveness = protocol_timings().liveness
+    if age > liveness:
+        return False, f"worker {name} sent its last heartbeat {age:.0f} s ago (more than {liveness:g} s)"
     return True, f"worker {name} sent a heartbeat {age:.0f} s ago"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -30,6 +31,7 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from rqrl.codec import loads_object, records_key, secret_bytes, weights_key
+from rqrl.enqueue import ERROR_TTL_SECONDS, enqueue_group
 from rqrl.errors import (
     ForbiddenJobError,
     LeaseLostError,
@@ -40,60 +42,17 @@ from rqrl.errors import (
 )
 from rqrl.group_records import encode_signed_steps, entry_stream, records_per_entry
 from rqrl.keys import RunKeys
-from rqrl.leases import GroupLease, hand_over, hand_over_from, lease_holder, recorded_progress, start_rollout
+from rqrl.leases import GroupLease, learner_gone, lease_holder, recorded_progress, start_rollout
 from rqrl.policy import ActFunction, Policy, make_act_function
 from rqrl.rollout import ActorGroup, EnvFactory, GroupRollout
 from rqrl.run_config import RunConfig
+from rqrl.timings import protocol_timings
 from rqrl.trajectories import PendingRollout, PushReport, SentPush, TrajectoryQueue
 from rqrl.weights import SentFetch, WeightStore
 
 log = logging.getLogger(__name__)
 
-JOB_FUNCTION = "rqrl.jobs.run_actor_group"
-SAMPLER_JOB_FUNCTION = "rqrl.sampler_jobs.run_sampler_group"  # the garage sampler's job (rqrl.sampler_jobs)
-HEARTBEAT_SECONDS = 5.0
-LIVENESS_SECONDS = 4 * HEARTBEAT_SECONDS  # no heartbeat for this long: the worker is gone
 STOP_CHECK_SECONDS = 0.1
-ERROR_TTL_SECONDS = 24 * 3600
-SIDELINE_MAX_SECONDS = 30.0  # the longest a sidelined worker waits before it dequeues again
-
-
-def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rollout_id: int,
-                  holder: str | None = None) -> str:
-    """Enqueue the job that runs ``group_id`` from ``rollout_id`` on; returns the job id.
-
-    The group's lease and progress are handed to the new job at once, so the reaper does not take
-    a job that a worker has dequeued but not yet started for a dead one (if it waits in the queue
-    longer than the lease, the queue itself shows it is not lost). A job enqueueing its own
-    continuation passes its lease ``holder``: LeaseLostError if it no longer holds the group.
-    """
-    keys = RunKeys(config.run_name)
-    queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
-    new_holder = keys.job_id(group_id, rollout_id)
-    holder_job = holder.partition("#")[0] if holder is not None else None
-    if holder_job is not None and (holder_job == new_holder or holder_job.startswith(new_holder + "_a")):
-        # a job handing its group back before it ran a rollout: under its own id, the new job would be deleted
-        # with the old one's hash when that ends (result_ttl=0), or overwritten when it is filed as failed
-        new_holder = keys.job_id(group_id, rollout_id, again=uuid.uuid4().hex[:8])
-    if holder is not None:
-        if not hand_over_from(connection, keys, group_id, holder, new_holder, rollout_id, config.lease_seconds):
-            raise LeaseLostError(f"group {group_id} is no longer {holder}'s: enqueueing no continuation")
-    else:
-        with connection.pipeline(transaction=True) as pipe:
-            hand_over(pipe, keys, group_id, new_holder, rollout_id, config.lease_seconds)
-            pipe.execute()
-    job = queue.enqueue(
-        JOB_FUNCTION,
-        config.run_name,
-        group_id,
-        rollout_id,
-        job_id=new_holder,
-        description=f"rqrl {config.run_name} actors {config.actor_groups[group_id]} from rollout {rollout_id}",
-        result_ttl=0,
-        failure_ttl=ERROR_TTL_SECONDS,
-        job_timeout=-1,
-    )
-    return job.id
 
 
 @dataclass
@@ -139,8 +98,6 @@ class RunContext:
 
 _CONTEXTS: dict[str, RunContext] = {}
 _MAX_CONTEXTS = 4
-ALLOWED_JOB_FUNCTIONS = frozenset({JOB_FUNCTION, SAMPLER_JOB_FUNCTION, "rqrl.seed_jobs.run_seed_actor",
-                                   "rqrl.seed_jobs.run_seed_server"})
 _secret: bytes | None = None
 _heartbeat_hook: Callable[[], None] | None = None
 _stop_requested_hook: Callable[[], bool] | None = None
@@ -163,18 +120,6 @@ def set_worker_hooks(stop_requested: Callable[[], bool] | None, queue_keys: Call
 def shutdown_requested() -> bool:
     """Whether this worker process was asked to shut down (SIGTERM/SIGINT; see set_worker_hooks)."""
     return _stop_requested_hook is not None and _stop_requested_hook()
-
-
-def learner_gone(deadline: bytes | str | None, now: float | None = None) -> bool:
-    """Whether the run's learner missed its heartbeat deadline (unix seconds; see RunKeys.learner_deadline).
-    No deadline, or one that does not parse, counts as alive: stopping a run takes a positive sign."""
-    if deadline is None:
-        return False
-    try:
-        value = float(deadline)
-    except (TypeError, ValueError):
-        return False
-    return (time.time() if now is None else now) > value
 
 
 def configure_secret(secret: str | bytes | None) -> None:
@@ -314,8 +259,8 @@ class _Slice:
         since the last call count towards this worker's steps/s on the run (see _publish_rate)."""
         now = time.monotonic()
         if env_steps:
-            _publish_rate(self.connection, self.config.run_name, env_steps, now)
-        if now - self.last_heartbeat < HEARTBEAT_SECONDS:
+            _publish_rate(self.connection, self.config, env_steps, now)
+        if now - self.last_heartbeat < self.config.timings.heartbeat:
             return
         self.last_heartbeat = now
         if _heartbeat_hook is not None:
@@ -325,12 +270,13 @@ class _Slice:
 _RATES: dict[str, tuple[float, int]] = {}  # run name -> (when this worker last published, env steps since)
 
 
-def _publish_rate(connection: redis.Redis, run_name: str, env_steps: int, now: float) -> None:
-    """Count ``env_steps``; every HEARTBEAT_SECONDS publish this worker process's env steps/s on the run (over
-    its jobs, however short their slices) for ``rqrl status``. A lost write only leaves a gap."""
+def _publish_rate(connection: redis.Redis, config: RunConfig, env_steps: int, now: float) -> None:
+    """Count ``env_steps``; every heartbeat (the run's timings) publish this worker process's env steps/s on the
+    run (over its jobs, however short their slices) for ``rqrl status``. A lost write only leaves a gap."""
+    run_name, heartbeat = config.run_name, config.timings.heartbeat
     since, steps = _RATES.get(run_name, (now, 0))
     steps += env_steps
-    if now - since < HEARTBEAT_SECONDS:
+    if now - since < heartbeat:
         _RATES[run_name] = (since, steps)
         return
     _RATES[run_name] = (now, 0)
@@ -341,7 +287,7 @@ def _publish_rate(connection: redis.Redis, run_name: str, env_steps: int, now: f
         with connection.pipeline(transaction=False) as pipe:
             pipe.hset(keys.worker_rates, worker_label(),
                       json.dumps({"steps_per_second": round(steps / (now - since), 1), "at": time.time()}))
-            pipe.expire(keys.worker_rates, int(4 * HEARTBEAT_SECONDS))
+            pipe.expire(keys.worker_rates, max(1, math.ceil(4 * heartbeat)))
             pipe.execute()
     except redis.RedisError as error:
         log.debug("could not publish this worker's steps/s: %s", error)
@@ -570,16 +516,18 @@ def sideline(connection: redis.Redis, keys: RunKeys, job_id: str, error: WorkerU
 
 
 def back_off(run_name: str) -> None:
-    """Wait 1, 2, 4, ... up to SIDELINE_MAX_SECONDS (longer for each job of the run in a row it could not
-    run) before dequeueing again, so the job handed back goes to a worker that can run it."""
+    """Wait 1, 2, 4, ... up to 30 s (the sideline windows of this worker's ProtocolTimings; longer for each
+    job of the run in a row it could not run) before dequeueing again, so the job handed back goes to a worker
+    that can run it."""
+    timings = protocol_timings()
     streak = _UNFIT_STREAKS[run_name] = _UNFIT_STREAKS.get(run_name, 0) + 1
-    deadline = time.monotonic() + min(SIDELINE_MAX_SECONDS, 2.0 ** (streak - 1))
+    deadline = time.monotonic() + min(timings.sideline_max, timings.sideline_first * 2.0 ** (streak - 1))
     last_beat = -float("inf")
     while (now := time.monotonic()) < deadline and not shutdown_requested():
-        if now - last_beat >= HEARTBEAT_SECONDS:
+        if now - last_beat >= timings.heartbeat:
             beat_worker()
             last_beat = now
-        time.sleep(min(0.25, deadline - now))
+        time.sleep(min(0.25, timings.heartbeat, deadline - now))
 
 
 def _check_job_arguments(config: RunConfig, group_id: object, rollout_id: object) -> None:

@@ -296,3 +296,16 @@ class Reaper:
                         "runs it (if this recurs, something other than rqrl writes to this Redis)",
                         self.keys.lease(group), value, problem)
         return True
+
+
+def learner_gone(deadline: bytes | str | None, now: float | None = None) -> bool:
+    """Whether the run's learner missed its heartbeat deadline (unix seconds; see RunKeys.learner_deadline).
+    No deadline, or one that does not parse, counts as alive: stopping a run takes a positive sign."""
+    if deadline is None:
+        return False
+    try:
+        value = float(deadline)
+    except (TypeError, ValueError):
+        return False
+    return (time.time() if now is None else now) > value
+

@@ -35,8 +35,8 @@ from rq.registry import (
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker, Worker
 
+from rqrl.enqueue import ALLOWED_JOB_FUNCTIONS, ERROR_TTL_SECONDS
 from rqrl.errors import ForbiddenJobError
-from rqrl.jobs import ALLOWED_JOB_FUNCTIONS, ERROR_TTL_SECONDS
 from rqrl.keys import DEFAULT_QUEUE
 
 log = logging.getLogger(__name__)

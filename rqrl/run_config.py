@@ -11,6 +11,7 @@ from typing import SupportsIndex
 
 from rqrl.errors import ConfigError
 from rqrl.keys import check_run_name
+from rqrl.timings import ProtocolTimings, protocol_timings
 
 
 def _check(condition: bool, message: str) -> None:
@@ -69,6 +70,8 @@ class RunConfig:
     lease_seconds: float = 5.0
     hang_seconds: float = 60.0
     extra: dict[str, str] = field(default_factory=dict)
+    timings: ProtocolTimings = field(default_factory=protocol_timings)
+    """The learner's protocol windows; its jobs beat and publish on these (rqrl.timings)."""
 
     def __post_init__(self) -> None:
         check_run_name(self.run_name)
@@ -82,6 +85,8 @@ class RunConfig:
         flat = sorted(actor for group in self.actor_groups for actor in group)
         _check(flat == list(range(self.n_actors)), f"actor groups {self.actor_groups} must cover each actor once")
         _check(0 < self.min_job_seconds <= self.max_job_seconds, "expected 0 < min_job_seconds <= max_job_seconds")
+        _check(isinstance(self.timings, ProtocolTimings),
+               f"expected timings to be a ProtocolTimings, got {type(self.timings).__name__}")
 
     @property
     def group_size(self) -> int:
@@ -104,7 +109,10 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RunConfig:
-        return cls(**json.loads(text))
+        values = json.loads(text)
+        if isinstance(values, dict) and isinstance(values.get("timings"), dict):
+            values["timings"] = ProtocolTimings.from_dict(values["timings"])
+        return cls(**values)
 
 
 def queue_bound(batch_size: int, queue_out_of_sync_factor: float) -> int:

@@ -29,11 +29,10 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from rqrl.codec import RECORD_MAGIC, records_key, sign, weights_key
+from rqrl.enqueue import ERROR_TTL_SECONDS, SAMPLER_JOB_FUNCTION
 from rqrl.episodes import EpisodeBatch, encode_episodes
 from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError, WorkerUnfitError
 from rqrl.jobs import (
-    ERROR_TTL_SECONDS,
-    SAMPLER_JOB_FUNCTION,
     JobSlice,
     back_off,
     load_signed,

@@ -4,8 +4,8 @@ With ``Config.queue_name`` set, the trainer enqueues one job per actor and per s
 starting local processes. Job arguments are plain JSON (run name, index, token); what the job
 runs (settings, signed environment and model factories) it reads from Redis with the worker's
 RQRL_SECRET. A job runs until the run stops. Meanwhile a thread refreshes ``seed:alive:{name}``
-(which lapses within ALIVE_SECONDS once it dies) and the job's own loop RQ's heartbeats. It stops on its own
-once ``seed:token:{name}`` names another job: the trainer gave its place to a newer one.
+(which lapses within ProtocolTimings.seed_alive once it dies) and the job's own loop RQ's heartbeats. It
+stops on its own once ``seed:token:{name}`` names another job: the trainer gave its place to a newer one.
 """
 
 from __future__ import annotations
@@ -25,20 +25,17 @@ from rq.serializers import JSONSerializer
 
 from rqrl.errors import RunStoppedError
 from rqrl.inference import InferenceServer
-from rqrl.jobs import HEARTBEAT_SECONDS, beat_worker, worker_secret
+from rqrl.jobs import beat_worker, worker_secret
 from rqrl.keys import PREFIX, RunKeys
 from rqrl.rq_safety import failed_registry, rollout_queue
 from rqrl.seed_actor import Actor
 from rqrl.seed_store import SeedRun
+from rqrl.timings import protocol_timings
 
 log = logging.getLogger(__name__)
 
 ACTOR_JOB = "rqrl.seed_jobs.run_seed_actor"
 SERVER_JOB = "rqrl.seed_jobs.run_seed_server"
-ALIVE_SECONDS = 3.0
-"""A job whose alive key is older than this is taken for dead."""
-BEAT_SECONDS = 1.0
-"""How often a job refreshes its alive key (and RQ's heartbeat, at most every HEARTBEAT_SECONDS)."""
 
 
 def job_id(keys: RunKeys, name: str, token: str) -> str:
@@ -68,6 +65,7 @@ def _liveness(run: SeedRun, name: str, token: str, on_fenced: Callable[[], None]
     """Refresh the alive key while the body runs; call ``on_fenced`` once another job holds ``name``."""
     done = threading.Event()
     alive_key, token_key = run.keys.seed(f"alive:{name}"), run.keys.seed(f"token:{name}")
+    timings = protocol_timings()  # the alive key lapses seed_alive after the last of its seed_beat refreshes
 
     def beat() -> None:
         while not done.is_set():
@@ -75,8 +73,8 @@ def _liveness(run: SeedRun, name: str, token: str, on_fenced: Callable[[], None]
             if not isinstance(holder, bytes) or holder.decode() != token or run.stopped():
                 on_fenced()
                 return
-            run.connection.set(alive_key, token, px=int(ALIVE_SECONDS * 1000))
-            done.wait(BEAT_SECONDS)
+            run.connection.set(alive_key, token, px=max(1, int(timings.seed_alive * 1000)))
+            done.wait(timings.seed_beat)
 
     thread = threading.Thread(target=beat, name=f"rqrl-seed-{name}-liveness", daemon=True)
     thread.start()
@@ -123,7 +121,7 @@ def run_seed_actor(run_name: str, actor_index: int, token: str) -> None:
         return
     actor = Actor(run, actor_index)
     with _liveness(run, f"actor-{actor_index}", token, actor.stop.set):
-        actor.run_forever(tick=_rate_limited(beat_worker, HEARTBEAT_SECONDS))
+        actor.run_forever(tick=_rate_limited(beat_worker, protocol_timings().heartbeat))
 
 
 def run_seed_server(run_name: str, server_index: int, token: str) -> None:
@@ -140,7 +138,7 @@ def run_seed_server(run_name: str, server_index: int, token: str) -> None:
                              settings["inference_device"], settings["broadcast_period"])
     stop = threading.Event()
     with _liveness(run, f"server-{server_index}", token, stop.set):
-        server.run_forever(stop, tick=_rate_limited(beat_worker, HEARTBEAT_SECONDS))
+        server.run_forever(stop, tick=_rate_limited(beat_worker, protocol_timings().heartbeat))
 
 
 JOB_START_SECONDS = 60.0

@@ -12,11 +12,11 @@ import redis
 from rq.utils import utcparse
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from rqrl.jobs import LIVENESS_SECONDS
 from rqrl.keys import PREFIX, RunKeys
 from rqrl.rq_safety import RolloutJob, failed_registry, rollout_queue, started_registry
 from rqrl.run_config import RunConfig
 from rqrl.supervisor import read_sideline_reports
+from rqrl.timings import protocol_timings
 
 RECENT_FAILURES = 3
 
@@ -33,7 +33,7 @@ class WorkerStatus:
 
     @property
     def alive(self) -> bool:
-        return self.heartbeat_age is not None and self.heartbeat_age <= LIVENESS_SECONDS
+        return self.heartbeat_age is not None and self.heartbeat_age <= protocol_timings().liveness
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +55,7 @@ class RunStatus:
     """(job id, last line of its traceback) of its most recent failed jobs."""
     workers: list[WorkerStatus] = field(default_factory=list)
     worker_rates: dict[str, float] = field(default_factory=dict)
-    """Each worker's env steps/s on this run, as its job last published it (within LIVENESS_SECONDS)."""
+    """Each worker's env steps/s on this run, as its job last published it (within the liveness window)."""
     sidelined: dict[str, str] = field(default_factory=dict)
     """Workers that cannot run this run (wrong RQRL_SECRET, env code missing) and hand its jobs back: name -> why."""
 
@@ -127,9 +127,10 @@ def read_workers(connection: redis.Redis, queue_name: str) -> list[WorkerStatus]
 
 
 def read_worker_rates(connection: redis.Redis, keys: RunKeys, now: float | None = None) -> dict[str, float]:
-    """Worker name -> env steps/s on the run, as published by its job (rqrl.jobs) in the last LIVENESS_SECONDS;
-    entries that do not parse are left out."""
+    """Worker name -> env steps/s on the run, as published by its job (rqrl.jobs) within the liveness window
+    (ProtocolTimings.liveness); entries that do not parse are left out."""
     now = time.time() if now is None else now
+    liveness = protocol_timings().liveness
     rates = {}
     for name, raw in connection.hgetall(keys.worker_rates).items():
         try:
@@ -137,7 +138,7 @@ def read_worker_rates(connection: redis.Redis, keys: RunKeys, now: float | None 
             rate, at = float(published["steps_per_second"]), float(published["at"])
         except (ValueError, TypeError, KeyError, UnicodeDecodeError):
             continue
-        if now - at <= LIVENESS_SECONDS:
+        if now - at <= liveness:
             rates[_text(name)] = rate
     return rates
 

@@ -21,8 +21,8 @@ from rq.job import Job
 from rq.utils import utcparse
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
+from rqrl.enqueue import enqueue_group
 from rqrl.errors import ActorFailedError, CollectTimeoutError, NoWorkersError, WorkersRefusedError
-from rqrl.jobs import LIVENESS_SECONDS, enqueue_group
 from rqrl.keys import RunKeys
 from rqrl.leases import Reaper, recorded_progress
 from rqrl.rq_safety import started_registry
@@ -124,7 +124,7 @@ class Supervisor:
             self.sidelined[name] = report
         if not self.sidelined:
             return
-        live = live_worker_names(self.connection, self.queue)
+        live = live_worker_names(self.connection, self.queue, self.config.timings.liveness)
         if live and live <= self.sidelined.keys():
             first = self.sidelined[min(live)]
             raise WorkersRefusedError(
@@ -161,11 +161,12 @@ class Supervisor:
         )
 
     def workers_alive(self, cached: bool = True) -> int:
-        """Workers on the run's queue with a heartbeat in the last LIVENESS_SECONDS (a SIGKILLed
+        """Workers on the run's queue with a heartbeat within the run's liveness window (a SIGKILLed
         worker stays registered in RQ for minutes); re-read at most once a second if ``cached``."""
         now = time.monotonic()
         if not cached or now - self._workers_alive[0] > 1.0:
-            self._workers_alive = (now, count_live_workers(self.connection, self.queue))
+            self._workers_alive = (now, count_live_workers(self.connection, self.queue,
+                                                                     self.config.timings.liveness))
         return self._workers_alive[1]
 
 
@@ -209,17 +210,18 @@ def read_sideline_reports(connection: redis.Redis, keys: RunKeys) -> dict[str, d
     return reports
 
 
-def count_live_workers(connection: redis.Redis, queue: Queue) -> int:
-    """How many workers listen on ``queue`` with a heartbeat at most LIVENESS_SECONDS old (see live_worker_names)."""
-    return len(live_worker_names(connection, queue))
+def count_live_workers(connection: redis.Redis, queue: Queue, liveness: float) -> int:
+    """How many workers listen on ``queue`` with a heartbeat at most ``liveness`` s old (see live_worker_names)."""
+    return len(live_worker_names(connection, queue, liveness))
 
 
-def live_worker_names(connection: redis.Redis, queue: Queue) -> set[str]:
-    """Names of the workers listening on ``queue`` whose last heartbeat is at most LIVENESS_SECONDS old.
+def live_worker_names(connection: redis.Redis, queue: Queue, liveness: float) -> set[str]:
+    """Names of the workers listening on ``queue`` whose last heartbeat is at most ``liveness`` seconds old
+    (ProtocolTimings.liveness).
 
     Reads only each worker hash's ``last_heartbeat`` (RQ's ``Worker.all`` parses every field and
     fails on the first hash with junk in one); a heartbeat that does not parse counts as none."""
-    cutoff = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=LIVENESS_SECONDS)
+    cutoff = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=liveness)
     worker_keys = sorted(connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name))
     if not worker_keys:
         return set()

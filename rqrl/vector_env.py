@@ -46,13 +46,13 @@ from rqrl.observations import Obs, map_tree, stack_obs, to_array
 from rqrl.observations import select as select_obs
 from rqrl.process import ProcessContext, exit_when_orphaned, process_context, stop_processes
 from rqrl.stats import EpochStatsAggregator, RolloutEvents, StatsReader
+from rqrl.timings import protocol_timings
 
 __all__ = ["EnvProcessDiedError", "SubprocVectorEnv", "VectorEnvError"]
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5  # how often a caller waiting on an env process checks that it is still alive
-CLOSE_TIMEOUT_SECONDS = 5.0  # close() waits this long for the envs to close before it kills them
 _ALIGN = 64
 _FIXED_SHAPE_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 _STEP_FROM_SHARED_MEMORY = pickle.dumps(("step", None), pickle.HIGHEST_PROTOCOL)
@@ -606,7 +606,7 @@ def _shutdown(processes: list[multiprocessing.process.BaseProcess],
             connection.send(("close", None))
         except OSError:
             pass
-    deadline = time.monotonic() + CLOSE_TIMEOUT_SECONDS
+    deadline = time.monotonic() + protocol_timings().env_close
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))
     stop_processes([process for process in processes if process.is_alive()], timeout=1.0)

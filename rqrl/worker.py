@@ -9,8 +9,8 @@ re-import torch for every job (``benchmarks/worker_overhead.py`` measures it). S
 from __future__ import annotations
 
 import logging
+import math
 import os
-import socket
 import uuid
 from collections.abc import Sequence
 from types import FrameType
@@ -27,10 +27,12 @@ from rq.utils import now
 from rq.version import VERSION as RQ_VERSION
 
 from rqrl.connection import connect
-from rqrl.jobs import HEARTBEAT_SECONDS, configure_secret, set_heartbeat_hook, set_worker_hooks
+from rqrl.health import host_worker_prefix
+from rqrl.jobs import configure_secret, set_heartbeat_hook, set_worker_hooks
 from rqrl.keys import DEFAULT_QUEUE
 from rqrl.process import exit_when_orphaned
 from rqrl.rq_safety import TESTED_RQ_VERSIONS, RolloutJob, RolloutQueue, as_rollout_job, clean_queue, rollout_queue
+from rqrl.timings import protocol_timings
 
 __all__ = ["DEFAULT_QUEUE", "RolloutJob", "RolloutWorker", "run_worker", "send_heartbeat"]
 
@@ -77,9 +79,10 @@ class RolloutWorker(SimpleWorker):
         if kwargs.get("connection") is None and len(args) < 3:
             kwargs["connection"] = next((queue.connection for queue in given if isinstance(queue, Queue)), None)
         queues = [queue.name if isinstance(queue, Queue) else queue for queue in given]
-        # a heartbeat every HEARTBEAT_SECONDS while idle (RQ waits worker_ttl - 15 s per dequeue),
-        # so the learner can tell live workers from killed ones (see workers_alive)
-        kwargs.setdefault("worker_ttl", int(HEARTBEAT_SECONDS) + 15)
+        # a heartbeat every ProtocolTimings.heartbeat while idle (each dequeue waits that long, see
+        # dequeue_timeout), so the learner can tell live workers from killed ones (see workers_alive)
+        self.timings = protocol_timings()
+        kwargs.setdefault("worker_ttl", math.ceil(self.timings.heartbeat) + 15)
         self._check_registration = True  # off once the ACL user turns out not to allow the check
         self.shutdown_requested = False  # SIGTERM/SIGINT: the running job ends its slice early (see jobs)
         super().__init__(queues, *args, **kwargs)
@@ -94,6 +97,12 @@ class RolloutWorker(SimpleWorker):
             log.warning("worker %s: shutting down; the running job hands its actor group back after its current "
                         "rollout", self.name)
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    @property
+    def dequeue_timeout(self) -> float:  # type: ignore[override]
+        """Seconds each idle dequeue blocks before the next heartbeat: the heartbeat itself (RQ derives a whole
+        number of seconds, at least one, from worker_ttl; Redis's BLPOP takes fractions)."""
+        return self.timings.heartbeat
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's heartbeat, plus registering again if Redis lost our registration (a restart without
@@ -185,11 +194,6 @@ def served_queue_keys() -> list[str]:
 
 set_heartbeat_hook(send_heartbeat)
 set_worker_hooks(stop_requested, served_queue_keys)
-
-
-def host_worker_prefix() -> str:
-    """What the default names of this host's workers start with (``rqrl health --worker`` looks for them)."""
-    return f"rqrl.{socket.gethostname()}."
 
 
 def default_worker_name() -> str:

@@ -1,6 +1,8 @@
 """Shared fixtures: one private redis-server per test session (never the shared one on 6379),
 flushed around every test, real `rqrl worker` processes that are always cleaned up, an environment
-a developer's shell cannot redirect, and the gate of the ``slow`` marker (tests/slow_gate.py)."""
+a developer's shell cannot redirect, the gate of the ``slow`` marker (tests/slow_gate.py), the tiers
+by folder (tests/tiers.py), and protocol timings ten times faster than production's (RQRL_TIME_SCALE,
+rqrl/timings.py) in the tests and every process they start."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import redis
 import torch
 
 from rqrl.server import EmbeddedRedis
-from tests.processes import (  # noqa: F401 - re-exported: test files import these from here
+from rqrl.timings import TIME_SCALE_VARIABLE
+from tests.children import (  # noqa: F401 - re-exported: test files import these from here
     REPO_ROOT,
     WorkerProcesses,
     alive,
@@ -22,7 +25,8 @@ from tests.processes import (  # noqa: F401 - re-exported: test files import the
     stop_process,
     worker_env,
 )
-from tests.slow_gate import pytest_addoption, pytest_collection_modifyitems  # noqa: F401 - the plugin's hooks
+
+pytest_plugins = ["tests.slow_gate", "tests.tiers"]  # the slow marker's gate; the tiers by folder
 
 # A shell without job control (a script's `cmd &`, nohup) starts its background commands with SIGINT ignored, and
 # an ignored signal stays ignored across exec: the learners and workers the Ctrl-C tests start would never see
@@ -31,6 +35,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TEST_SECRET = "rqrl-test-secret"
+TEST_TIME_SCALE = "0.1"
+"""Heartbeats, liveness and sideline windows ten times faster than production's, in the tests and their workers."""
 # what a developer's shell may set that would point tests (and the workers they start) elsewhere
 CLEARED_VARIABLES = ("REDIS_URL", "RQRL_QUEUE")
 CLEARED_PREFIXES = ("RQ_DASHBOARD_",)
@@ -38,12 +44,13 @@ CLEARED_PREFIXES = ("RQ_DASHBOARD_",)
 
 def isolate_environment(patch: pytest.MonkeyPatch) -> None:
     """No REDIS_URL, RQRL_QUEUE or RQ_DASHBOARD_* from the shell; RQRL_SECRET is the test secret, which
-    worker subprocesses and in-process RolloutWorkers read (learners take ``secret=``, see tests.factories).
-    Tests that need other values set them."""
+    worker subprocesses and in-process RolloutWorkers read (learners take ``secret=``, see tests.factories);
+    RQRL_TIME_SCALE is TEST_TIME_SCALE. Tests that need other values set them."""
     for name in list(os.environ):
         if name in CLEARED_VARIABLES or name.startswith(CLEARED_PREFIXES):
             patch.delenv(name)
     patch.setenv("RQRL_SECRET", TEST_SECRET)
+    patch.setenv(TIME_SCALE_VARIABLE, TEST_TIME_SCALE)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,7 +11,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from rqrl.server import find_redis_server
-from tests.processes import free_port, stop_process
+from tests.children import free_port, stop_process
 
 
 class RedisServer:

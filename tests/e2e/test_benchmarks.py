@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.processes import REPO_ROOT, worker_env
+from tests.children import REPO_ROOT, worker_env
 
 
 def run_benchmark(script: str, *arguments: str, timeout: float = 240) -> str:

@@ -11,8 +11,7 @@ import uuid
 
 import pytest
 
-from tests.polling import wait_until
-from tests.processes import (
+from tests.children import (
     REPO_ROOT,
     alive,
     communicate_or_show_stacks,
@@ -25,6 +24,7 @@ from tests.processes import (
     stop_process,
     worker_env,
 )
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -63,11 +63,6 @@ def test_missing_redis_server_says_how_to_get_one():
     assert "RQRL_REDIS_SERVER" in result.stderr
 
 
-def test_demo_refuses_an_env_its_policy_cannot_act_in():
-    result = run_rqrl("demo", "--seconds", "1", "--env", "Pendulum-v1", timeout=60)  # a Box action space
-    assert result.returncode == 1, result.stderr
-    assert "needs a flat Box observation space and a Discrete action space" in result.stderr
-    assert "Pendulum-v1" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_worker_with_an_unreachable_redis_fails_clearly():
@@ -76,11 +71,6 @@ def test_worker_with_an_unreachable_redis_fails_clearly():
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in result.stderr
 
 
-def test_worker_requires_a_redis_url():
-    assert "REDIS_URL" not in worker_env()
-    result = run_rqrl("worker", timeout=60)
-    assert result.returncode == 2
-    assert "--redis-url" in result.stderr
 
 
 def test_worker_burst_exits_when_the_queue_is_empty(redis_url, connection):
@@ -88,18 +78,8 @@ def test_worker_burst_exits_when_the_queue_is_empty(redis_url, connection):
     assert result.returncode == 0, result.stderr
 
 
-def test_stop_of_a_run_that_is_not_there_says_so(redis_url, connection):
-    result = run_rqrl("stop", "nothing-here", "--redis-url", redis_url, timeout=60)
-    assert result.returncode == 1
-    assert "no run 'nothing-here'" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_dashboard_help_documents_its_options():
-    result = run_rqrl("dashboard", "--help", timeout=60)
-    assert result.returncode == 0, result.stderr
-    for option in ("--bind", "--port", "--url-prefix", "--username", "--password", "--delete / --no-delete"):
-        assert option in result.stdout, option
-    assert "default: 127.0.0.1" in " ".join(result.stdout.split())
 
 
 def listening_addresses(port: int) -> list[str]:

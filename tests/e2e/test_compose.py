@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.children import REPO_ROOT, alive, free_port, get_json, run_rqrl, stop_process, worker_env
 from tests.conftest import TEST_SECRET
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, alive, free_port, get_json, run_rqrl, stop_process, worker_env
 from tests.run_files import read_rows
 
 pytestmark = pytest.mark.timeout(180)

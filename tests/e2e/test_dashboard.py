@@ -16,8 +16,8 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from rqrl.rq_safety import failed_registry
+from tests.children import REPO_ROOT, free_port, get_json, start_dashboard, stop_process, worker_env
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, free_port, get_json, start_dashboard, stop_process, worker_env
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

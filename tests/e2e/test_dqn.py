@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from rqrl.checkpoint import load_checkpoint, load_weights
-from tests.polling import wait_until
-from tests.processes import (
+from tests.children import (
     REPO_ROOT,
     alive,
     communicate_or_show_stacks,
@@ -24,6 +23,7 @@ from tests.processes import (
     stop_process,
     worker_env,
 )
+from tests.polling import wait_until
 from tests.run_files import PNG_SIGNATURE, read_rows
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,14 +46,8 @@ def test_a_short_run_writes_the_run_folder(tmp_path):
     assert evaluated.returncode == 0 and "RqrlGuessSign-v0: 1 episodes" in evaluated.stdout, evaluated.stderr[-2000:]
 
 
-def test_impala_only_options_are_refused_with_dqn():
-    result = run_rqrl("train", "--algo", "dqn", "--n-actors", "3", timeout=60)
-    assert result.returncode == 2 and "--n-actors" in result.stderr
 
 
-def test_seconds_is_refused_with_impala():
-    result = run_rqrl("train", "--seconds", "3", timeout=60)
-    assert result.returncode == 2 and "--seconds do(es) not apply to --algo impala" in result.stderr
 
 
 @pytest.mark.slow

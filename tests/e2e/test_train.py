@@ -13,8 +13,7 @@ import uuid
 import pytest
 
 from rqrl.checkpoint import load_checkpoint
-from tests.polling import wait_until
-from tests.processes import (
+from tests.children import (
     REPO_ROOT,
     alive,
     communicate_or_show_stacks,
@@ -25,6 +24,7 @@ from tests.processes import (
     stop_process,
     worker_env,
 )
+from tests.polling import wait_until
 from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
 
 pytestmark = pytest.mark.timeout(240)
@@ -166,11 +166,6 @@ def test_train_ppo_on_the_garage_sampler_writes_the_run_folder(tmp_path):
     assert evaluation.returncode == 0, evaluation.stderr
 
 
-def test_train_refuses_flags_of_the_other_algorithm():
-    result = rqrl("train", "--algo", "ppo", "--n-actors", "3", "--total-env-steps", "1")
-    assert result.returncode != 0 and "--n-actors" in result.stderr and "ppo" in result.stderr
-    result = rqrl("train", "--num-samples", "100", "--total-env-steps", "1")
-    assert result.returncode != 0 and "--num-samples" in result.stderr
 
 
 @pytest.mark.slow

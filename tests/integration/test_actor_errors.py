@@ -10,8 +10,8 @@ import redis
 import torch
 
 from rqrl import ConfigError, RedisUnavailableError, RqrlError, ServerError
+from tests.children import free_port
 from tests.factories import redis_actors
-from tests.processes import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -26,9 +26,9 @@ from rqrl import (
 from rqrl.options import RunOptions
 from rqrl.records import encode_record
 from tests import fixtures
+from tests.children import REPO_ROOT, alive, worker_env
 from tests.factories import redis_actors, rollout_record
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, alive, worker_env
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,8 +17,8 @@ import torch
 from rqrl import ActorFailedError, CollectTimeoutError, NoWorkersError, RedisDistributedActors, RolloutEvents
 from rqrl.rq_safety import failed_registry, rollout_queue
 from tests import fixtures
+from tests.children import WorkerProcesses
 from tests.conftest import TEST_SECRET
-from tests.processes import WorkerProcesses
 from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(180)

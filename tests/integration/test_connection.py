@@ -8,9 +8,9 @@ import pytest
 import redis
 
 from rqrl import RedisUnavailableError, RolloutEvents
+from tests.children import WorkerProcesses
 from tests.factories import redis_actors
 from tests.polling import wait_until
-from tests.processes import WorkerProcesses
 from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(180)

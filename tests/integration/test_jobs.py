@@ -13,9 +13,9 @@ import torch
 from rqrl.rq_safety import RolloutJob, failed_registry
 from rqrl.status import read_worker_rates
 from tests import fixtures
+from tests.children import REPO_ROOT, run_rqrl
 from tests.factories import redis_actors
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, run_rqrl
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,9 +22,9 @@ from rqrl.codec import encode_state_dict
 from rqrl.records import encode_record
 from rqrl.stats import RolloutEvents
 from tests import fixtures
+from tests.children import WorkerProcesses
 from tests.factories import redis_actors, rollout_record
 from tests.polling import wait_until
-from tests.processes import WorkerProcesses
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,10 +25,10 @@ from redis.exceptions import NoPermissionError
 from rqrl import ActorFailedError, RedisRefusedError, RQSampler
 from rqrl.server import find_redis_server
 from tests import fixtures
+from tests.children import REPO_ROOT, WorkerProcesses, free_port, get_json, run_rqrl, stop_process, worker_env
 from tests.conftest import TEST_SECRET
 from tests.factories import redis_actors
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, WorkerProcesses, free_port, get_json, run_rqrl, stop_process, worker_env
 from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from rqrl import RolloutEvents
+from tests.children import WorkerProcesses
 from tests.factories import redis_actors
-from tests.processes import WorkerProcesses
 from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(240)

@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.children import REPO_ROOT, free_port, get_json, stop_process, worker_env
 from tests.factories import redis_actors
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, free_port, get_json, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,9 +12,9 @@ import pytest
 
 from rqrl.errors import ConfigError
 from rqrl.seed import Config, Trainer
+from tests.children import alive
 from tests.conftest import TEST_SECRET
 from tests.polling import wait_until
-from tests.processes import alive
 from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole
 
 

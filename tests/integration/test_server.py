@@ -13,7 +13,7 @@ import redis
 
 from rqrl.errors import RedisServerNotFoundError, RqrlError, ServerError
 from rqrl.server import INSTALL_HINT, EmbeddedRedis, find_redis_server
-from tests.processes import alive
+from tests.children import alive
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,7 +20,7 @@ from gymnasium import spaces
 from rqrl.errors import ConfigError, EnvError
 from rqrl.stats import LogStatsLevel, RolloutEvents
 from rqrl.vector_env import EnvProcessDiedError, SubprocVectorEnv, VectorEnvError
-from tests.processes import REPO_ROOT, worker_env
+from tests.children import REPO_ROOT, worker_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -138,7 +138,7 @@ def our_children() -> list[multiprocessing.process.BaseProcess]:
 
 
 def pid_exists(pid: int) -> bool:
-    """True while ``pid`` exists, zombies included (stricter than tests.processes.alive: close() must reap)."""
+    """True while ``pid`` exists, zombies included (stricter than tests.children.alive: close() must reap)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from tests.children import REPO_ROOT, run_rqrl, stop_process, worker_env
 from tests.conftest import TEST_SECRET
 from tests.factories import redis_actors
 from tests.polling import wait_until
-from tests.processes import REPO_ROOT, run_rqrl, stop_process, worker_env
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,7 @@ def test_the_screen_shows_learner_jobs_workers_and_failures():
                  "queue_size": 2, "queue_bound": 8, "records_rejected": 0},
         jobs_queued=1, jobs_started=1, jobs_failed=1, queued_rollouts=2,
         failures=[("rqrl_r1_g1_r9", "ValueError: bad env")],
-        workers=[WorkerStatus(name="w1", state="busy", current_job="rqrl_r1_g0_r17", heartbeat_age=2.0),
+        workers=[WorkerStatus(name="w1", state="busy", current_job="rqrl_r1_g0_r17", heartbeat_age=1.5),
                  WorkerStatus(name="w2", state="idle", current_job=None, heartbeat_age=600.0),
                  WorkerStatus(name="w3", state="busy", current_job="rqrl_r1_g1_r0_a1b2", heartbeat_age=1.0)],
         worker_rates={"w1": 20512.6}, sidelined={"w3": "this worker cannot verify run 'r1''s signed payload"},
@@ -58,4 +58,5 @@ def test_worker_rates_older_than_liveness_or_malformed_are_left_out():
         "stale": json.dumps({"steps_per_second": 99.0, "at": 900.0}),
         "junk": "not json", "no-rate": json.dumps({"at": 1000.0}), "text-rate": json.dumps({"steps_per_second": "x",
                                                                                           "at": 1000.0})})
-    assert read_worker_rates(connection, keys, now=1005.0) == {"fresh": 1234.5}
+    # with the tests' timings (RQRL_TIME_SCALE=0.1) the liveness window is 2 s: 1 s old is fresh, 100 s stale
+    assert read_worker_rates(connection, keys, now=1001.0) == {"fresh": 1234.5}

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.processes import worker_env
+from tests.children import worker_env
 
 HANGING_CLEANUP = textwrap.dedent("""
     import sys, time

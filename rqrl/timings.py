@@ -1,0 +1,87 @@
+"""The protocol's clocks in one place: how often workers beat, how long silence means death, how long waits last.
+
+Every process reads them here, so a learner, its workers and the status and health commands agree. They scale
+together with ``RQRL_TIME_SCALE`` (default 1): the test suite sets 0.1 in the learner and in every worker it
+starts, and so runs the real protocol ten times faster. A run records the timings its learner started with
+(``RunConfig.timings``) and its jobs follow those; an idle worker, which serves no run yet, follows its own
+environment. Set the same scale everywhere, or none: a worker beating more slowly than a learner expects looks dead.
+
+>>> ProtocolTimings().liveness
+20.0
+>>> ProtocolTimings.scaled(0.1).heartbeat
+0.5
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from rqrl.errors import ConfigError
+
+TIME_SCALE_VARIABLE = "RQRL_TIME_SCALE"
+
+
+@dataclass(frozen=True)
+class ProtocolTimings:
+    """Seconds of each protocol window (the defaults are the production values)."""
+
+    heartbeat: float = 5.0
+    """How often a worker sends RQ's heartbeat, busy or idle."""
+    liveness: float = 20.0
+    """No heartbeat for this long: the worker is gone (four missed beats)."""
+    sideline_first: float = 1.0
+    """A sidelined worker's first wait before it dequeues again; each further job in a row it cannot run doubles it."""
+    sideline_max: float = 30.0
+    """The longest a sidelined worker (one that failed a run's fitness check) waits before it dequeues again."""
+    seed_alive: float = 3.0
+    """A SEED job's alive key lapses this long after its job stops refreshing it."""
+    seed_beat: float = 1.0
+    """How often a SEED job refreshes its alive key."""
+    env_close: float = 5.0
+    """How long SubprocVectorEnv.close() waits for its env processes before it kills them."""
+    shutdown_grace: float = 45.0
+    """How long a learner's clean-up after Ctrl-C or SIGTERM may take before a watchdog ends the process."""
+
+    @classmethod
+    def scaled(cls, factor: float) -> ProtocolTimings:
+        """The production timings times ``factor`` (0.1: ten times faster)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ConfigError(f"the time scale must be a positive number, got {factor!r}")
+        return cls(**{spec.name: spec.default * factor for spec in fields(cls)})  # type: ignore[operator]
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ProtocolTimings:
+        """Timings from a run record; windows a record does not name keep this version's defaults."""
+        known = {spec.name for spec in fields(cls)}
+        chosen = {name: float(value) for name, value in values.items() if name in known}
+        bad = {name: value for name, value in chosen.items() if not (math.isfinite(value) and value > 0)}
+        if bad:
+            raise ConfigError(f"protocol timings must be positive seconds, got {bad}")
+        return cls(**chosen)
+
+
+def time_scale() -> float:
+    """The factor ``RQRL_TIME_SCALE`` sets (1 when unset); ConfigError for anything but a positive number."""
+    raw = os.environ.get(TIME_SCALE_VARIABLE, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{TIME_SCALE_VARIABLE}={raw!r} is not a positive number: unset it, or set a factor such "
+                          f"as 0.1 for ten times faster protocol timings")
+    return value
+
+
+def protocol_timings() -> ProtocolTimings:
+    """This process's timings: the production ones scaled by ``RQRL_TIME_SCALE``."""
+    scale = time_scale()
+    return ProtocolTimings() if scale == 1.0 else ProtocolTimings.scaled(scale)
