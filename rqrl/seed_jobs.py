@@ -23,6 +23,7 @@ from rq import Queue, get_current_job
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from rqrl.enqueue import SEED_ACTOR_JOB_FUNCTION, SEED_SERVER_JOB_FUNCTION
 from rqrl.errors import RunStoppedError
 from rqrl.inference import InferenceServer
 from rqrl.jobs import beat_worker, worker_secret
@@ -34,8 +35,8 @@ from rqrl.timings import protocol_timings
 
 log = logging.getLogger(__name__)
 
-ACTOR_JOB = "rqrl.seed_jobs.run_seed_actor"
-SERVER_JOB = "rqrl.seed_jobs.run_seed_server"
+ACTOR_JOB = SEED_ACTOR_JOB_FUNCTION
+SERVER_JOB = SEED_SERVER_JOB_FUNCTION
 
 
 def job_id(keys: RunKeys, name: str, token: str) -> str:

@@ -63,23 +63,15 @@ def test_missing_redis_server_says_how_to_get_one():
     assert "RQRL_REDIS_SERVER" in result.stderr
 
 
-
-
 def test_worker_with_an_unreachable_redis_fails_clearly():
     result = run_rqrl("worker", "--redis-url", "redis://127.0.0.1:1/0", timeout=60)
     assert result.returncode != 0
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in result.stderr
 
 
-
-
 def test_worker_burst_exits_when_the_queue_is_empty(redis_url, connection):
     result = run_rqrl("worker", "--redis-url", redis_url, "--burst", timeout=60)
     assert result.returncode == 0, result.stderr
-
-
-
-
 
 
 def listening_addresses(port: int) -> list[str]:

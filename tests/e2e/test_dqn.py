@@ -46,10 +46,6 @@ def test_a_short_run_writes_the_run_folder(tmp_path):
     assert evaluated.returncode == 0 and "RqrlGuessSign-v0: 1 episodes" in evaluated.stdout, evaluated.stderr[-2000:]
 
 
-
-
-
-
 @pytest.mark.slow
 def test_dqn_solves_a_trivial_env(tmp_path):
     result = run_rqrl("train", "--algo", "dqn", "--env", TRIVIAL_ENV, "--seconds", "240", "--run-dir", str(tmp_path),

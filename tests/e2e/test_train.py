@@ -166,8 +166,6 @@ def test_train_ppo_on_the_garage_sampler_writes_the_run_folder(tmp_path):
     assert evaluation.returncode == 0, evaluation.stderr
 
 
-
-
 @pytest.mark.slow
 def test_train_ppo_resumes_where_it_stopped(tmp_path):
     first = rqrl("train", *PPO_ARGUMENTS, "--total-env-steps", "800", "--run-dir", str(tmp_path), "--run-name", "p")

@@ -12,7 +12,7 @@ import pytest
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from rqrl import jobs
+from rqrl import enqueue, jobs
 from rqrl.codec import dumps_object, weights_key
 from rqrl.errors import LeaseLostError
 from rqrl.keys import RunKeys
@@ -238,7 +238,7 @@ def test_a_job_that_loses_its_lease_drops_its_cached_envs(connection, worker_cac
     keys = RunKeys("ctx-lost")
     WeightStore(connection, keys, weights_key(TEST_SECRET, config.run_id)).publish(
         fixtures.mlp_policy(obs_size=1).state_dict())
-    job_id = jobs.enqueue_group(connection, config, 0, 0)
+    job_id = enqueue.enqueue_group(connection, config, 0, 0)
     job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
     monkeypatch.setattr(jobs, "get_current_job", lambda: job)  # as if a worker ran it
 

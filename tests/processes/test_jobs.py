@@ -195,7 +195,6 @@ def test_a_worker_that_cannot_run_the_run_is_sidelined_and_the_run_goes_on(conne
     assert bad.poll() is None, "the sidelined worker keeps serving the queue (other runs may suit it)"
 
 
-
 @pytest.mark.parametrize(("env_factory", "n_actors", "expected"), [
     # one entry per rollout, pushes sent ahead: rollout 0 goes in, rollout 1 finds the queue full, rollout 2 is
     # stepped, then the worker waits for room (reading rollout 1's reply); rollout 3 is the first stepped after

@@ -1,0 +1,171 @@
+"""The SEED trainer end to end, with a real Redis and real actor and server processes: start(duration) returns
+having left no process or key, nothing is lost under a slow learner, killed actors and servers are replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from rqrl.seed import Config, Trainer
+from tests.children import alive
+from tests.conftest import TEST_SECRET
+from tests.polling import wait_until
+from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole
+
+
+def config(redis_url, run_name, **overrides):
+    values = {"redis_url": redis_url, "run_name": run_name, "secret": TEST_SECRET, "actor_threads": 2,
+              "minimum_buffer_size": 50, "inference_batchsize": 2, "inference_delay": 0.01, "broadcast_period": 0.5,
+              "request_timeout": 1.0}
+    values.update(overrides)
+    return Config(**values)
+
+
+def assert_nothing_left(trainer, connection, run_name, pids):
+    assert not trainer.processes
+    assert [pid for pid in pids if alive(pid)] == []
+    assert list(connection.scan_iter(match=f"rqrl:{run_name}:*")) == []
+
+
+@pytest.mark.timeout(60)
+def test_start_returns_after_duration_leaving_no_process_or_key(redis_url, connection, run_name):
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_cartpole)
+    started = time.monotonic()
+    trainer.start(3.0)
+    assert time.monotonic() - started >= 3.0
+    assert len(trainer.started_pids) == 2 and all(trainer.started_pids)  # one server, one actor process
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
+@pytest.mark.timeout(90)
+def test_no_transition_is_lost_under_a_slow_learner(redis_url, connection, run_name):
+    agent = cartpole_agent()
+    agent.__class__ = SlowAgent  # the actors outrun the learner until they find the list full
+
+    def actors_waited():
+        return int(connection.hget(f"rqrl:{run_name}:seed:stats", "full_waits") or 0) > 0
+
+    agent.block_until = actors_waited
+
+    def stop_after_three_steps(trainer):
+        if trainer.stats.train_steps >= 3:
+            trainer.stop()
+
+    trainer = Trainer(agent, config(redis_url, run_name, transition_queue_size=2, minimum_buffer_size=20),
+                      make_cartpole, on_progress=stop_after_three_steps, progress_seconds=0.05)
+    trainer.start(60.0)
+    stats = trainer.stats
+    assert stats.train_steps >= 3 and stats.counters.get("full_waits", 0) > 0, stats  # the actors waited
+    assert stats.counters["pushed"] == stats.transitions_received == agent.replay.added > 0
+    assert stats.messages_rejected == 0 and stats.restarts == []
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
+@pytest.mark.timeout(90)
+def test_with_drop_when_full_a_slow_learner_makes_actors_drop_and_the_trainer_reports_it(redis_url, connection,
+                                                                                        run_name, caplog):
+    agent = cartpole_agent()
+    agent.__class__ = SlowAgent  # the actors outrun the learner until they find the list full and drop
+
+    def actors_dropped():
+        return int(connection.hget(f"rqrl:{run_name}:seed:stats", "transitions_dropped") or 0) > 0
+
+    agent.block_until = actors_dropped
+
+    def stop_once_reported(trainer):
+        if trainer.stats.train_steps >= 3 and trainer.stats.transitions_dropped > 0:
+            trainer.stop()
+
+    trainer = Trainer(agent, config(redis_url, run_name, transition_queue_size=2, minimum_buffer_size=20,
+                                    drop_when_full=True),
+                      make_cartpole, on_progress=stop_once_reported, progress_seconds=0.05)
+    with caplog.at_level("WARNING", logger="rqrl.seed"):
+        trainer.start(60.0)
+    stats = trainer.stats
+    assert stats.transitions_dropped == stats.counters["transitions_dropped"] > 0, stats
+    assert "full_waits" not in stats.counters, stats  # nobody waited
+    assert stats.counters["pushed"] == stats.transitions_received == agent.replay.added > 0
+    assert any("dropped" in record.getMessage() and "drop_when_full=True" in record.getMessage()
+               for record in caplog.records), caplog.text
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
+@pytest.mark.timeout(150)
+def test_a_killed_server_and_a_killed_actor_are_replaced(redis_url, connection, run_name, caplog):
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name, epsilon=0.0, max_train_frequency=20),
+                      make_cartpole)
+    thread = threading.Thread(target=trainer.start, args=(90.0,), daemon=True)
+    thread.start()
+
+    def pushed():
+        raw = connection.hget(f"rqrl:{run_name}:seed:stats", "pushed")
+        return int(raw or 0)
+
+    def pid_of(name):
+        process = trainer.processes.get(name)
+        return process.pid if process is not None and process.is_alive() else None
+
+    try:
+        wait_until(lambda: pushed() > 20, 60, message="transitions to flow")
+        killed = {name: pid_of(name) for name in ("server-0", "actor-0")}
+        os.kill(killed["server-0"], signal.SIGKILL)
+        wait_until(lambda: pid_of("server-0") not in (None, killed["server-0"]), 20, message="a new server")
+        before = pushed()
+        wait_until(lambda: pushed() > before + 20, 30, message="transitions after the server's restart")
+        os.kill(killed["actor-0"], signal.SIGKILL)
+        wait_until(lambda: pid_of("actor-0") not in (None, killed["actor-0"]), 20, message="a new actor")
+        before = pushed()
+        wait_until(lambda: pushed() > before + 20, 30, message="transitions after the actor's restart")
+    finally:
+        trainer.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    restarts = trainer.stats.restarts
+    assert any("server-0" in line and "SIGKILL" in line for line in restarts), restarts
+    assert any("actor-0" in line and "SIGKILL" in line for line in restarts), restarts
+    assert "restarted server-0" in caplog.text
+    assert trainer.stats.counters["pushed"] == trainer.stats.transitions_received
+    assert len(trainer.started_pids) >= 4 and set(killed.values()) <= set(trainer.started_pids)
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
+@pytest.mark.timeout(90)
+def test_max_train_frequency_caps_train_steps(redis_url, connection, run_name):
+    first_step: list[float] = []
+
+    def stop_two_seconds_into_training(trainer):
+        if trainer.stats.train_steps and not first_step:
+            first_step.append(time.monotonic())
+        if first_step and time.monotonic() > first_step[0] + 2:
+            trainer.stop()
+
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name, minimum_buffer_size=1, max_train_frequency=5),
+                      make_cartpole, on_progress=stop_two_seconds_into_training, progress_seconds=0.05)
+    trainer.start(60.0)
+    training_seconds = time.monotonic() - first_step[0]
+    assert 1 < trainer.stats.train_steps <= 5 * training_seconds + 2
+
+
+@pytest.mark.timeout(90)
+def test_replay_ratio_caps_samples_trained_per_transition_received(redis_url, connection, run_name):
+    ratios: list[float] = []
+
+    def watch(trainer):
+        stats = trainer.stats
+        if stats.train_steps:
+            ratios.append(stats.train_steps * trainer.agent.config.batch_size / stats.transitions_received)
+        if stats.train_steps >= 30:
+            trainer.stop()
+
+    agent = cartpole_agent()
+    trainer = Trainer(agent, config(redis_url, run_name, minimum_buffer_size=1, replay_ratio=0.5), make_cartpole,
+                      on_progress=watch, progress_seconds=0.05)
+    trainer.start(60.0)
+    assert trainer.stats.train_steps >= 30, "training ran, within the ratio"
+    # the learner alone would run hundreds of train steps per second of 16 samples, far above 0.5 per transition
+    assert ratios and max(ratios) <= 0.5, ratios
+    assert trainer.stats.train_steps * agent.config.batch_size <= 0.5 * trainer.stats.transitions_received
