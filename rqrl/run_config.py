@@ -67,7 +67,6 @@ class RunConfig:
     min_job_seconds: float = 1.0
     max_job_seconds: float = 60.0
     weights_ttl_seconds: int = 10
-    lease_seconds: float = 5.0
     hang_seconds: float = 60.0
     extra: dict[str, str] = field(default_factory=dict)
     timings: ProtocolTimings = field(default_factory=protocol_timings)
@@ -87,6 +86,11 @@ class RunConfig:
         _check(0 < self.min_job_seconds <= self.max_job_seconds, "expected 0 < min_job_seconds <= max_job_seconds")
         _check(isinstance(self.timings, ProtocolTimings),
                f"expected timings to be a ProtocolTimings, got {type(self.timings).__name__}")
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a job's lease on its group outlives its last refresh (ProtocolTimings.lease)."""
+        return self.timings.lease
 
     @property
     def group_size(self) -> int:
@@ -110,6 +114,8 @@ class RunConfig:
     @classmethod
     def from_json(cls, text: str | bytes) -> RunConfig:
         values = json.loads(text)
+        if isinstance(values, dict):
+            values.pop("lease_seconds", None)  # written by versions before the lease joined the timings
         if isinstance(values, dict) and isinstance(values.get("timings"), dict):
             values["timings"] = ProtocolTimings.from_dict(values["timings"])
         return cls(**values)

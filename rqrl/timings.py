@@ -32,6 +32,8 @@ class ProtocolTimings:
     """How often a worker sends RQ's heartbeat, busy or idle."""
     liveness: float = 20.0
     """No heartbeat for this long: the worker is gone (four missed beats)."""
+    lease: float = 5.0
+    """A job's hold on its actor group lapses this long after its last refresh; then the group may be re-run."""
     sideline_first: float = 1.0
     """A sidelined worker's first wait before it dequeues again; each further job in a row it cannot run doubles it."""
     sideline_max: float = 30.0

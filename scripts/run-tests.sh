@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
-# Set up, lint, and run the test suite (unit, integration with a private redis-server and real
-# worker processes, e2e CLI). Extra arguments go to pytest.
+# Set up .venv, then lint, type-check and test, tier by tier (tests/tiers.py):
+#
+#   bash scripts/run-tests.sh          ruff, mypy and the default tier: unit tests, Redis-only integration
+#                                      tests, CliRunner tests and the doctests in rqrl/ (about 2 minutes on 2 cores)
+#   bash scripts/run-tests.sh --all    the same, then the processes tier (real workers and signals, two test
+#                                      processes side by side with pytest-xdist) and the e2e tier (whole rqrl
+#                                      commands, compose, the dashboard, the benchmarks' smoke runs)
+#
+# Other arguments go to every pytest run (e.g. -x, -k NAME). RQRL_TEST_PROCESSES sets how many tests of the
+# processes tier run at once (default 2; 0 runs them one by one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ALL=0
+if [ "${1:-}" = "--all" ]; then
+  ALL=1
+  shift
+fi
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . "${RQRL_VENV:-.venv}/bin/activate"
@@ -14,5 +27,16 @@ if [ -z "${RQRL_CONSTRAINTS:-}" ]; then
   echo "==> mypy"
   mypy  # settings and files in pyproject.toml [tool.mypy]
 fi
-echo "==> pytest"
-exec python -m pytest -q "$@"
+echo "==> pytest: default tier"
+python -m pytest -q "$@"
+if [ "$ALL" = 1 ]; then
+  PARALLEL="${RQRL_TEST_PROCESSES:-2}"
+  echo "==> pytest: processes tier (${PARALLEL} at a time)"
+  if [ "$PARALLEL" -gt 0 ]; then
+    python -m pytest -q --tier processes -n "$PARALLEL" "$@"
+  else
+    python -m pytest -q --tier processes "$@"
+  fi
+  echo "==> pytest: e2e tier"
+  python -m pytest -q --tier e2e "$@"
+fi

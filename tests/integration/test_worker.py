@@ -24,3 +24,12 @@ def test_the_learner_never_reads_the_secret_from_the_environment(redis_url):
     assert TEST_SECRET  # set in this process's environment by conftest: only the command line may read it
     with pytest.raises(ConfigError, match=r"pass secret=\.\.\. \(e\.g\. secret=os\.environ\[\"RQRL_SECRET\"\]\)"):
         redis_actors(redis_url, "no-secret", n_actors=4, secret=None)
+
+
+def test_an_idle_worker_beats_once_per_heartbeat_of_its_timings(connection, redis_url):
+    from rqrl.timings import protocol_timings
+    from rqrl.worker import RolloutWorker
+
+    worker = RolloutWorker(["rqrl"], connection=connection)
+    assert worker.dequeue_timeout == protocol_timings().heartbeat == 0.5  # RQ alone would wait whole seconds
+    assert worker.worker_ttl >= 15
