@@ -50,6 +50,7 @@ from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.run_store import RunStore
 from rqrl.stats import EpochStatsAggregator, RolloutEvents, StatsReader, record_batch
 from rqrl.supervisor import Supervisor
+from rqrl.timings import protocol_timings
 from rqrl.trajectories import Popped, QueueIndicesLost, TrajectoryQueue
 from rqrl.weights import WeightStore
 
@@ -532,10 +533,12 @@ class RedisDistributedActors(DistributedActors):
 
     # ---- tear-down ----------------------------------------------------------------------
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """Stop jobs and local workers, delete the run's keys and jobs, stop the embedded Redis."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop jobs and local workers, delete the run's keys and jobs, stop the embedded Redis; waits at most
+        ``timeout`` s (default: ProtocolTimings.stop_wait, 15 s) for them before it kills the workers."""
         if self.connection is None:
             return
+        timeout = protocol_timings().stop_wait if timeout is None else timeout
         # a Ctrl-C between a command and its reply leaves that idle connection owing a reply to whatever runs
         # next on it: the clean-up starts on fresh connections
         self.connection.connection_pool.disconnect(inuse_connections=False)

@@ -61,6 +61,7 @@ from rqrl.sampler_store import (
 )
 from rqrl.sampler_worker import WorkerFactory, check_env_update
 from rqrl.supervisor import Supervisor
+from rqrl.timings import protocol_timings
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +157,9 @@ class MultiprocessingSampler:
             return
         try:
             with self._redis_errors():
-                self._run_store.stop(self._rq_queue, 15.0)
+                self._run_store.stop(self._rq_queue, protocol_timings().stop_wait)
         finally:
-            self._local.stop_workers(15.0)
+            self._local.stop_workers(protocol_timings().stop_wait)
             self._started = False
             if self._local.server is not None:
                 self._connection.close()
@@ -241,7 +242,7 @@ class MultiprocessingSampler:
         except BaseException:
             if self._started:
                 self.shutdown_worker()
-            self._local.stop_workers(5.0)
+            self._local.stop_workers(protocol_timings().stop_wait)
             self._local.stop_redis()
             raise
 

@@ -42,6 +42,8 @@ class ProtocolTimings:
     """A SEED job's alive key lapses this long after its job stops refreshing it."""
     seed_beat: float = 1.0
     """How often a SEED job refreshes its alive key."""
+    stop_wait: float = 15.0
+    """How long stopping a run waits for its jobs and local workers to end before it kills the workers."""
     env_close: float = 5.0
     """How long SubprocVectorEnv.close() waits for its env processes before it kills them."""
     shutdown_grace: float = 45.0

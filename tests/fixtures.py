@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import gymnasium
@@ -52,13 +53,17 @@ def revealing_state(value: float) -> dict[str, torch.Tensor]:
 
 
 class CountingEnv(gymnasium.Env):
-    """Observation is the step count in the episode; episodes last ``length`` steps (terminated)."""
+    """Observation is the step count in the episode; episodes last ``length`` steps (terminated). Each step takes
+    ``step_sleep`` s, or no time once the file ``release`` names exists (a test releases its slow envs before it
+    stops them, so the workers need not step out their sleeps)."""
 
     observation_space = spaces.Box(0, 1e6, (1,), np.float32)
     action_space = spaces.Discrete(2)
 
-    def __init__(self, length: int = 50, fail_at_step: int | None = None, step_sleep: float = 0.0):
+    def __init__(self, length: int = 50, fail_at_step: int | None = None, step_sleep: float = 0.0,
+                 release: str | None = None):
         self.length, self.fail_at_step, self.step_sleep = length, fail_at_step, step_sleep
+        self.release = release
         self.count = 0
         self.total_steps = 0
 
@@ -69,7 +74,7 @@ class CountingEnv(gymnasium.Env):
 
     def step(self, action):
         if self.step_sleep:
-            time.sleep(self.step_sleep)
+            pause(self.step_sleep, self.release)
         self.count += 1
         self.total_steps += 1
         if self.fail_at_step is not None and self.total_steps >= self.fail_at_step:
@@ -107,8 +112,18 @@ def make_failing_env() -> gymnasium.Env:
     return CountingEnv(length=50, fail_at_step=30)
 
 
-def make_slow_env() -> gymnasium.Env:
-    return CountingEnv(length=50, step_sleep=0.5)
+def make_slow_env(release: str | None = None) -> gymnasium.Env:
+    """Half a second a step, until the file ``release`` names exists."""
+    return CountingEnv(length=50, step_sleep=0.5, release=release)
+
+
+def pause(seconds: float, release: str | None) -> None:
+    """Sleep ``seconds``, or until the file ``release`` names exists (if given)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if release is not None and os.path.exists(release):
+            return
+        time.sleep(min(left, 0.02) if release is not None else left)
 
 
 def make_endless_env() -> gymnasium.Env:

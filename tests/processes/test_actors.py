@@ -261,12 +261,14 @@ def test_env_exception_reaches_the_learner_with_job_id_and_traceback(connection,
     assert "fixtures.py" in error.remote_traceback and "in step" in error.remote_traceback
 
 
-def test_slow_actors_raise_collect_timeout(connection, redis_url, run_name):
-    with local_actors(redis_url, run_name, env_factory=fixtures.make_slow_env, collect_timeout=1.0,
-                      policy=fixtures.mlp_policy(obs_size=1)) as actors:
+def test_slow_actors_raise_collect_timeout(connection, redis_url, run_name, tmp_path):
+    release = tmp_path / "release"
+    with local_actors(redis_url, run_name, env_factory=functools.partial(fixtures.make_slow_env, str(release)),
+                      collect_timeout=1.0, policy=fixtures.mlp_policy(obs_size=1)) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         with pytest.raises(CollectTimeoutError, match="collect_timeout"):
             actors.collect_outputs("cpu")
+        release.touch()  # the envs step at full speed from here: stopping need not wait out their sleeps
 
 
 def test_stop_leaves_no_process_job_or_key(connection, redis_url, run_name):
