@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from rqrl.errors import ConfigError
@@ -32,13 +32,13 @@ class ProtocolTimings:
     """How often a worker sends RQ's heartbeat, busy or idle."""
     liveness: float = 20.0
     """No heartbeat for this long: the worker is gone (four missed beats)."""
-    lease: float = 5.0
+    lease: float = field(default=5.0, metadata={"floor": 1.0})
     """A job's hold on its actor group lapses this long after its last refresh; then the group may be re-run."""
     sideline_first: float = 1.0
     """A sidelined worker's first wait before it dequeues again; each further job in a row it cannot run doubles it."""
     sideline_max: float = 30.0
     """The longest a sidelined worker (one that failed a run's fitness check) waits before it dequeues again."""
-    seed_alive: float = 3.0
+    seed_alive: float = field(default=3.0, metadata={"floor": 1.0})
     """A SEED job's alive key lapses this long after its job stops refreshing it."""
     seed_beat: float = 1.0
     """How often a SEED job refreshes its alive key."""
@@ -51,10 +51,13 @@ class ProtocolTimings:
 
     @classmethod
     def scaled(cls, factor: float) -> ProtocolTimings:
-        """The production timings times ``factor`` (0.1: ten times faster)."""
+        """The production timings times ``factor`` (0.1: ten times faster). The windows a busy process must
+        refresh in time (a lease, a SEED job's alive key) stay at least a second, so that a loaded machine's
+        scheduling delays are not taken for deaths."""
         if not (math.isfinite(factor) and factor > 0):
             raise ConfigError(f"the time scale must be a positive number, got {factor!r}")
-        return cls(**{spec.name: spec.default * factor for spec in fields(cls)})  # type: ignore[operator]
+        return cls(**{spec.name: max(float(spec.default) * factor, spec.metadata.get("floor", 0.0))  # type: ignore[arg-type]
+                      for spec in fields(cls)})
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

@@ -99,9 +99,11 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
     assert checkpoint.counters["env_steps"] == summary["env_steps"]
     assert checkpoint.counters["train_steps"] == summary["updates"]
 
-    # a replay that cannot fill in 4 s: no train step, so the resumed networks must be the checkpoint's, bit for bit
-    resumed = run_rqrl("train", "--algo", "dqn", "--resume", str(run), "--env", TRIVIAL_ENV, "--seconds", "4",
-                       "--minimum-buffer-size", "50000", "--target-return", "1000", timeout=120)
+    # a replay that cannot fill in 10 s: no train step, so the resumed networks must be the checkpoint's, bit for
+    # bit (10 s, not less: on a loaded machine the actors may take seconds to start)
+    resumed = run_rqrl("train", "--algo", "dqn", "--resume", str(run), "--env", TRIVIAL_ENV, "--seconds", "10",
+                       "--minimum-buffer-size", "200000", "--replay-capacity", "200000", "--target-return", "1000",
+                       timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "the replay starts empty" in resumed.stderr
     after = json.loads((run / "summary.json").read_text())

@@ -1,4 +1,7 @@
-"""RedisDistributedActors / SubprocDistributedActors against a real Redis and real worker processes."""
+"""RedisDistributedActors / SubprocDistributedActors against a real Redis and real worker processes.
+
+The tests here run in-process; those that start processes are in tests/processes/test_actors.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Redis restarted mid-run: learner and workers ride it out; a Redis that stays away is a clear error."""
+"""Redis restarted mid-run: learner and workers ride it out; a Redis that stays away is a clear error.
+
+The tests here run in-process; those that start processes are in tests/processes/test_connection.py.
+"""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from rqrl.errors import LeaseLostError
 from rqrl.keys import RunKeys
 from rqrl.leases import GroupLease, Reaper, group_is_leased, hand_over, read_progress, set_progress
 from rqrl.run_config import RunConfig
+from rqrl.timings import protocol_timings
 from rqrl.weights import WeightStore
 from tests import fixtures
 from tests.conftest import TEST_SECRET
@@ -184,7 +185,8 @@ def store_run(connection, run_name: str, lease_seconds: float = 5.0) -> RunConfi
 
     config = RunConfig(run_name=run_name, run_id=f"id-{run_name}", queue_name="rqrl-test-contexts",
                        n_rollout_steps=8, n_actors=1, batch_size=1, queue_bound=10_000, actor_env_seeds=[0],
-                       actor_agent_seeds=[1], actor_groups=[[0]], lease_seconds=lease_seconds)
+                       actor_agent_seeds=[1], actor_groups=[[0]],
+                       timings=dataclasses.replace(protocol_timings(), lease=lease_seconds))
     keys = RunKeys(run_name)
     connection.set(keys.env_factory, dumps_object(functools.partial(make_closing_env, run_name), TEST_SECRET))
     connection.set(keys.policy, dumps_object(fixtures.mlp_policy(obs_size=1), TEST_SECRET))

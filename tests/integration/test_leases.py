@@ -1,5 +1,8 @@
 """Faults on workers: killed or hung workers' actor groups are re-run elsewhere, nothing is lost
-and nothing is delivered twice (real Redis, real `rqrl worker` processes)."""
+and nothing is delivered twice (real Redis, real `rqrl worker` processes).
+
+The tests here run in-process; those that start processes are in tests/processes/test_leases.py.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ and `rqrl dashboard` processes. The ACL rules below are the ones docs/redis-secu
 
 Every server here is a private redis-server on a free TCP port of 127.0.0.1 (never the shared one
 on 6379), started once per module and always stopped at teardown.
+
+The tests here run in-process; those that start processes are in tests/processes/test_redis_auth.py.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ unpickle the payload, call the function, nor request the URL, and a real run mus
 Every payload leaves a trace if it runs: the pickle touches ``pickle-<job id>`` and the callback
 writes ``callback-<job id>`` in a marker folder; each webhook points at a listener on 127.0.0.1
 that records every request.
+
+The tests here run in-process; those that start processes are in tests/processes/test_rq_safety.py.
 """
 
 from __future__ import annotations

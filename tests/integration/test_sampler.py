@@ -1,5 +1,8 @@
 """MultiprocessingSampler / RQSampler against a real Redis and real worker processes (garage's sampler tests,
-spec §9, on gymnasium envs; plus staleness, seeding across process counts, failures and kills)."""
+spec §9, on gymnasium envs; plus staleness, seeding across process counts, failures and kills).
+
+The tests here run in-process; those that start processes are in tests/processes/test_sampler.py.
+"""
 
 from __future__ import annotations
 

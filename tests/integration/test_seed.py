@@ -1,5 +1,8 @@
 """The SEED trainer end to end, with a real Redis and real actor and server processes: start(duration) returns
-having left no process or key, nothing is lost under a slow learner, killed actors and servers are replaced."""
+having left no process or key, nothing is lost under a slow learner, killed actors and servers are replaced.
+
+The tests here run in-process; those that start processes are in tests/processes/test_seed.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """SEED actors and servers as jobs on real `rqrl worker` processes: transitions flow, a killed worker's job is
-enqueued again for another worker, and the run leaves no job, process or key behind."""
+enqueued again for another worker, and the run leaves no job, process or key behind.
+
+The tests here run in-process; those that start processes are in tests/processes/test_seed_jobs.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""EmbeddedRedis: a private redis-server on a unix socket that leaves nothing behind."""
+"""EmbeddedRedis: a private redis-server on a unix socket that leaves nothing behind.
+
+The tests here run in-process; those that start processes are in tests/processes/test_server.py.
+"""
 
 from __future__ import annotations
 

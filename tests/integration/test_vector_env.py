@@ -1,4 +1,7 @@
-"""SubprocVectorEnv with real env processes and real gymnasium envs (Maze's vector-env test intents, ported)."""
+"""SubprocVectorEnv with real env processes and real gymnasium envs (Maze's vector-env test intents, ported).
+
+The tests here run in-process; those that start processes are in tests/processes/test_vector_env.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""`rqrl worker` and `rq worker` processes: joining mid-run, the documented rq command line."""
+"""`rqrl worker` and `rq worker` processes: joining mid-run, the documented rq command line.
+
+The tests here run in-process; those that start processes are in tests/processes/test_worker.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""RedisDistributedActors / SubprocDistributedActors against a real Redis and real worker processes."""
+"""RedisDistributedActors / SubprocDistributedActors against a real Redis and real worker processes.
+
+The tests here start processes; the in-process ones are in tests/integration/test_actors.py.
+"""
 
 from __future__ import annotations
 
@@ -23,13 +26,13 @@ from rqrl.options import RunOptions
 from rqrl.records import encode_record
 from tests import fixtures
 from tests.children import REPO_ROOT, alive, worker_env
-from tests.factories import redis_actors, rollout_record
+from tests.factories import rollout_record
+from tests.integration.test_actors import local_actors  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 # actors on the test Redis with local worker processes (one unless a test asks for more) started by fork
-local_actors = functools.partial(redis_actors, n_local_workers=1, start_method="fork")
 
 
 def children_alive() -> list[multiprocessing.Process]:

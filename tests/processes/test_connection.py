@@ -1,4 +1,7 @@
-"""Redis restarted mid-run: learner and workers ride it out; a Redis that stays away is a clear error."""
+"""Redis restarted mid-run: learner and workers ride it out; a Redis that stays away is a clear error.
+
+The tests here start processes; the in-process ones are in tests/integration/test_connection.py.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +13,10 @@ import redis
 from rqrl import RolloutEvents
 from tests.children import WorkerProcesses
 from tests.factories import redis_actors
+from tests.integration.test_connection import restartable  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
-from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture
-def restartable(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))  # on a fixed unix socket: one URL across restarts
-    yield server.start()
-    server.stop()
 
 
 def test_a_redis_restart_without_persistence_is_ridden_out(restartable, run_name):

@@ -1,5 +1,8 @@
 """Faults on workers: killed or hung workers' actor groups are re-run elsewhere, nothing is lost
-and nothing is delivered twice (real Redis, real `rqrl worker` processes)."""
+and nothing is delivered twice (real Redis, real `rqrl worker` processes).
+
+The tests here start processes; the in-process ones are in tests/integration/test_leases.py.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +16,12 @@ import pytest
 
 from rqrl import RolloutEvents
 from tests import fixtures
-from tests.factories import redis_actors
+from tests.integration.test_leases import actors_on_workers  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 # actors for `rqrl worker` processes: one actor per job, jobs that yield every 0.2 s so groups move between workers
-actors_on_workers = functools.partial(redis_actors, n_actors=4, actors_per_job=1, min_job_seconds=0.2)
 
 
 def assert_each_actor_delivered_a_contiguous_run_once(delivered: list[tuple[int, int]], n_actors: int) -> None:

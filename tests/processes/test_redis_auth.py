@@ -3,11 +3,12 @@ and `rqrl dashboard` processes. The ACL rules below are the ones docs/redis-secu
 
 Every server here is a private redis-server on a free TCP port of 127.0.0.1 (never the shared one
 on 6379), started once per module and always stopped at teardown.
+
+The tests here start processes; the in-process ones are in tests/integration/test_redis_auth.py.
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -20,12 +21,29 @@ import pytest
 import redis
 
 from rqrl import ActorFailedError, RedisRefusedError, RQSampler
-from rqrl.server import find_redis_server
 from tests import fixtures
-from tests.children import REPO_ROOT, WorkerProcesses, free_port, get_json, run_rqrl, stop_process, worker_env
+from tests.children import REPO_ROOT, WorkerProcesses, free_port, get_json, stop_process, worker_env
 from tests.conftest import TEST_SECRET
 from tests.factories import redis_actors
-from tests.integration.test_redis_auth import learner_start_error
+from tests.integration.test_redis_auth import (  # noqa: F401 - shared with the in-process tests
+    ACL_PASSWORDS,
+    DASHBOARD_RULES,
+    LEARNER_RULES,
+    REQUIREPASS,
+    RULES,
+    WORKER_RULES,
+    acl_server,
+    acl_url,
+    aclfile_lines,
+    collect,
+    learner_start_error,
+    make_certificates,
+    requirepass_server,
+    requirepass_url,
+    run_rqrl_worker,
+    running,
+    tls_build_problem,
+)
 from tests.polling import wait_until
 from tests.redis_servers import RedisServer
 
@@ -33,84 +51,14 @@ pytestmark = pytest.mark.timeout(120)
 
 # ---- the ACL rules under test (docs/redis-security.md quotes them verbatim) -------------------------
 
-WORKER_RULES = (
-    "resetkeys ~rq:* ~rqrl:* resetchannels &rq:pubsub:* -@all "
-    "+ping +info +client|setname +multi +exec +watch +unwatch "
-    "+get +set +mget +exists +del +expire +pexpire +persist "
-    "+incr +hget +hgetall +hset +hsetnx +hdel +hincrby +hincrbyfloat +sadd +srem +smembers +sismember "
-    "+llen +lrange +rpush +lpop +blpop +ltrim +lrem +lmove +blmove "
-    "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +xadd "
-    "+eval +evalsha +script|load +subscribe +unsubscribe"
-)
-LEARNER_RULES = (
-    "resetkeys ~rq:* ~rqrl:* resetchannels -@all "
-    "+ping +info +multi +exec "
-    "+get +getdel +set +mget +exists +del +expire +pttl +scan "
-    "+hget +hgetall +hset +sadd +smembers "
-    "+llen +lrange +ltrim +rpush +lpop +blpop +lrem +lmove +blmove "
-    "+zrange +zrangebyscore +zremrangebyscore +zrem +eval +evalsha +script|load"
-)
-DASHBOARD_RULES = (
-    "resetkeys %R~rq:* resetchannels -@all "
-    "+ping +exists +hget +hgetall +llen +lrange +smembers +zcard +zrange +xrevrange"
-)
-RULES = {"worker": WORKER_RULES, "learner": LEARNER_RULES, "dashboard": DASHBOARD_RULES}
-ACL_PASSWORDS = {"worker": "worker-pw-1", "learner": "learner-pw-2", "dashboard": "dashboard-pw-3",
-                 "admin": "admin-pw-0"}
 # denials the rules accept on purpose: RQ's worker reads CLIENT LIST (an @admin command that lists every
 # client of the server) only to show its own address; denied, RQ warns once and shows 'unknown'
 EXPECTED_DENIALS = {("worker", "client|list"), ("worker", "config|get")}
 
 # a password with characters that must be percent-encoded in a URL
-REQUIREPASS = "rq@rl/pass:word"
 
 
 # ---- private redis-servers ---------------------------------------------------------------------------
-
-
-@contextmanager
-def running(server: RedisServer) -> Iterator[RedisServer]:
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def requirepass_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("requirepass"), ["--requirepass", REQUIREPASS],
-                         {"password": REQUIREPASS}, tcp=True)
-    with running(server):
-        yield server
-
-
-def requirepass_url(server: RedisServer, password: str | None = REQUIREPASS) -> str:
-    auth = f":{quote(password, safe='')}@" if password is not None else ""
-    return f"redis://{auth}127.0.0.1:{server.port}/0"
-
-
-def aclfile_lines() -> list[str]:
-    """The aclfile of docs/redis-security.md, with the test passwords; the default user is off."""
-    return [
-        "user default off",
-        f"user admin on >{ACL_PASSWORDS['admin']} ~* &* +@all",
-        *(f"user {name} reset on >{ACL_PASSWORDS[name]} {rules}" for name, rules in RULES.items()),
-    ]
-
-
-@pytest.fixture(scope="module")
-def acl_server(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("acl")
-    aclfile = directory / "users.acl"
-    aclfile.write_text("\n".join(aclfile_lines()) + "\n")
-    server = RedisServer(directory, ["--aclfile", str(aclfile), "--acllog-max-len", "1000"],
-                         {"username": "admin", "password": ACL_PASSWORDS["admin"]}, tcp=True)
-    with running(server):
-        yield server
-
-
-def acl_url(server: RedisServer, user: str) -> str:
-    return f"redis://{user}:{ACL_PASSWORDS[user]}@127.0.0.1:{server.port}/0"
 
 
 def acl_denials(server: RedisServer) -> set[tuple[str, str]]:
@@ -121,39 +69,6 @@ def acl_denials(server: RedisServer) -> set[tuple[str, str]]:
 
 
 # ---- TLS material: a CA and a server certificate for 127.0.0.1 / localhost, made with openssl ------
-
-
-def tls_build_problem() -> str | None:
-    """Why this machine cannot run the TLS tests, or None."""
-    if shutil.which("openssl") is None:
-        return "the openssl command-line tool is not installed"
-    try:
-        probe = subprocess.run([find_redis_server(), "--port", "0", "--tls-port", "0"], capture_output=True,
-                               text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"cannot run redis-server: {error}"
-    if "Bad directive" in probe.stdout + probe.stderr:
-        return "this redis-server was built without TLS support (BUILD_TLS=yes): it does not know --tls-port"
-    return None
-
-
-def make_certificates(directory: Path, name: str = "ca") -> dict[str, Path]:
-    def openssl(*args: str) -> None:
-        result = subprocess.run(["openssl", *args], cwd=directory, capture_output=True, text=True, timeout=60)
-        if result.returncode != 0:
-            pytest.skip(f"openssl could not make test certificates: {result.stderr.strip()[-300:]}")
-
-    (directory / "server.ext").write_text(
-        "subjectAltName = IP:127.0.0.1, DNS:localhost\nbasicConstraints = CA:FALSE\n"
-        "keyUsage = digitalSignature, keyEncipherment\nextendedKeyUsage = serverAuth\n"
-    )
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.crt",
-            "-days", "2", "-subj", f"/CN=rqrl test {name}")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-            "-subj", "/CN=localhost")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", f"{name}.crt", "-CAkey", f"{name}.key", "-CAcreateserial",
-            "-out", "server.crt", "-days", "2", "-extfile", "server.ext")
-    return {"ca": directory / f"{name}.crt", "cert": directory / "server.crt", "key": directory / "server.key"}
 
 
 @pytest.fixture(scope="module")
@@ -188,17 +103,6 @@ def workers_on(redis_url: str) -> Iterator[WorkerProcesses]:
         pool.stop_all()
 
 
-def collect(redis_url: str, run_name: str, batches: int = 1, **options) -> list:
-    """Run a learner on ``redis_url`` and collect ``batches`` batches; returns the records."""
-    records = []
-    with redis_actors(redis_url, run_name, collect_timeout=60, **options) as actors:
-        actors.broadcast_updated_policy(actors.policy.state_dict())
-        for _ in range(batches):
-            records.append(actors.collect_outputs("cpu").record)
-            actors.broadcast_updated_policy(actors.policy.state_dict())
-    return records
-
-
 @contextmanager
 def dashboard_on(redis_url: str, log_file: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     port = free_port()
@@ -220,10 +124,6 @@ def wait_for_failed_job(base: str, process: subprocess.Popen, log_file: Path, ti
         return get_json(f"{base}/0/data/jobs/rqrl/failed/8/asc/1.json", process, log_file)["jobs"]
 
     return wait_until(failed_jobs, timeout, interval=0.2, message="a failed job in RQ's failed registry")[0]["id"]
-
-
-def run_rqrl_worker(redis_url: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return run_rqrl("worker", "--redis-url", redis_url, "--burst", timeout=timeout)
 
 
 # ---- AUTH with requirepass -----------------------------------------------------------------------------

@@ -7,127 +7,43 @@ unpickle the payload, call the function, nor request the URL, and a real run mus
 Every payload leaves a trace if it runs: the pickle touches ``pickle-<job id>`` and the callback
 writes ``callback-<job id>`` in a marker folder; each webhook points at a listener on 127.0.0.1
 that records every request.
+
+The tests here start processes; the in-process ones are in tests/integration/test_rq_safety.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import pickle
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.children import REPO_ROOT, free_port, get_json, stop_process, worker_env
 from tests.factories import redis_actors
+from tests.integration.test_rq_safety import (  # noqa: F401 - shared with the in-process tests
+    CALLBACK,
+    MARKER_DIR_ENV,
+    QUEUE,
+    WORKER_COMMANDS,
+    Listener,
+    _Touch,
+    assert_nothing_ran,
+    hostile_callback,
+    job_status,
+    listener,
+    markers,
+    plant_expired_started,
+    plant_job,
+)
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(180)
-
-MARKER_DIR_ENV = "RQRL_TEST_HOSTILE_MARKERS"
-QUEUE = "rqrl"
-CALLBACK = f"{__name__}.hostile_callback"
-
-
-def hostile_callback(job, *args, **kwargs) -> None:  # noqa: ANN001 - RQ's callback signature
-    """What a planted ``*_callback_name`` names: leaves ``callback-<job id>`` if anyone calls it."""
-    (Path(os.environ[MARKER_DIR_ENV]) / f"callback-{job.id}").write_text("called")
-
-
-class _Touch:
-    """Unpickling this runs ``touch PATH`` (the classic pickle payload)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.path}",)
-
-
-class Listener:
-    """An HTTP server on 127.0.0.1 that records every request (a webhook's target)."""
-
-    def __init__(self) -> None:
-        self.requests: list[str] = []
-        listener = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _record(self) -> None:
-                listener.requests.append(f"{self.command} {self.path}")
-                self.send_response(200)
-                self.end_headers()
-
-            do_GET = do_POST = _record
-
-            def log_message(self, *args) -> None:  # noqa: ANN002
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Listener:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:  # noqa: ANN002
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-
-@pytest.fixture
-def markers(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "markers"
-    folder.mkdir()
-    monkeypatch.setenv(MARKER_DIR_ENV, str(folder))  # for the learner here and every process started below
-    return folder
-
-
-@pytest.fixture
-def listener() -> Iterator[Listener]:
-    with Listener() as server:
-        yield server
-
-
-def plant_job(connection: redis.Redis, job_id: str, markers: Path, listener: Listener,
-              func: str = "rqrl.jobs.run_actor_group", args: tuple = ("no-such-run", 0, 0),
-              status: str = "started") -> str:
-    """Write a JSON job hash by hand, as a Redis writer without the secret can: pickled ``meta``, a
-    failure, success and stopped callback, and webhooks on failure and success."""
-    webhooks = [{"url": f"{listener.url}/{job_id}/{status}", "job_status": job_status, "method": "POST",
-                 "headers": None, "timeout": 5} for job_status in ("failed", "finished")]
-    connection.hset(f"rq:job:{job_id}", mapping={
-        "data": json.dumps([func, None, list(args), {}]),
-        "origin": QUEUE,
-        "description": "planted",
-        "status": status,
-        "created_at": "2024-01-01T00:00:00.000000Z",
-        "meta": pickle.dumps(_Touch(markers / f"pickle-{job_id}")),
-        "failure_callback_name": CALLBACK,
-        "success_callback_name": CALLBACK,
-        "stopped_callback_name": CALLBACK,
-        "webhooks": json.dumps(webhooks),
-        "timeout": -1,
-    })
-    return job_id
-
-
-def plant_expired_started(connection, markers, listener, job_id: str = "planted-wip") -> str:
-    """A job in the started registry whose worker died long ago: RQ's clean-up fails it."""
-    plant_job(connection, job_id, markers, listener)
-    connection.zadd(f"rq:wip:{QUEUE}", {f"{job_id}:planted-execution": 1})
-    return job_id
 
 
 def plant_stuck_intermediate(connection, markers, listener, job_id: str = "planted-intermediate") -> str:
@@ -143,13 +59,6 @@ def plant_queued(connection, markers, listener, job_id: str, **job) -> str:
     connection.sadd("rq:queues", f"rq:queue:{QUEUE}")
     connection.rpush(f"rq:queue:{QUEUE}", job_id)
     return job_id
-
-
-def assert_nothing_ran(markers: Path, listener: Listener, log: Path | None = None) -> None:
-    ran = sorted(path.name for path in markers.iterdir())
-    tail = f"\nlog:\n{log.read_text()[-3000:]}" if log is not None and log.exists() else ""
-    assert not ran and not listener.requests, \
-        f"planted payloads ran: {ran}; planted webhooks were called: {listener.requests}{tail}"
 
 
 def wait_while_running(condition, what: str, process: subprocess.Popen, log: Path, timeout: float = 60) -> None:
@@ -175,16 +84,6 @@ def collect_one_batch(redis_url: str, run_name: str) -> None:
         assert actors.collect_outputs("cpu").record.rewards.shape == (16, 2)
 
 
-WORKER_COMMANDS = {
-    "rqrl worker": [sys.executable, "-m", "rqrl", "worker", "--log-level", "INFO", "--redis-url"],
-    "rq worker -w RolloutWorker": [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.worker.RolloutWorker",
-                                   "--url"],
-    "rq worker -w RolloutWorker -S json": [sys.executable, "-m", "rq.cli", "worker", "-w",
-                                           "rqrl.worker.RolloutWorker", "-S", "rq.serializers.JSONSerializer",
-                                           "--url"],
-}
-
-
 @contextlib.contextmanager
 def worker_process(kind: str, redis_url: str, log: Path) -> Iterator[subprocess.Popen]:
     command = [*WORKER_COMMANDS[kind], redis_url]
@@ -197,11 +96,6 @@ def worker_process(kind: str, redis_url: str, log: Path) -> Iterator[subprocess.
         yield process
     finally:
         stop_process(process)
-
-
-def job_status(connection: redis.Redis, job_id: str) -> str | None:
-    status = connection.hget(f"rq:job:{job_id}", "status")
-    return status.decode() if status is not None else None
 
 
 SECURED_DASHBOARD = ("import sys, rq_dashboard.cli, rq_dashboard.web; from rqrl.rq_safety import secure_rq_dashboard; "

@@ -1,5 +1,8 @@
 """MultiprocessingSampler / RQSampler against a real Redis and real worker processes (garage's sampler tests,
-spec §9, on gymnasium envs; plus staleness, seeding across process counts, failures and kills)."""
+spec §9, on gymnasium envs; plus staleness, seeding across process counts, failures and kills).
+
+The tests here start processes; the in-process ones are in tests/integration/test_sampler.py.
+"""
 
 from __future__ import annotations
 
@@ -23,19 +26,10 @@ from rqrl.keys import RunKeys
 from rqrl.rq_safety import failed_registry, rollout_queue
 from tests import fixtures
 from tests.conftest import TEST_SECRET
+from tests.integration.test_sampler import make_sampler  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def make_sampler(redis_url, agents, envs, **options) -> RQSampler:
-    """An RQSampler on the test Redis with one local worker process (fork) unless asked otherwise, no bar."""
-    options.setdefault("secret", TEST_SECRET)
-    options.setdefault("n_local_workers", 1)
-    options.setdefault("start_method", "fork")
-    options.setdefault("progress", False)
-    options.setdefault("max_episode_length", 100)
-    return RQSampler(agents, envs, redis_url=redis_url, **options)
 
 
 def episodes_of(batch) -> list[dict]:

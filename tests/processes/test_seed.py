@@ -1,5 +1,8 @@
 """The SEED trainer end to end, with a real Redis and real actor and server processes: start(duration) returns
-having left no process or key, nothing is lost under a slow learner, killed actors and servers are replaced."""
+having left no process or key, nothing is lost under a slow learner, killed actors and servers are replaced.
+
+The tests here start processes; the in-process ones are in tests/integration/test_seed.py.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +13,11 @@ import time
 
 import pytest
 
-from rqrl.seed import Config, Trainer
+from rqrl.seed import Trainer
 from tests.children import alive
-from tests.conftest import TEST_SECRET
+from tests.integration.test_seed import config  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
 from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole
-
-
-def config(redis_url, run_name, **overrides):
-    values = {"redis_url": redis_url, "run_name": run_name, "secret": TEST_SECRET, "actor_threads": 2,
-              "minimum_buffer_size": 50, "inference_batchsize": 2, "inference_delay": 0.01, "broadcast_period": 0.5,
-              "request_timeout": 1.0}
-    values.update(overrides)
-    return Config(**values)
 
 
 def assert_nothing_left(trainer, connection, run_name, pids):

@@ -1,5 +1,8 @@
 """SEED actors and servers as jobs on real `rqrl worker` processes: transitions flow, a killed worker's job is
-enqueued again for another worker, and the run leaves no job, process or key behind."""
+enqueued again for another worker, and the run leaves no job, process or key behind.
+
+The tests here start processes; the in-process ones are in tests/integration/test_seed_jobs.py.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,9 @@ import pytest
 
 from rqrl.seed import Config, Trainer
 from tests.conftest import TEST_SECRET
+from tests.integration.test_seed_jobs import QUEUE  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
 from tests.seed_fixtures import cartpole_agent, make_cartpole
-
-QUEUE = "rqrl-seed-test"
 
 
 def config(redis_url, run_name, **overrides):

@@ -1,4 +1,7 @@
-"""EmbeddedRedis: a private redis-server on a unix socket that leaves nothing behind."""
+"""EmbeddedRedis: a private redis-server on a unix socket that leaves nothing behind.
+
+The tests here start processes; the in-process ones are in tests/integration/test_server.py.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +12,9 @@ import redis
 
 from rqrl.errors import RedisServerNotFoundError
 from rqrl.server import EmbeddedRedis, find_redis_server
+from tests.integration.test_server import REDIS_SERVER, needs_redis_server  # noqa: F401 - shared with the in-process tests
 
 pytestmark = pytest.mark.timeout(60)
-
-REDIS_SERVER = shutil.which("redis-server")
-needs_redis_server = pytest.mark.skipif(REDIS_SERVER is None, reason="no redis-server on PATH")
 
 
 def test_a_binary_that_exits_at_start_is_reported_and_cleaned_up(tmp_path, monkeypatch):

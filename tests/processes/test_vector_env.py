@@ -1,4 +1,7 @@
-"""SubprocVectorEnv with real env processes and real gymnasium envs (Maze's vector-env test intents, ported)."""
+"""SubprocVectorEnv with real env processes and real gymnasium envs (Maze's vector-env test intents, ported).
+
+The tests here start processes; the in-process ones are in tests/integration/test_vector_env.py.
+"""
 
 from __future__ import annotations
 
@@ -21,41 +24,12 @@ from rqrl.errors import ConfigError, EnvError
 from rqrl.stats import LogStatsLevel, RolloutEvents
 from rqrl.vector_env import EnvProcessDiedError, SubprocVectorEnv, VectorEnvError
 from tests.children import REPO_ROOT, worker_env
+from tests.integration.test_vector_env import CountdownEnv, explode_in_step, make_cartpole, our_children  # noqa: F401 - shared with the in-process tests
 
 pytestmark = pytest.mark.timeout(60)
 
 
 # ---- envs (module level: the env processes import them by name) ----------------------------------
-
-
-class CountdownEnv(gymnasium.Env):
-    """Terminates after ``length`` steps (or truncates, with ``truncate=True``); the observation is the step
-    count, the reward 1 per step; ``explode_at`` makes step number ``explode_at`` raise."""
-
-    observation_space = spaces.Box(0, 1000, (1,), np.float32)
-    action_space = spaces.Discrete(2)
-
-    def __init__(self, length: int = 3, truncate: bool = False, explode_at: int | None = None, delay: float = 0.0):
-        self.length, self.truncate, self.explode_at, self.delay = length, truncate, explode_at, delay
-        self.t = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.array([0.0], np.float32), {"reset_by": "CountdownEnv"}
-
-    def step(self, action):
-        self.t += 1
-        if self.t == self.explode_at:
-            explode_in_step(self.t)
-        time.sleep(self.delay)
-        done = self.t >= self.length
-        return np.array([self.t], np.float32), 1.0, done and not self.truncate, done and self.truncate, {
-            "action": int(action)}
-
-
-def explode_in_step(t: int) -> None:
-    raise RuntimeError(f"the env exploded at step {t}")
 
 
 class MazeLikeEnv(CountdownEnv):
@@ -107,10 +81,6 @@ class TupleActionEnv(gymnasium.Env):
         return f"a{action[0]}b{action[1]}", 0.0, False, False, {}
 
 
-def make_cartpole() -> gymnasium.Env:
-    return gymnasium.make("CartPole-v1")
-
-
 def broken_factory() -> gymnasium.Env:
     raise OSError("no such simulator")
 
@@ -131,10 +101,6 @@ def vector_envs():
     yield make
     for envs in made:
         envs.close()
-
-
-def our_children() -> list[multiprocessing.process.BaseProcess]:
-    return [child for child in multiprocessing.active_children() if child.name.startswith("rqrl-vector-env")]
 
 
 def pid_exists(pid: int) -> bool:

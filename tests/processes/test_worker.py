@@ -1,4 +1,7 @@
-"""`rqrl worker` and `rq worker` processes: joining mid-run, the documented rq command line."""
+"""`rqrl worker` and `rq worker` processes: joining mid-run, the documented rq command line.
+
+The tests here start processes; the in-process ones are in tests/integration/test_worker.py.
+"""
 
 from __future__ import annotations
 
@@ -157,7 +160,10 @@ def test_rqrl_worker_without_a_secret_says_what_to_set(redis_url):
 
 
 def test_sigterm_to_a_worker_waiting_for_first_weights_hands_the_group_back(connection, redis_url, run_name,
-                                                                            workers):
+                                                                            workers, monkeypatch):
+    # production's timings: the handed-over lease is read after the worker's exit, which takes longer than the
+    # tests' 0.5 s lease
+    monkeypatch.setenv("RQRL_TIME_SCALE", "1")
     worker = workers.start("waiting")
     workers.wait_registered(connection, 1)
     with redis_actors(redis_url, run_name, n_actors=2, actors_per_job=2):  # started, nothing broadcast yet

@@ -21,10 +21,14 @@ def test_production_windows_keep_their_documented_values():
     assert timings.liveness >= 4 * timings.heartbeat, "a worker is judged gone only after four missed beats"
 
 
-def test_scaling_shortens_every_window_by_the_same_factor():
+def test_scaling_shortens_every_window_by_the_same_factor_down_to_its_floor():
     production, fast = ProtocolTimings(), ProtocolTimings.scaled(0.1)
+    floors = {"lease": 1.0, "seed_alive": 1.0}  # refreshed by busy processes: never shorter than a second
     for spec in dataclasses.fields(ProtocolTimings):
-        assert getattr(fast, spec.name) == pytest.approx(getattr(production, spec.name) * 0.1), spec.name
+        expected = max(getattr(production, spec.name) * 0.1, floors.get(spec.name, 0.0))
+        assert getattr(fast, spec.name) == pytest.approx(expected), spec.name
+    assert ProtocolTimings.scaled(0.5).lease == 2.5 and ProtocolTimings.scaled(2).seed_alive == 6.0
+    assert fast.lease < fast.liveness, "a killed worker's lease lapses before it is judged gone"
 
 
 @pytest.mark.parametrize("factor", [0.0, -1.0, float("nan"), float("inf")])
@@ -58,7 +62,7 @@ def test_a_run_record_carries_its_learners_timings_to_the_workers(monkeypatch):
     monkeypatch.setenv(TIME_SCALE_VARIABLE, "1")  # a worker with other timings of its own still follows the run's
     again = RunConfig.from_json(config.to_json())
     assert again.timings == ProtocolTimings.scaled(0.2) and again == config
-    assert again.lease_seconds == pytest.approx(1.0)
+    assert again.lease_seconds == pytest.approx(1.0)  # 5 s times 0.2
 
 
 def test_a_record_without_timings_takes_the_readers_and_an_old_lease_field_is_ignored():
