@@ -3,12 +3,13 @@
 #
 #   bash scripts/run-tests.sh          ruff, mypy and the default tier: unit tests, Redis-only integration
 #                                      tests, CliRunner tests and the doctests in rqrl/ (about 2 minutes on 2 cores)
-#   bash scripts/run-tests.sh --all    the same, then the processes tier (real workers and signals, two test
-#                                      processes side by side with pytest-xdist) and the e2e tier (whole rqrl
-#                                      commands, compose, the dashboard, the benchmarks' smoke runs)
+#   bash scripts/run-tests.sh --all    ruff, mypy and every tier: the default one, the processes tier (real
+#                                      workers and signals) and the e2e tier (whole rqrl commands, compose, the
+#                                      dashboard, the benchmarks' smoke runs), two tests at a time with
+#                                      pytest-xdist (about 8 minutes on 2 cores)
 #
-# Other arguments go to every pytest run (e.g. -x, -k NAME). RQRL_TEST_PROCESSES sets how many tests of the
-# processes tier run at once (default 2; 0 runs them one by one).
+# Other arguments go to pytest (e.g. -x, -k NAME). RQRL_TEST_PROCESSES sets how many tests run at once with
+# --all (default 2; 0 runs them one by one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ALL=0
@@ -27,16 +28,13 @@ if [ -z "${RQRL_CONSTRAINTS:-}" ]; then
   echo "==> mypy"
   mypy  # settings and files in pyproject.toml [tool.mypy]
 fi
-echo "==> pytest: default tier"
-python -m pytest -q "$@"
-if [ "$ALL" = 1 ]; then
-  PARALLEL="${RQRL_TEST_PROCESSES:-2}"
-  echo "==> pytest: processes tier (${PARALLEL} at a time)"
-  if [ "$PARALLEL" -gt 0 ]; then
-    python -m pytest -q --tier processes -n "$PARALLEL" "$@"
-  else
-    python -m pytest -q --tier processes "$@"
-  fi
-  echo "==> pytest: e2e tier"
-  python -m pytest -q --tier e2e "$@"
+if [ "$ALL" = 0 ]; then
+  echo "==> pytest: default tier"
+  exec python -m pytest -q "$@"
 fi
+PARALLEL="${RQRL_TEST_PROCESSES:-2}"
+echo "==> pytest: every tier, ${PARALLEL} tests at a time"
+if [ "$PARALLEL" -gt 0 ]; then
+  exec python -m pytest -q --all -n "$PARALLEL" "$@"
+fi
+exec python -m pytest -q --all "$@"
