@@ -6,8 +6,8 @@
 - ``processes``: tests/processes, real ``rqrl worker`` subprocesses, local workers, env processes, signals.
 - ``e2e``: tests/e2e, whole ``rqrl`` commands, compose, the dashboard, the benchmarks' smoke runs.
 
-``--tier NAME`` (repeatable) picks tiers, ``--all`` takes every tier; a test or folder named on the command line
-runs whatever its tier. Each test gets its tier as a marker, so ``-m processes`` selects among those collected.
+``--tier NAME`` (repeatable) picks tiers, ``--all`` takes every tier; a test, file or folder of a tier named on the
+command line runs whatever its tier. Each test carries its tier as a marker: ``--all -m "not e2e"`` runs two tiers.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ TIER_FOLDERS = {"processes": "processes", "e2e": "e2e"}
 """Tier -> its folder under tests/; every other test, and every doctest, is in the default tier."""
 ALLOWED_PROGRAMS = ("redis-server",)
 """What a default-tier test may start: the private Redis servers the Redis-only tests need."""
-TESTS_ROOT = Path(__file__).resolve().parent
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,10 +40,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{tier}: a test of the {tier} tier (set from its folder, tests/tiers.py)")
 
 
-def tier_of(path: Path) -> str:
-    """The tier of the test file at ``path``: its folder's under tests/, else default."""
+def tests_root(config: pytest.Config) -> Path:
+    return (config.rootpath / "tests").resolve()
+
+
+def tier_of(path: Path, root: Path) -> str:
+    """The tier of the test file at ``path``: its folder's under ``root`` (tests/), else default."""
     try:
-        parts = path.resolve().relative_to(TESTS_ROOT).parts
+        parts = path.resolve().relative_to(root).parts
     except ValueError:
         return "default"
     for tier, folder in TIER_FOLDERS.items():
@@ -64,21 +67,25 @@ def named_paths(config: pytest.Config) -> list[Path]:
     return [(config.invocation_params.dir / str(argument).partition("::")[0]).resolve() for argument in config.args]
 
 
-def named_explicitly(path: Path, tier: str, named: list[Path]) -> bool:
+def named_explicitly(path: Path, tier: str, named: list[Path], root: Path) -> bool:
     """Whether the command line names the test file at ``path``, or a folder inside its tier's folder that holds
     it (``pytest tests/e2e`` runs the e2e tier; ``pytest tests`` does not)."""
     path = path.resolve()
-    folder = TESTS_ROOT / TIER_FOLDERS[tier]
+    folder = root / TIER_FOLDERS[tier]
     return any(path == name or (name == folder or folder in name.parents) and name in path.parents for name in named)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark each test with its tier as it is collected (before ``-m`` selects)."""
+    item.add_marker(tier_of(item.path, tests_root(item.config)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    chosen, named = chosen_tiers(config), named_paths(config)
+    chosen, named, root = chosen_tiers(config), named_paths(config), tests_root(config)
     kept, dropped = [], []
     for item in items:
-        tier = tier_of(item.path)
-        item.add_marker(tier)
-        wanted = tier in chosen or (tier != "default" and named_explicitly(item.path, tier, named))
+        tier = tier_of(item.path, root)
+        wanted = tier in chosen or (tier != "default" and named_explicitly(item.path, tier, named, root))
         (kept if wanted else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
@@ -89,7 +96,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def default_tier_starts_no_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a default-tier test that starts a process (but a redis-server): the default tier stays in-process
     and fast; a test that needs real processes belongs in tests/processes/."""
-    if tier_of(request.node.path) != "default":
+    if tier_of(request.node.path, tests_root(request.config)) != "default":
         yield
         return
     started: list[str] = []

@@ -9,8 +9,17 @@ import pytest
 
 from tests.conftest import TEST_SECRET
 from tests.factories import redis_actors
+from tests.in_process import work_burst
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def enqueue_raw(connection, function: str, *args, **options):
+    """What an attacker with write access to Redis can do: enqueue any function name with JSON args."""
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    return Queue("rqrl", connection=connection, serializer=JSONSerializer).enqueue(function, *args, **options)
 
 
 def test_an_external_redis_without_a_secret_is_refused(redis_url, monkeypatch):
@@ -36,3 +45,22 @@ def test_an_idle_worker_beats_once_per_heartbeat_of_its_timings(connection, redi
     worker = RolloutWorker(["rqrl"], connection=connection)
     assert worker.dequeue_timeout == protocol_timings().heartbeat == 0.5  # RQ alone would wait whole seconds
     assert worker.worker_ttl >= 15
+
+def test_a_hostile_job_is_refused_and_lands_in_the_failed_registry(connection, tmp_path, caplog):
+    from rq.job import Job, JobStatus
+    from rq.registry import FailedJobRegistry
+    from rq.serializers import JSONSerializer
+
+    marker = tmp_path / "pwned"
+    job = enqueue_raw(connection, "os.system", f"touch {marker}")
+    callback_job = enqueue_raw(connection, "rqrl.jobs.run_actor_group", "no-such-run", 0, 0)
+    connection.hset(callback_job.key, "success_callback_name", "os.getcwd")
+    work_burst(connection)  # the job logic, in-process: tests/e2e/test_cli.py runs `rqrl worker --burst` itself
+    assert not marker.exists(), "the hostile job ran"
+    failed = FailedJobRegistry("rqrl", connection=connection, serializer=JSONSerializer)  # rqrl's serializer
+    assert job.id in failed.get_job_ids()
+    held = Job.fetch(job.id, connection=connection, serializer=failed.serializer)
+    assert (held.func_name, held.args, held.get_status()) == ("os.system", [f"touch {marker}"], JobStatus.FAILED)
+    refused = held.latest_result()
+    assert "ForbiddenJobError" in (refused.exc_string or "")
+    assert "never run callbacks" in caplog.text

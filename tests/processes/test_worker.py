@@ -13,17 +13,12 @@ import pytest
 
 from tests.children import REPO_ROOT, run_rqrl, stop_process, worker_env
 from tests.factories import redis_actors
+from tests.integration.test_worker import enqueue_raw
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _enqueue_raw(connection, function: str, *args, **options):
-    """What an attacker with write access to Redis can do: enqueue any function name with JSON args."""
-    from rq import Queue
-    from rq.serializers import JSONSerializer
-
-    return Queue("rqrl", connection=connection, serializer=JSONSerializer).enqueue(function, *args, **options)
 
 
 def test_a_worker_joining_mid_run_gets_work(connection, redis_url, run_name, workers):
@@ -95,30 +90,11 @@ def test_plain_rq_worker_with_the_documented_class_runs_rollouts(connection, red
         stop_process(process)
 
 
-def test_a_hostile_job_is_refused_and_lands_in_the_failed_registry(connection, redis_url, tmp_path):
-    from rq.job import Job, JobStatus
-    from rq.registry import FailedJobRegistry
-    from rq.serializers import JSONSerializer
-
-    marker = tmp_path / "pwned"
-    job = _enqueue_raw(connection, "os.system", f"touch {marker}")
-    callback_job = _enqueue_raw(connection, "rqrl.jobs.run_actor_group", "no-such-run", 0, 0)
-    connection.hset(callback_job.key, "success_callback_name", "os.getcwd")
-    result = run_rqrl("worker", "--redis-url", redis_url, "--burst", timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert not marker.exists(), "the hostile job ran"
-    failed = FailedJobRegistry("rqrl", connection=connection, serializer=JSONSerializer)  # rqrl's serializer
-    assert job.id in failed.get_job_ids()
-    held = Job.fetch(job.id, connection=connection, serializer=failed.serializer)
-    assert (held.func_name, held.args, held.get_status()) == ("os.system", [f"touch {marker}"], JobStatus.FAILED)
-    refused = held.latest_result()
-    assert "ForbiddenJobError" in (refused.exc_string or "")
-    assert "never run callbacks" in result.stderr
 
 
 def test_plain_rq_worker_without_the_json_serializer_still_refuses_hostile_jobs(connection, redis_url, tmp_path):
     marker = tmp_path / "pwned"
-    _enqueue_raw(connection, "os.system", f"touch {marker}")
+    enqueue_raw(connection, "os.system", f"touch {marker}")
     command = [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.worker.RolloutWorker", "--url", redis_url,
                "--burst", "rqrl"]
     result = subprocess.run(command, cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
