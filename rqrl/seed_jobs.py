@@ -142,12 +142,6 @@ def run_seed_server(run_name: str, server_index: int, token: str) -> None:
         server.run_forever(stop, tick=_rate_limited(beat_worker, protocol_timings().heartbeat))
 
 
-JOB_START_SECONDS = 60.0
-QUEUED_WARNING_SECONDS = 15.0
-"""A job still queued after this long is waiting for a worker that may never come: say so, once."""
-"""A job that left the queue but never beat within this long is taken for lost and enqueued again."""
-
-
 @dataclass
 class PlacedJob:
     """The newest job of one actor or server, as the trainer tracks it."""
@@ -195,14 +189,14 @@ class JobFleet:
                                     f"(the worker's log says which)"))
                 continue
             placed.left_queue_at = placed.left_queue_at or now
-            if now - placed.left_queue_at > JOB_START_SECONDS:
-                found.append((name, f"never started: job {placed.job_id} left the queue {JOB_START_SECONDS:.0f} s ago"))
+            if now - placed.left_queue_at > (job_start := protocol_timings().seed_job_start):
+                found.append((name, f"never started: job {placed.job_id} left the queue {job_start:g} s ago"))
         return found
 
     def _warn_if_starved(self, name: str, placed: PlacedJob, now: float) -> None:
         """Every actor and server job holds its worker for the whole run: with fewer workers than jobs the
-        rest wait forever, so a job queued for QUEUED_WARNING_SECONDS gets one warning naming the fix."""
-        if placed.warned or now - placed.queued_at < QUEUED_WARNING_SECONDS:
+        rest wait forever, so a job queued for ProtocolTimings.seed_queued_warning gets one warning naming the fix."""
+        if placed.warned or now - placed.queued_at < protocol_timings().seed_queued_warning:
             return
         placed.warned = True
         log.warning("run %s: %s's job has waited %.0f s on queue %r for a free worker; job mode runs %d jobs at "

@@ -42,6 +42,10 @@ class ProtocolTimings:
     """A SEED job's alive key lapses this long after its job stops refreshing it."""
     seed_beat: float = 1.0
     """How often a SEED job refreshes its alive key."""
+    seed_job_start: float = 60.0
+    """A SEED job that left the queue but never beat within this long is taken for lost and enqueued again."""
+    seed_queued_warning: float = 15.0
+    """A SEED job still queued after this long waits for a worker that may never come: the trainer says so, once."""
     stop_wait: float = 15.0
     """How long stopping a run waits for its jobs and local workers to end before it kills the workers."""
     env_close: float = 5.0

@@ -84,13 +84,9 @@ def test_a_killed_workers_job_goes_to_another_worker(redis_url, connection, run_
 
 
 @pytest.mark.timeout(120)
-def test_too_few_workers_for_the_jobs_is_named_in_a_warning(redis_url, connection, run_name, workers, monkeypatch,
-                                                             caplog):
+def test_too_few_workers_for_the_jobs_is_named_in_a_warning(redis_url, connection, run_name, workers, caplog):
     """One worker for a server and an actor: the server holds it for the whole run, so the actor's job waits
     forever; the trainer says so instead of training silently on nothing."""
-    import rqrl.seed_jobs
-
-    monkeypatch.setattr(rqrl.seed_jobs, "QUEUED_WARNING_SECONDS", 1.0)
     workers.start("seed-only", queue=QUEUE)
     workers.wait_registered(connection, 1, queue=QUEUE)
     trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_cartpole)

@@ -17,6 +17,7 @@ def test_production_windows_keep_their_documented_values():
     timings = ProtocolTimings()
     assert (timings.heartbeat, timings.liveness, timings.lease) == (5.0, 20.0, 5.0)
     assert (timings.sideline_first, timings.sideline_max) == (1.0, 30.0)
+    assert (timings.seed_job_start, timings.seed_queued_warning) == (60.0, 15.0)
     assert (timings.seed_alive, timings.seed_beat, timings.env_close, timings.stop_wait) == (3.0, 1.0, 5.0, 15.0)
     assert timings.liveness >= 4 * timings.heartbeat, "a worker is judged gone only after four missed beats"
 
