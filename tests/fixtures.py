@@ -213,7 +213,8 @@ class NanRewardEnv(CountingEnv):
 
 
 class HangOnceEnv(CountingEnv):
-    """Hangs in its 20th step for the first process that gets there (a marker file remembers it)."""
+    """Hangs in its 20th step for the first process that gets there (a marker file remembers it), for an hour or
+    until the test creates the file ``marker + ".release"``."""
 
     def __init__(self, marker: str):
         super().__init__(length=50)
@@ -224,7 +225,7 @@ class HangOnceEnv(CountingEnv):
             try:
                 with open(self.marker, "x"):
                     pass
-                time.sleep(3600)  # hang, as a stuck simulator would
+                pause(3600, self.marker + ".release")  # hang, as a stuck simulator would
             except FileExistsError:
                 pass
         return super().step(action)

@@ -156,6 +156,7 @@ def test_a_worker_hung_in_env_step_is_timed_out_and_its_group_rerun(connection, 
         assert rollouts == [0, 1, 2, 3]
         assert time.monotonic() - started < 30
         assert actors.get_stats_value(RolloutEvents.groups_rerun, name="sum") >= 1
+        (tmp_path / "hung.release").touch()  # the hung worker steps on: stopping it need not wait for SIGKILL
 
 
 @pytest.mark.parametrize("resumed_batch_size", [2, 1])
