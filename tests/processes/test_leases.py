@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from rqrl import RolloutEvents
+from rqrl import MissingStatsError, RolloutEvents
 from tests import fixtures
 from tests.integration.test_leases import actors_on_workers  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
@@ -63,10 +63,15 @@ def test_sigkilled_workers_jobs_are_rerun_elsewhere_with_nothing_lost_or_doubled
         for process in processes[:2]:  # a container kill: no warm shutdown, no clean-up
             process.send_signal(signal.SIGKILL)
 
+        def reruns() -> float:
+            try:
+                return actors.get_stats_value(RolloutEvents.groups_rerun, name="sum")
+            except MissingStatsError:  # none recorded in this epoch yet
+                return 0
+
         def every_actor_delivered_again_after_a_rerun() -> bool:  # the killed jobs' leases lapse, the reaper re-runs
             collect(0.5)
-            return (all(last_seen[actor] > killed_at for actor in range(4))
-                    and actors.get_stats_value(RolloutEvents.groups_rerun, name="sum") >= 1)
+            return all(last_seen[actor] > killed_at for actor in range(4)) and reruns() >= 1
 
         wait_until(every_actor_delivered_again_after_a_rerun, 60, interval=0, message=lambda: (
             f"every actor delivering after the kill, with a group re-run; last seen "
