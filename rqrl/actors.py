@@ -163,7 +163,8 @@ class RedisDistributedActors(DistributedActors):
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
         self.redis_url = self._redis_url(options, connection)
         self.embedded = connection is None and not self.redis_url
-        self.secret: str | bytes = run_secret(options, self.embedded)
+        from_environment = options.redis_url is None and connection is None and self.redis_url is not None
+        self.secret: str | bytes = run_secret(options, self.embedded, redis_from_environment=from_environment)
         self.options = resolve_workers(options, n_actors, self.embedded, bool(self.redis_url))
         self.config = self._run_config(queue_bound(batch_size, queue_out_of_sync_factor))
         self.keys = RunKeys(self.config.run_name)

@@ -33,7 +33,9 @@ by `rqrl stop` exits with 0, like one that ran to its end."""
 
 def secret_from_env() -> str | None:
     """The learner's and workers' shared secret, RQRL_SECRET (an env var, never a flag: flags show in `ps`)."""
-    return os.environ.get("RQRL_SECRET") or None
+    from rqrl.codec import secret_from_environment
+
+    return secret_from_environment()
 
 
 def redis_server_from_env() -> str | None:

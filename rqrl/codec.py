@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import math
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -181,6 +182,15 @@ WEIGHTS_MAGIC = b"RQRLWTS1"  # weights blobs, under weights_key(secret, run_id)
 _DIGEST_SIZE = hashlib.sha256().digest_size
 TAG_SIZE = len(_SIGNATURE_MAGIC) + _DIGEST_SIZE
 """Bytes a signed blob adds in front of its payload: the magic, then the HMAC-SHA256 digest."""
+
+
+SECRET_VARIABLE = "RQRL_SECRET"
+"""The environment variable that holds the shared secret (never a flag: flags show in `ps`)."""
+
+
+def secret_from_environment() -> str | None:
+    """The shared secret RQRL_SECRET holds, or None if it is unset or empty."""
+    return os.environ.get(SECRET_VARIABLE) or None
 
 
 def secret_bytes(secret: str | bytes) -> bytes:

@@ -16,6 +16,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
+from rqrl.codec import secret_from_environment
 from rqrl.errors import ConfigError
 from rqrl.keys import DEFAULT_QUEUE, check_run_name
 
@@ -109,14 +110,17 @@ def choose_options(options: RunOptions | None, keywords: RunOptions) -> RunOptio
     return options
 
 
-def run_secret(options: RunOptions, embedded: bool) -> str | bytes:
-    """The secret that signs the run's payloads: the given one, else a fresh one for an embedded Redis."""
+def run_secret(options: RunOptions, embedded: bool, redis_from_environment: bool = False) -> str | bytes:
+    """The secret that signs the run's payloads: the given one; else a fresh one for an embedded Redis; else, when
+    Redis came from REDIS_URL, RQRL_SECRET (so the two variables configure a drop-in script completely)."""
     secret = options.secret or (secrets.token_hex(32) if embedded else None)
+    if not secret and redis_from_environment:
+        secret = secret_from_environment()
     if not secret:
         raise ConfigError(
             "an external Redis needs a shared secret to sign the env factory and policy that workers unpickle: "
-            "pass secret=... (e.g. secret=os.environ[\"RQRL_SECRET\"]) and start the workers with the same "
-            "RQRL_SECRET"
+            "pass secret=... (e.g. secret=os.environ[\"RQRL_SECRET\"]), or, with Redis from REDIS_URL, set "
+            "RQRL_SECRET; start the workers with the same RQRL_SECRET"
         )
     return secret
 

@@ -202,7 +202,7 @@ class MultiprocessingSampler:
         if url is None and self._injected is None:
             url = os.environ.get("REDIS_URL")
         embedded = self._injected is None and not url
-        self._secret = run_secret(options, embedded)
+        self._secret = run_secret(options, embedded, redis_from_environment=options.redis_url is None and bool(url))
         resolved = resolve_workers(options, self.n_workers, embedded, bool(url))
         assert resolved.actors_per_job is not None and resolved.n_local_workers is not None
         self._local = LocalWorkers(options.start_method, options.redis_server)

@@ -149,6 +149,10 @@ class EpochStatsAggregator:
         self._values.clear()
         return self.last_stats
 
+    def clear(self) -> None:
+        """Drop the running epoch's values without reducing them (Maze's ``clear_inputs``)."""
+        self._values.clear()
+
     def get_stats_value(
         self, event: Event, level: LogStatsLevel = LogStatsLevel.EPOCH, name: str | None = None
     ) -> float | dict[str, float]:

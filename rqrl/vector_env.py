@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import cloudpickle
 import gymnasium
@@ -45,10 +45,10 @@ from rqrl.errors import ConfigError, EnvProcessDiedError, VectorEnvError
 from rqrl.observations import Obs, map_tree, stack_obs, to_array
 from rqrl.observations import select as select_obs
 from rqrl.process import ProcessContext, exit_when_orphaned, process_context, stop_processes
-from rqrl.stats import EpochStatsAggregator, RolloutEvents, StatsReader
+from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents, StatsReader
 from rqrl.timings import protocol_timings
 
-__all__ = ["EnvProcessDiedError", "SubprocVectorEnv", "VectorEnvError"]
+__all__ = ["ActorID", "EnvProcessDiedError", "SubprocVectorEnv", "VectorEnvError"]
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,7 @@ class _EnvServer:
         self.connection = connection
         self.actor_rewards = _actor_rewards_getter(env)
         self.next_seed: int | None = None
+        self.hold_resets = False  # True: a done env waits for the caller's reset_with (its seed), see seed()
         self.shared: _SharedArrays | None = None
         self.obs_arrays: Any = None
         self.action_arrays: Any = None
@@ -181,6 +182,7 @@ class _EnvServer:
     def serve(self) -> None:
         handlers: dict[str, Callable[[Any], Any]] = {
             "step": self.step, "reset": self.reset, "seed": self.seed, "attach": self.attach,
+            "reset_with": self.reset_with, "hold_resets": self.set_hold_resets,
         }
         while True:
             command, data = self.connection.recv()
@@ -204,6 +206,9 @@ class _EnvServer:
     def seed(self, seed: int | None) -> None:
         self.next_seed = seed
 
+    def set_hold_resets(self, hold: bool) -> None:
+        self.hold_resets = hold
+
     def _reset(self) -> tuple[Any, dict[str, Any]]:
         seed, self.next_seed = self.next_seed, None
         return self.env.reset(seed=seed)
@@ -219,6 +224,10 @@ class _EnvServer:
         obs, info = self._reset()
         return info, self._put_obs(obs), None
 
+    def reset_with(self, seed: int | None) -> tuple[dict[str, Any], Obs | None, None]:
+        self.next_seed = seed
+        return self.reset(None)
+
     def step(self, action: Any) -> tuple[dict[str, Any] | None, Obs | None, Any]:
         if action is None:
             action = map_tree(lambda array: _row(array, self.index), self.action_arrays)
@@ -227,7 +236,8 @@ class _EnvServer:
         if terminated or truncated:
             final_obs = to_array(obs)
             info = {**info, "terminal_observation": final_obs, "final_observation": final_obs, "final_info": info}
-            obs, info["reset_info"] = self._reset()
+            if not self.hold_resets:  # held: the caller resets it next, with the next seed of its list
+                obs, info["reset_info"] = self._reset()
         assert self.shared is not None, "attach comes first"
         arrays = self.shared.arrays
         arrays["reward"][self.index] = reward
@@ -270,6 +280,13 @@ def _worker(index: int, connection: multiprocessing.connection.Connection,
 # ---- the caller's side ---------------------------------------------------------------------------
 
 
+class ActorID(NamedTuple):
+    """Maze's actor id: the sub-step and the agent acting in it (a gymnasium env has one of each, 0 and 0)."""
+
+    step_key: int | str
+    agent_id: int
+
+
 class _VectorEnvStats(EpochStatsAggregator):
     """Epoch statistics of a SubprocVectorEnv: episodes as they end; env steps and their rate are folded in
     whenever the statistics are read, so stepping adds no per-step values to the epoch."""
@@ -310,6 +327,10 @@ class _VectorEnvStats(EpochStatsAggregator):
             self.add(RolloutEvents.env_steps_per_second, self._steps / max(elapsed, 1e-9))
             self._steps, self._window_start = 0, None
         return super().current()
+
+    def clear(self) -> None:
+        super().clear()
+        self._steps, self._window_start = 0, None
 
     def reduce(self) -> dict[str, dict[str, float]]:
         stats = super().reduce()
@@ -355,6 +376,10 @@ class SubprocVectorEnv(StatsReader):
         self._closed = False
         self._dead: tuple[int, int | None] | None = None  # (env index, exit code) of a dead env process
         self._actor_rewards: list[Any] | None = None
+        self._actor_dones = np.zeros(self.n_envs, dtype=bool)
+        self.seeds: list[int | None] | None = None
+        """The seed list of ``seed()``: reset() seeds env i with ``seeds[i]``, each later reset the next in turn."""
+        self._next_seed_index = 0
         self._finalizer = weakref.finalize(self, _shutdown, self.processes, self._connections, self._shared)
         try:
             self._start(context, factories)
@@ -416,17 +441,53 @@ class SubprocVectorEnv(StatsReader):
         """Maze's per-sub-step action spaces: a gymnasium env has one sub-step, 0."""
         return {0: self.action_space}
 
+    @property
+    def agent_counts_dict(self) -> dict[int, int]:
+        """Maze's agents per sub-step: a gymnasium env has one agent in its one sub-step."""
+        return {0: 1}
+
+    def actor_id(self) -> ActorID:
+        """The actor to act next in every env (Maze steps vector envs in sync): sub-step 0, agent 0."""
+        return ActorID(step_key=0, agent_id=0)
+
+    def is_actor_done(self) -> np.ndarray:
+        """Whether each env's last step ended its episode (terminated or truncated), ``[n_envs]`` bool."""
+        return self._actor_dones.copy()
+
+    def get_env_time(self) -> np.ndarray:
+        """Each env's time: the steps taken in its running episode, ``[n_envs]`` (0 right after a reset)."""
+        return self.epoch_stats.lengths.copy()
+
+    # -- Maze's statistics -------------------------------------------------------------------------
+
+    def get_stats(self, level: LogStatsLevel = LogStatsLevel.EPOCH) -> EpochStatsAggregator:
+        """The aggregator of the episodes' statistics; only ``LogStatsLevel.EPOCH`` is kept, as in Maze."""
+        if getattr(level, "name", None) != LogStatsLevel.EPOCH.name:
+            raise ConfigError(f"expected level=LogStatsLevel.EPOCH, got {level}; a vector env keeps epoch "
+                              f"statistics only")
+        return self.epoch_stats
+
+    def write_epoch_stats(self) -> None:
+        """End the epoch: reduce its statistics (logged under ``logging_prefix``, if given)."""
+        self.epoch_stats.reduce()
+
+    def clear_epoch_stats(self) -> None:
+        """Drop the statistics collected so far in this epoch, without reducing them."""
+        self.epoch_stats.clear()
+
     # -- VectorEnv ---------------------------------------------------------------------------------
 
     def reset(self) -> Obs:
-        """Reset every env (with the seeds given to ``seed``, if any) and return the stacked observations;
-        the envs' reset infos are in ``reset_infos``."""
+        """Reset every env and return the stacked observations; the envs' reset infos are in ``reset_infos``.
+        With a seed list (``seed``), env i is seeded with ``seeds[i]``, and the list starts over."""
         self._check_usable()
+        self._next_seed_index = 0
         for index in range(self.n_envs):
-            self._send(index, ("reset", None))
+            self._send(index, ("reset", None) if self.seeds is None else ("reset_with", self.get_next_seed()))
         replies = self._gather()
         self.reset_infos = [info for info, _, _ in replies]
         self._actor_rewards = None
+        self._actor_dones[:] = False
         self.epoch_stats.start_episodes()
         return self._observations(replies)
 
@@ -460,31 +521,58 @@ class SubprocVectorEnv(StatsReader):
             infos.append(info)
         if self._has_actor_rewards:
             self._actor_rewards = [actor_rewards for _, _, actor_rewards in replies]
+        if self.seeds is not None and dones.any():
+            replies = self._reset_done_envs(np.flatnonzero(dones), replies, infos)
+        self._actor_dones = dones.copy()
         self.epoch_stats.record_step(rewards, dones, started)
         return self._observations(replies), rewards, dones, infos
 
+    def _reset_done_envs(self, done: np.ndarray, replies: list[Any], infos: list[dict[str, Any]]) -> list[Any]:
+        """Reset the envs that ended an episode, in env order, each with the next seed of the list."""
+        for index in done:
+            self._send(int(index), ("reset_with", self.get_next_seed()))
+        replies = list(replies)
+        for index, (reset_info, obs, _) in zip(done, self._gather([int(index) for index in done]), strict=True):
+            infos[index]["reset_info"] = reset_info
+            replies[index] = (replies[index][0], obs, replies[index][2])
+        return replies
+
     def seed(self, seeds: Sequence[Any]) -> None:
-        """One seed (a non-negative int, or None) per env, used by each env's next reset."""
+        """Maze's seed list: at least one seed (a non-negative int, or None) per env. The next ``reset()``
+        seeds env i with ``seeds[i]``; every reset after an episode ends takes the next seed of the list in
+        turn, cycling, so the list fixes the start of every episode, not only the first."""
         seeds = list(seeds)
-        if len(seeds) != self.n_envs:
-            raise ConfigError(f"expected one seed per env: {self.n_envs} seeds for n_envs={self.n_envs}, "
+        if len(seeds) < self.n_envs:
+            raise ConfigError(f"expected at least one seed per env: {self.n_envs} seeds for n_envs={self.n_envs}, "
                               f"got {len(seeds)} ({seeds!r})")
         for index, seed in enumerate(seeds):
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0):
                 raise ConfigError(f"seeds[{index}] must be a non-negative int or None, got {seed!r}")
         self._check_usable()
-        for index, seed in enumerate(seeds):
-            self._send(index, ("seed", None if seed is None else int(seed)))
-        self._gather()
+        if self.seeds is None:  # from now on, done envs wait for their seed instead of resetting on their own
+            for index in range(self.n_envs):
+                self._send(index, ("hold_resets", True))
+            self._gather()
+        self.seeds = [None if seed is None else int(seed) for seed in seeds]
+        self._next_seed_index = 0
+
+    def get_next_seed(self) -> int | None:
+        """The next seed of the list ``seed`` set (cycling), or None without one."""
+        if self.seeds is None:
+            return None
+        seed = self.seeds[self._next_seed_index]
+        self._next_seed_index = (self._next_seed_index + 1) % len(self.seeds)
+        return seed
 
     def get_actor_rewards(self) -> np.ndarray | None:
-        """Stack actor rewards from encapsulated environments: each env's ``get_actor_rewards()`` at its
-        last step, ``[n_envs, ...]``; None unless every env has that method (plain gymnasium envs do not)."""
+        """Stack actor rewards from encapsulated environments as Maze does: each env's ``get_actor_rewards()``
+        at its last step, ``[n_actors, n_envs]`` float32; None unless every env has that method (plain
+        gymnasium envs do not)."""
         if not self._has_actor_rewards or self._actor_rewards is None:
             return None
         if any(rewards is None for rewards in self._actor_rewards):
             return None
-        return np.stack([np.asarray(rewards) for rewards in self._actor_rewards])
+        return np.stack([np.asarray(rewards) for rewards in self._actor_rewards], axis=1).astype(np.float32)
 
     def close(self) -> None:
         """Close every env and end its process (terminated, then killed, if it does not exit in time);
@@ -579,12 +667,12 @@ class SubprocVectorEnv(StatsReader):
         except (EOFError, OSError) as error:
             raise self._died(index) from error
 
-    def _gather(self) -> list[Any]:
-        """Every env's reply to the command just sent; the first error is raised after all have answered,
-        so the pipes stay in step."""
+    def _gather(self, indices: Sequence[int] | None = None) -> list[Any]:
+        """Every env's reply (or those of ``indices``) to the command just sent; the first error is raised after
+        all have answered, so the pipes stay in step."""
         replies: list[Any] = []
         failure: VectorEnvError | None = None
-        for index in range(self.n_envs):
+        for index in range(self.n_envs) if indices is None else indices:
             try:
                 reply = self._receive(index)
             except EnvProcessDiedError as error:

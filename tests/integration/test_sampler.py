@@ -86,3 +86,18 @@ def test_a_killed_worker_process_loses_no_episode(connection, redis_url, workers
     assert rerun >= 1
     assert killed.lengths.tolist() == reference.lengths.tolist() == [10] * 24
     np.testing.assert_array_equal(killed.observations, reference.observations)
+
+
+def test_a_garage_script_is_configured_by_redis_url_and_rqrl_secret_alone(connection, redis_url, monkeypatch):
+    """garage's MultiprocessingSampler takes no secret: with Redis from REDIS_URL, RQRL_SECRET signs the run."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    with RQSampler(fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2, max_episode_length=100,
+                   n_local_workers=0, no_worker_timeout=0.5, progress=False) as sampler:
+        with pytest.raises(NoWorkersError):  # the run started on REDIS_URL's Redis, signed: it only lacks workers
+            sampler.obtain_exact_episodes(1, None)
+        assert sampler.redis_url == redis_url
+    monkeypatch.delenv("RQRL_SECRET")
+    with RQSampler(fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2, max_episode_length=100,
+                   n_local_workers=0, progress=False) as sampler:
+        with pytest.raises(ConfigError, match="with Redis from REDIS_URL, set RQRL_SECRET"):
+            sampler.obtain_exact_episodes(1, None)

@@ -64,3 +64,20 @@ def test_a_hostile_job_is_refused_and_lands_in_the_failed_registry(connection, t
     refused = held.latest_result()
     assert "ForbiddenJobError" in (refused.exc_string or "")
     assert "never run callbacks" in caplog.text
+
+
+def test_with_redis_from_redis_url_the_secret_comes_from_rqrl_secret_too(redis_url, monkeypatch):
+    """Maze's constructors take no secret: REDIS_URL and RQRL_SECRET configure a drop-in script (the sampler's
+    choice is rqrl.options.run_secret's, tests/unit/test_options.py)."""
+    from rqrl import ConfigError, RedisDistributedActors
+    from tests import fixtures
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    actors = RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 8, 2, 2, 2.0, n_local_workers=0)
+    assert actors.redis_url == redis_url and actors.secret == TEST_SECRET
+    explicit = RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 8, 2, 2, 2.0, n_local_workers=0,
+                                      secret="given")
+    assert explicit.secret == "given"  # an argument still wins
+    monkeypatch.delenv("RQRL_SECRET")
+    with pytest.raises(ConfigError, match=r"pass secret=.*or, with Redis from REDIS_URL, set RQRL_SECRET"):
+        RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 8, 2, 2, 2.0, n_local_workers=0)

@@ -39,6 +39,20 @@ class MazeLikeEnv(CountdownEnv):
         return np.array([self.t, -self.t], dtype=np.float64)
 
 
+class SeedEchoEnv(CountdownEnv):
+    """A CountdownEnv whose observation is the seed of its last reset (-1 for none), and a Dict observation of
+    nothing else when ``dict_obs``: each auto-reset shows which seed of the list it took."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seed_used = -1.0 if seed is None else float(seed)
+        return np.array([self.seed_used], np.float32), {"seed": seed}
+
+    def step(self, action):
+        _, reward, terminated, truncated, info = super().step(action)
+        return np.array([self.seed_used], np.float32), reward, terminated, truncated, info
+
+
 class DictEnv(gymnasium.Env):
     """Nested Dict observations and Dict actions; the next observation echoes the action, the image holds
     the env's ``ident`` so each env's rows can be told apart."""
@@ -219,6 +233,24 @@ def test_seeds_make_rollouts_reproducible(vector_envs):
     assert not np.array_equal(seeded[0, 0], seeded[0, 1])  # different seeds per env differ too
 
 
+def test_a_seed_list_seeds_every_episode_in_turn_and_reset_starts_it_over(vector_envs):
+    envs = vector_envs([functools.partial(SeedEchoEnv, length=2), functools.partial(SeedEchoEnv, length=3)])
+    envs.seed([10, 11, 12])  # longer than n_envs: Maze keeps the whole list
+    assert envs.reset()[:, 0].tolist() == [10, 11]
+    seen, reset_seeds = [], []
+    for _ in range(6):
+        obs, _, dones, infos = envs.step(np.array([0, 0]))
+        seen.append(obs[:, 0].tolist())
+        reset_seeds.extend(infos[index]["reset_info"]["seed"] for index in np.flatnonzero(dones))
+    # env 0 ends episodes at steps 2, 4, 6 and env 1 at 3, 6; each reset takes the next seed, in env order
+    assert seen == [[10, 11], [12, 11], [12, 10], [11, 10], [11, 10], [12, 10]]
+    assert reset_seeds == [12, 10, 11, 12, 10]
+    assert infos[0]["terminal_observation"].tolist() == [11.0]  # the episode it ended, not the new one
+    assert envs.reset()[:, 0].tolist() == [10, 11]  # the list starts over
+    assert envs.step(np.array([0, 0]))[0][:, 0].tolist() == [10, 11]
+    assert envs.step(np.array([0, 0]))[0][:, 0].tolist() == [12, 11]
+
+
 def test_seed_needs_one_seed_per_env(vector_envs):
     envs = vector_envs([make_cartpole] * 3)
     with pytest.raises(ConfigError, match=r"3 seeds for n_envs=3, got 2"):
@@ -282,7 +314,13 @@ def test_actor_rewards_are_stacked_for_maze_envs_and_none_for_gymnasium_envs(vec
     assert maze_like.get_actor_rewards() is None  # no step yet
     maze_like.step(np.array([0, 1]))
     maze_like.step(np.array([0, 1]))
-    np.testing.assert_array_equal(maze_like.get_actor_rewards(), [[2, -2], [2, -2]])
+    rewards = maze_like.get_actor_rewards()
+    assert rewards.dtype == np.float32 and rewards.shape == (2, 2)  # Maze's [n_actors, n_envs]
+    np.testing.assert_array_equal(rewards, [[2, 2], [-2, -2]])
+    three = vector_envs([lambda: gymnasium.wrappers.TimeLimit(MazeLikeEnv(length=5), 100)] * 3)
+    three.reset()
+    three.step(np.array([0, 1, 0]))
+    assert three.get_actor_rewards().shape == (2, 3)
 
 
 def test_bad_actions_name_the_expected_count_and_shape(vector_envs):
@@ -407,3 +445,24 @@ def test_benchmark_script_prints_a_table():
     )
     assert result.returncode == 0, result.stderr
     assert "| CartPole-v1 | 2 |" in result.stdout and "| image 84x84x4 uint8 | 2 |" in result.stdout
+
+
+def test_the_methods_a_maze_learner_calls_through_its_base_classes(vector_envs):
+    envs = vector_envs(countdowns(2, 3))
+    assert envs.agent_counts_dict == {0: 1} and envs.actor_id() == (0, 0) and envs.actor_id().step_key == 0
+    assert envs.observation_spaces_dict[envs.actor_id().step_key] == envs.observation_space
+    envs.reset()
+    assert envs.is_actor_done().tolist() == [False, False] and envs.get_env_time().tolist() == [0, 0]
+    envs.step(np.array([0, 0]))
+    assert envs.get_env_time().tolist() == [1, 1]
+    envs.step(np.array([0, 0]))  # env 0 ends its episode and starts the next
+    assert envs.is_actor_done().tolist() == [True, False] and envs.get_env_time().tolist() == [0, 2]
+    assert envs.get_stats(LogStatsLevel.EPOCH) is envs.get_epoch_stats_aggregator()
+    with pytest.raises(ConfigError, match="LogStatsLevel.EPOCH"):
+        envs.get_stats(LogStatsLevel.STEP)
+    envs.write_epoch_stats()  # ends the epoch: its statistics become the last ones
+    assert envs.get_stats(LogStatsLevel.EPOCH).last_stats["episode_return"]["count"] == 1
+    envs.step(np.array([0, 0]))  # env 1 ends an episode in the new epoch
+    envs.clear_epoch_stats()  # ... which is dropped unreduced
+    assert envs.get_epoch_stats_aggregator().current() == {}
+    assert envs.get_stats(LogStatsLevel.EPOCH).last_stats["episode_return"]["count"] == 1

@@ -93,3 +93,18 @@ def test_local_workers_need_a_url_beside_an_injected_connection():
 def test_actors_validate_their_options_on_construction():
     with pytest.raises(ConfigError, match="expected no_worker_timeout > 0, got 0"):
         RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0, no_worker_timeout=0)
+
+
+def test_the_secret_comes_from_rqrl_secret_only_when_redis_came_from_redis_url(monkeypatch):
+    from rqrl.options import run_secret
+
+    monkeypatch.setenv("RQRL_SECRET", "from-the-environment")
+    assert run_secret(RunOptions(), embedded=False, redis_from_environment=True) == "from-the-environment"
+    assert run_secret(RunOptions(secret="given"), embedded=False, redis_from_environment=True) == "given"
+    embedded = run_secret(RunOptions(), embedded=True, redis_from_environment=False)
+    assert len(embedded) == 64 and embedded != "from-the-environment"  # a fresh one per embedded run
+    with pytest.raises(ConfigError, match="an external Redis needs a shared secret"):
+        run_secret(RunOptions(redis_url="redis://elsewhere:6379/0"), embedded=False)  # a URL given: no guessing
+    monkeypatch.delenv("RQRL_SECRET")
+    with pytest.raises(ConfigError, match=r"pass secret=.*or, with Redis from REDIS_URL, set RQRL_SECRET"):
+        run_secret(RunOptions(), embedded=False, redis_from_environment=True)

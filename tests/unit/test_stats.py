@@ -185,3 +185,12 @@ def test_maze_base_env_events_reward_reads_the_episode_statistics_by_maze_names(
     assert stats.get_stats_value(BaseEnvEvents.reward, LogStatsLevel.EPOCH, name="mean_step_count") == 30.0
     with pytest.raises(ConfigError, match=r"Maze's reward statistic 'total_step_count' has no rqrl counterpart"):
         stats.get_stats_value(BaseEnvEvents.reward, LogStatsLevel.EPOCH, name="total_step_count")
+
+
+def test_clear_drops_the_running_epoch_unreduced_and_keeps_the_last_one():
+    stats = EpochStatsAggregator()
+    stats.add("episode_return", [1.0, 3.0])
+    assert stats.reduce()["episode_return"]["mean"] == 2.0
+    stats.add("episode_return", 10.0)
+    stats.clear()
+    assert stats.current() == {} and stats.last_stats["episode_return"]["mean"] == 2.0
