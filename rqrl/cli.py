@@ -380,7 +380,7 @@ def _train_command() -> click.Command:
         except RqrlError as error:
             raise click.ClickException(str(error)) from error
         state = ("solved" if result.solved else f"interrupted ({result.stopped_by})" if result.interrupted
-                 else "step budget reached")
+                 else f"{result.budget} budget reached")
         mean = f"{result.mean_return:.1f}" if result.mean_return is not None else "n/a"
         click.echo(f"{state}: {result.env_steps:,} env steps, {result.updates:,} updates in {result.seconds:.1f} s "
                    f"({result.env_steps / max(result.seconds, 1e-9):,.0f} steps/s); mean return of the last 100 "

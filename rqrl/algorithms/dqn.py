@@ -263,7 +263,8 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     result = TrainResult(run_dir=run_dir, solved=solved(trainer), interrupted=stopped_by is not None,
                          env_steps=final["env_steps"], updates=final["train_steps"], seconds=final["seconds"],
                          mean_return=mean_return(trainer), best_mean_return=best[0] if best else None,
-                         episodes=final["episodes"], stopped_by=stopped_by)
+                         episodes=final["episodes"], stopped_by=stopped_by,
+                         budget="step" if final["env_steps"] >= config.total_env_steps else "time")
     (run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
 

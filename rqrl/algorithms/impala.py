@@ -275,6 +275,8 @@ class TrainResult:
     episodes: int
     stopped_by: str | None = None
     """What interrupted the run: "SIGINT" (Ctrl-C), "SIGTERM" or "rqrl stop"; None if it ran to its end."""
+    budget: str = "step"
+    """Which budget an unsolved run that ran to its end reached: "step" (total_env_steps) or "time" (seconds)."""
     bottleneck: str | None = None
     """What limited throughput: "workers", "learner" or "balanced" (rqrl.metrics.Bottleneck); None if unknown."""
     bottleneck_detail: str | None = None

@@ -32,8 +32,9 @@ TRIVIAL_ENV = "tests.fixtures:RqrlGuessSign-v0"
 
 def test_a_short_run_writes_the_run_folder(tmp_path):
     result = run_rqrl("train", "--algo", "dqn", "--env", TRIVIAL_ENV, "--seconds", "4", "--run-dir", str(tmp_path),
-                      "--run-name", "short", timeout=120)
+                      "--run-name", "short", "--target-return", "1000", timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("time budget reached:"), result.stdout  # --seconds ended it, not the steps
     run = tmp_path / "short"
     for name in ("final.safetensors", "metrics.csv", "config.json", "summary.json", "learning_curve.png"):
         assert (run / name).is_file(), name
