@@ -72,6 +72,9 @@ class DistributedActors(StatsReader, abc.ABC):
         self.batch_size = batch_size
         self.epoch_stats = EpochStatsAggregator()
         self.policy_version = 0  # the version of the last broadcast; records carry the one they used
+        self.last_wait_seconds: float | None = None
+        """Seconds the last collect_outputs sat idle waiting for rollouts (not popping, decoding or batching
+        them); None where collecting is the rollouts' own time (actors stepped in the learner's process)."""
 
     @abc.abstractmethod
     def start(self) -> None:
@@ -185,6 +188,7 @@ class RedisDistributedActors(DistributedActors):
         self._steps_collected = 0
         self._throughputs = (Throughput(10.0), Throughput(60.0))
         self._emptied_at: float | None = None  # when the learner's last pop left the queue empty (see _pause_for)
+        self._waited = 0.0  # idle seconds of the collect in hand (see last_wait_seconds)
         self._last_batch: dict[str, float] = {}
 
     def _redis_url(self, options: RunOptions, connection: redis.Redis | None) -> str | None:
@@ -379,6 +383,7 @@ class RedisDistributedActors(DistributedActors):
 
     def _collect(self, learner_device: str) -> CollectedOutputs:
         started = time.perf_counter()
+        self._waited = 0.0
         self.supervisor.raise_actor_failures(throttled=True)
         self.supervisor.check_sidelined_workers(throttled=True)
         self._reap()
@@ -395,6 +400,7 @@ class RedisDistributedActors(DistributedActors):
         size_after += len(inbox) - len(records)
         batch = batch_records(records, learner_device)
         dequeue_time = time.perf_counter() - started
+        self.last_wait_seconds = self._waited
         self._record_stats(records, size_before, dequeue_time)
         # only now is the batch the caller's; it is acknowledged when the caller asks for the next one
         inbox.hand_over(len(records))
@@ -427,7 +433,9 @@ class RedisDistributedActors(DistributedActors):
             wanted = self._entries_for(self.batch_size - len(self._inbox))
             self._pause_for(wanted, deadline - now)
             now = time.monotonic()
-            if self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
+            arrived = self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now)))
+            self._waited += time.monotonic() - now
+            if arrived:
                 entries_left = self._pop(wanted).size_after
         return entries_left
 
@@ -444,6 +452,7 @@ class RedisDistributedActors(DistributedActors):
                              min(MAX_PACE_SECONDS, time_left))
         if pause > 0.001:
             time.sleep(pause)
+            self._waited += pause
 
     def _records_per_entry(self) -> int:
         """Rollouts per queue entry: a whole actor group until an entry shows fewer (see rqrl.group_records)."""

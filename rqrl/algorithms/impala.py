@@ -478,7 +478,9 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                     actors.get_epoch_stats_aggregator().reduce()
                 now = time.monotonic()
                 bound = _queue_bound(actors)
-                bottleneck.add(dequeue_seconds, now - step_started, bound is not None and queue_size >= bound)
+                # waiting: the collect's idle time where the actors measure it, not its popping and decoding
+                waited = dequeue_seconds if actors.last_wait_seconds is None else actors.last_wait_seconds
+                bottleneck.add(waited, now - step_started, bound is not None and queue_size >= bound)
                 step_started = now
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"

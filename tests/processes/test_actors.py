@@ -64,6 +64,9 @@ def test_collect_outputs_returns_time_major_batch_with_all_fields(connection, re
         policy = actors.policy
         actors.broadcast_updated_policy(policy.state_dict())
         record, size_before, size_after, dequeue_time = actors.collect_outputs("cpu")
+        waited = actors.last_wait_seconds
+    # the first batch waits for the workers to start: idle time, a part of the collect's time
+    assert waited is not None and 0 < waited <= dequeue_time
     assert record.obs.shape == (32, 4, 4)
     assert record.actions.shape == record.rewards.shape == record.terminated.shape == (32, 4)
     assert record.truncated.shape == record.log_probs.shape == (32, 4)

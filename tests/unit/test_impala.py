@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import math
+import time
 
 import gymnasium
 import numpy as np
@@ -578,3 +579,32 @@ def test_a_trained_policy_beats_random_when_evaluated(tmp_path):
     trained_mean = float(np.mean(evaluate(trained, "CartPole-v1", episodes=5, seed=0)))
     untrained_mean = float(np.mean(evaluate(untrained, "CartPole-v1", episodes=5, seed=0)))
     assert trained_mean > max(2 * untrained_mean, RANDOM_CARTPOLE_RETURN + 20), (trained_mean, untrained_mean)
+
+
+class FedWaitActors(SerialDistributedActors):
+    """Serial actors whose collect takes at least ``collect_seconds`` and reports ``idle_share`` of it as waiting for
+    rollouts, as RedisDistributedActors reports its blocking and pacing (the rest is popping and decoding)."""
+
+    def __init__(self, *args, collect_seconds: float, idle_share: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.collect_seconds, self.idle_share = collect_seconds, idle_share
+
+    def collect_outputs(self, learner_device):
+        started = time.perf_counter()
+        outputs = super().collect_outputs(learner_device)
+        time.sleep(max(0.0, self.collect_seconds - (time.perf_counter() - started)))
+        self.last_wait_seconds = self.idle_share * (time.perf_counter() - started)
+        return outputs
+
+
+@pytest.mark.parametrize("idle_share, verdict", [(0.0, "balanced"), (0.9, "workers")])
+def test_the_bottleneck_counts_the_collects_idle_time_not_its_decoding(tmp_path, idle_share, verdict):
+    config = small_config(tmp_path, total_env_steps=16 * 4 * 6)
+    base = serial_actors(config)
+    actors = FedWaitActors(base.env_factory, base.policy, config.n_rollout_steps, config.n_actors, config.batch_size,
+                           actor_env_seeds=base.actor_env_seeds, actor_agent_seeds=base.actor_agent_seeds,
+                           collect_seconds=0.05, idle_share=idle_share)
+    result = train(config, actors=actors)
+    assert result.bottleneck == verdict, result.bottleneck_detail
+    waited = float(result.bottleneck_detail.split("waited for rollouts ")[1].split("%")[0])
+    assert waited < 5 if idle_share == 0 else waited > 40, result.bottleneck_detail  # the share fed in shows
