@@ -18,10 +18,14 @@ def test_subproc_actors_ignore_redis_url_in_the_environment(monkeypatch: pytest.
 def test_redis_actors_take_redis_url_from_the_environment_and_then_need_a_secret(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.delenv("RQRL_SECRET")
     with pytest.raises(ConfigError, match="secret"):
         RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 8, 2, 2)
     actors = RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 8, 2, 2, secret="s")
-    assert not actors.embedded and actors.redis_url == "redis://127.0.0.1:1/0"
+    assert not actors.embedded and actors.redis_url == "redis://127.0.0.1:1/0" and actors.secret == "s"
+    monkeypatch.setenv("RQRL_SECRET", "from-the-environment")  # with Redis from REDIS_URL, RQRL_SECRET will do
+    taken = RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 8, 2, 2)
+    assert taken.secret == "from-the-environment"
 
 
 @pytest.mark.parametrize("method", ["threads", "", "FORK"])
