@@ -31,7 +31,7 @@ from typing import Any
 
 import gymnasium
 
-from rqrl.codec import weights_key
+from rqrl.codec import secret_from_environment, weights_key
 from rqrl.connection import connect
 from rqrl.dqn import Agent, build_model
 from rqrl.errors import ConfigError, RecordError, SignatureError
@@ -119,15 +119,21 @@ class Trainer:
         self._failures.clear()
         self._restart_after.clear()
         self.stats = TrainerStats()
-        embedded = EmbeddedRedis(config.redis_server).start() if config.redis_url is None else None
-        url = embedded.url if embedded is not None else str(config.redis_url)
+        # REDIS_URL, the ecosystem's convention, where no redis_url is given; with it, RQRL_SECRET signs the run
+        environment_url = os.environ.get("REDIS_URL") if config.redis_url is None else None
+        given_url = config.redis_url or environment_url
+        embedded = EmbeddedRedis(config.redis_server).start() if not given_url else None
+        url = embedded.url if embedded is not None else str(given_url)
         connection = config.connection if config.connection is not None else connect(url)
         secret = config.secret or (secrets.token_hex(32) if embedded is not None else None)
+        if not secret and environment_url:
+            secret = secret_from_environment()
         run: SeedRun | None = None
         try:
             if not secret:
                 raise ConfigError("an external Redis needs secret= to sign the environment and network factories that "
-                                  "actor and server processes unpickle (the workers' RQRL_SECRET)")
+                                  "actor and server processes unpickle, or, with Redis from REDIS_URL, RQRL_SECRET "
+                                  "set (the workers' RQRL_SECRET)")
             self.run_name = config.run_name or f"seed-{uuid.uuid4().hex[:8]}"
             run = SeedRun(connection, RunKeys(self.run_name), secret)
             if connection.exists(run.keys.seed("settings")):

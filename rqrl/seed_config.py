@@ -49,7 +49,8 @@ class Config:
                 "transitions); <= 0: unlimited. Bounds how often each transition is replayed, however fast the "
                 "actors run, and leaves the learner's spare CPU to them."})
     redis_url: str | None = field(default=None, metadata={
-        "help": "Redis the run uses (actors and servers connect to it); None: an embedded private Redis."})
+        "help": "Redis the run uses (actors and servers connect to it); None: REDIS_URL if set (and then RQRL_SECRET "
+                "signs the run), else an embedded private Redis."})
     connection: redis.Redis | None = field(default=None, repr=False, compare=False, metadata={
         "help": "An existing client for the trainer itself (its processes still connect to redis_url)."})
     run_name: str | None = field(default=None, metadata={

@@ -41,6 +41,14 @@ def test_an_external_redis_needs_a_secret(redis_url, run_name):
         trainer.start(1.0)
 
 
+def test_with_redis_from_redis_url_and_no_rqrl_secret_the_error_names_both_ways(redis_url, run_name, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.delenv("RQRL_SECRET")
+    trainer = Trainer(cartpole_agent(), config(None, run_name, secret=None), make_cartpole)
+    with pytest.raises(ConfigError, match=r"needs secret=.*or, with Redis from REDIS_URL, RQRL_SECRET set"):
+        trainer.start(1.0)
+
+
 def test_the_module_offers_the_seed_pages_names():
     import rqrl.seed
     from rqrl.seed_actor import Actor

@@ -36,6 +36,17 @@ def test_start_returns_after_duration_leaving_no_process_or_key(redis_url, conne
     assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
 
 
+def test_redis_url_and_rqrl_secret_configure_a_trainer_without_arguments(redis_url, connection, run_name,
+                                                                          monkeypatch):
+    monkeypatch.setenv("REDIS_URL", redis_url)  # and RQRL_SECRET, the test secret (conftest)
+    commands_before = connection.info("stats")["total_commands_processed"]
+    trainer = Trainer(cartpole_agent(), config(None, run_name, secret=None), make_cartpole)
+    trainer.start(3.0)
+    assert trainer.stats.transitions_received > 0
+    assert connection.info("stats")["total_commands_processed"] - commands_before > 100, "it ran on REDIS_URL's Redis"
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
 @pytest.mark.timeout(90)
 def test_no_transition_is_lost_under_a_slow_learner(redis_url, connection, run_name):
     agent = cartpole_agent()
