@@ -26,6 +26,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now
 from rq.version import VERSION as RQ_VERSION
 
+from rqrl.codec import secret_from_environment
 from rqrl.connection import connect
 from rqrl.health import host_worker_prefix
 from rqrl.jobs import configure_secret, set_heartbeat_hook, set_worker_hooks
@@ -87,7 +88,7 @@ class RolloutWorker(SimpleWorker):
         self.shutdown_requested = False  # SIGTERM/SIGINT: the running job ends its slice early (see jobs)
         super().__init__(queues, *args, **kwargs)
         torch.set_num_threads(1)
-        configure_secret(secret or os.environ.get("RQRL_SECRET"))
+        configure_secret(secret or secret_from_environment())
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         """RQ's warm shutdown, plus a flag the running job reads: it ends its slice after the rollout in hand

@@ -12,6 +12,7 @@ command line runs whatever its tier. Each test carries its tier as a marker: ``-
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import os
 import subprocess
@@ -107,31 +108,26 @@ def default_tier_starts_no_processes(request: pytest.FixtureRequest) -> Iterator
                     f"in-process (RQ workers with work(burst=True)); move this test to tests/processes/", pytrace=False)
 
 
-class _recording_starts:
-    """Context manager: note each subprocess.Popen and multiprocessing start (but ALLOWED_PROGRAMS) in ``started``."""
+@contextlib.contextmanager
+def _recording_starts(started: list[str]) -> Iterator[None]:
+    """Note each subprocess.Popen and multiprocessing start (but ALLOWED_PROGRAMS) in ``started`` while open."""
+    popen_init, process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
 
-    def __init__(self, started: list[str]) -> None:
-        self.started = started
+    def noting_popen(popen: subprocess.Popen, args: Any, *more: Any, **options: Any) -> None:
+        program = args if isinstance(args, str | bytes | os.PathLike) else (list(args) or [""])[0]
+        name = os.path.basename(os.fsdecode(program)).split()[0] if program else "?"
+        if name not in ALLOWED_PROGRAMS:
+            started.append(f"a process ({name})")
+        popen_init(popen, args, *more, **options)
 
-    def __enter__(self) -> None:
-        started = self.started
-        self.popen_init, self.process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
-        popen_init, process_start = self.popen_init, self.process_start
+    def noting_start(process: multiprocessing.process.BaseProcess) -> None:
+        started.append(f"a multiprocessing process ({process.name})")
+        process_start(process)
 
-        def noting_popen(popen: subprocess.Popen, args: Any, *more: Any, **options: Any) -> None:
-            program = args if isinstance(args, str | bytes | os.PathLike) else (list(args) or [""])[0]
-            name = os.path.basename(os.fsdecode(program)).split()[0] if program else "?"
-            if name not in ALLOWED_PROGRAMS:
-                started.append(f"a process ({name})")
-            popen_init(popen, args, *more, **options)
-
-        def noting_start(process: multiprocessing.process.BaseProcess) -> None:
-            started.append(f"a multiprocessing process ({process.name})")
-            process_start(process)
-
-        subprocess.Popen.__init__ = noting_popen  # type: ignore[method-assign]
-        multiprocessing.process.BaseProcess.start = noting_start  # type: ignore[method-assign]
-
-    def __exit__(self, *exc_info: object) -> None:
-        subprocess.Popen.__init__ = self.popen_init  # type: ignore[method-assign]
-        multiprocessing.process.BaseProcess.start = self.process_start  # type: ignore[method-assign]
+    subprocess.Popen.__init__ = noting_popen  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = noting_start  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign]
+        multiprocessing.process.BaseProcess.start = process_start  # type: ignore[method-assign]
