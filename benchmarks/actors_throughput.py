@@ -49,9 +49,9 @@ import torch
 from rq import Worker
 
 import rqrl
-from rqrl.actors import SubprocDistributedActors
-from rqrl.policy import make_act_function
-from rqrl.rollout import ActorGroup
+from rqrl.engine.policy import make_act_function
+from rqrl.maze.actors import SubprocDistributedActors
+from rqrl.maze.rollout import ActorGroup
 
 log = logging.getLogger("actors_throughput")
 

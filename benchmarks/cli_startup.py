@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="timed runs per command and commit (default: 5)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO_ROOT))
-    from rqrl.server import EmbeddedRedis
+    from rqrl.engine.server import EmbeddedRedis
 
     with tempfile.TemporaryDirectory(prefix="rqrl-cli-startup-") as scratch, EmbeddedRedis() as server:
         before_tree = Path(scratch) / "before"

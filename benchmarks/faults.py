@@ -55,7 +55,7 @@ import torch
 
 import rqrl
 from rqrl import MissingStatsError, RedisDistributedActors, RolloutEvents, RqrlError
-from rqrl.server import EmbeddedRedis
+from rqrl.engine.server import EmbeddedRedis
 
 log = logging.getLogger("faults")
 

@@ -33,7 +33,7 @@ import torch
 
 import rqrl
 from benchmarks.scale import RedisCost
-from rqrl.actors import SubprocDistributedActors
+from rqrl.maze.actors import SubprocDistributedActors
 
 log = logging.getLogger("image_obs")
 

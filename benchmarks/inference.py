@@ -31,16 +31,16 @@ import gymnasium
 import numpy as np
 import torch
 
-from rqrl.actors import SubprocDistributedActors
-from rqrl.codec import weights_key
-from rqrl.dqn import Agent, AgentConfig
-from rqrl.inference import ActorInference, InferenceClient, run_server_process
-from rqrl.keys import RunKeys
-from rqrl.local_workers import multiprocessing_context
+from rqrl.engine.codec import weights_key
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.local_workers import multiprocessing_context
+from rqrl.engine.server import EmbeddedRedis
+from rqrl.engine.weights import WeightStore
+from rqrl.maze.actors import SubprocDistributedActors
 from rqrl.seed import Config, Trainer
-from rqrl.seed_store import SeedRun
-from rqrl.server import EmbeddedRedis
-from rqrl.weights import WeightStore
+from rqrl.seed.agent import Agent, AgentConfig
+from rqrl.seed.inference import ActorInference, InferenceClient, run_server_process
+from rqrl.seed.store import SeedRun
 
 log = logging.getLogger("inference")
 SECRET = "benchmark-secret"

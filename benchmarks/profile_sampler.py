@@ -63,12 +63,12 @@ def report(path: str) -> None:
     import gymnasium
     import torch
 
-    import rqrl.local_workers
+    import rqrl.engine.local_workers
     from rqrl import RQSampler, WorkerFactory
 
     torch.set_num_threads(1)
     wrapper = _timed if args.cpu_only else _profiled
-    rqrl.local_workers.run_worker = functools.partial(wrapper, rqrl.local_workers.run_worker, path)  # type: ignore[assignment]
+    rqrl.engine.local_workers.run_worker = functools.partial(wrapper, rqrl.engine.local_workers.run_worker, path)  # type: ignore[assignment]
     env = gymnasium.make("CartPole-v1")
     torch.manual_seed(0)
     policy = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),

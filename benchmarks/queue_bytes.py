@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import redis
 
-from rqrl.keys import RunKeys
-from rqrl.server import EmbeddedRedis
-from rqrl.trajectories import PendingRollout, TrajectoryQueue
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.server import EmbeddedRedis
+from rqrl.engine.trajectories import PendingRollout, TrajectoryQueue
 
 _PUSH_THROUGH_LUA = "redis.call('RPUSH', KEYS[1], ARGV[1]) return 1"
 _POP_THROUGH_LUA = """

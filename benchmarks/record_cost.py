@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 STAGES = ("encode+sign", "verify+decode", "check", "batch", "env steps")
-GROUP_STAGES = ("group encode+sign", "group decode+check")  # absent from trees older than rqrl.group_records
+GROUP_STAGES = ("group encode+sign", "group decode+check")  # absent from trees older than rqrl.maze.group_records
 
 
 def _best_cpu_seconds(function: Callable[[], object], repeats: int, calls: int) -> float:
@@ -47,8 +47,8 @@ def measure(envs: int, steps: int, repeats: int) -> dict[str, float]:
     import torch
 
     from benchmarks.actors_throughput import agent_seeds, env_seeds, make_env, make_policy
-    from rqrl.policy import make_act_function
-    from rqrl.records import (
+    from rqrl.engine.policy import make_act_function
+    from rqrl.maze.records import (
         RecordSpec,
         batch_records,
         check_record,
@@ -56,7 +56,7 @@ def measure(envs: int, steps: int, repeats: int) -> dict[str, float]:
         encode_signed_record,
         record_signature,
     )
-    from rqrl.rollout import ActorGroup
+    from rqrl.maze.rollout import ActorGroup
 
     torch.set_num_threads(1)
     group = ActorGroup(make_env, list(range(envs)), env_seeds(envs), agent_seeds(envs), steps)
@@ -74,7 +74,7 @@ def measure(envs: int, steps: int, repeats: int) -> dict[str, float]:
         "env steps": lambda: group.run(act, 1, policy_version=1, cut_at_end=False),
     }
     try:
-        from rqrl.group_records import decode_signed_entry, encode_signed_group
+        from rqrl.maze.group_records import decode_signed_entry, encode_signed_group
     except ImportError:  # a --checkouts tree from before group entries
         pass
     else:

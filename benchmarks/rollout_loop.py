@@ -45,8 +45,8 @@ def _sizes(env_id: str) -> tuple[int, int]:
 def _run_loop(env_id: str, n_envs: int, n_steps: int, rollouts: int, profile: bool) -> float:
     import gymnasium
 
-    from rqrl.policy import make_act_function
-    from rqrl.rollout import ActorGroup
+    from rqrl.engine.policy import make_act_function
+    from rqrl.maze.rollout import ActorGroup
 
     group = ActorGroup(lambda: gymnasium.make(env_id), list(range(n_envs)), list(range(n_envs)),
                        [1000 + i for i in range(n_envs)], n_steps)

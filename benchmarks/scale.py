@@ -32,7 +32,7 @@ import redis
 import torch
 
 import rqrl
-from rqrl.actors import SubprocDistributedActors
+from rqrl.maze.actors import SubprocDistributedActors
 
 log = logging.getLogger("scale")
 

@@ -37,7 +37,7 @@ import torch
 
 import rqrl
 from rqrl import RolloutEvents, SubprocDistributedActors
-from rqrl.stats import event_name
+from rqrl.maze.stats import event_name
 
 log = logging.getLogger("soak")
 

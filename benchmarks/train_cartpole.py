@@ -32,8 +32,9 @@ import numpy as np
 
 from rqrl import LocalSampler, NewEnvUpdate
 from rqrl.algorithms import dqn, ppo
-from rqrl.algorithms.impala import ActorCritic, ImpalaConfig, TrainResult, env_spaces, make_flat_env, train
-from rqrl.serial import SerialDistributedActors
+from rqrl.algorithms.common import TrainResult, env_spaces, make_flat_env
+from rqrl.algorithms.impala import ActorCritic, ImpalaConfig, train
+from rqrl.maze.serial import SerialDistributedActors
 
 VARIANTS = {"rqrl": "IMPALA, rqrl (Redis, local workers)",
             "baseline": "IMPALA, baseline (1 process, serial ActorGroup)",

@@ -1,4 +1,4 @@
-"""Env steps per second of ``rqrl.vector_env.SubprocVectorEnv`` next to gymnasium's ``AsyncVectorEnv``.
+"""Env steps per second of ``rqrl.maze.vector_env.SubprocVectorEnv`` next to gymnasium's ``AsyncVectorEnv``.
 
 Both step the same env factories, the same number of envs, with the same pre-drawn random actions,
 in processes started with the same method; gymnasium's with ``shared_memory=True`` (its fastest
@@ -30,7 +30,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv
 
-from rqrl.vector_env import SubprocVectorEnv
+from rqrl.maze.vector_env import SubprocVectorEnv
 
 IMAGE_SHAPE = (84, 84, 4)
 

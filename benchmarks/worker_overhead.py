@@ -1,10 +1,10 @@
 """Per-job overhead of RQ worker classes with rqrl's jobs: why rqrl uses a non-forking worker.
 
-Compares (a) ``rqrl.worker.RolloutWorker`` (an RQ ``SimpleWorker``: jobs run in the worker process,
+Compares (a) ``rqrl.engine.worker.RolloutWorker`` (an RQ ``SimpleWorker``: jobs run in the worker process,
 so envs, policy and weights stay warm) with (b) RQ's default ``rq.Worker``, which forks a
 work-horse process per job; all with ``rq.serializers.JSONSerializer``. Plain ``rq.SimpleWorker``
 is measured on trivial jobs as a reference for RQ's own per-job bookkeeping. Every worker runs in its
-own subprocess against one private redis-server (``rqrl.server.EmbeddedRedis``).
+own subprocess against one private redis-server (``rqrl.engine.server.EmbeddedRedis``).
 
 1. Trivial jobs: ``--jobs`` calls of ``benchmarks._trivial_jobs.noop`` are enqueued first, then one
    worker drains them in burst mode. Time is measured inside the worker process from the start
@@ -45,7 +45,7 @@ log = logging.getLogger("worker_overhead")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOOP_JOB = "benchmarks._trivial_jobs.noop"
-ROLLOUT_WORKER = "rqrl.worker.RolloutWorker"
+ROLLOUT_WORKER = "rqrl.engine.worker.RolloutWorker"
 FORKING_WORKER = "rq.Worker"
 ROLLOUT_STEPS = 128
 ACTORS_PER_JOB = 4
@@ -112,7 +112,7 @@ def serve_worker(spec: dict) -> None:
 
     extra = {}
     if spec["worker_class"] == ROLLOUT_WORKER:  # RolloutWorker runs only allowed functions: allow the no-op
-        from rqrl.worker import RolloutJob
+        from rqrl.engine.worker import RolloutJob
 
         class BenchmarkJob(RolloutJob):
             allowed_functions = RolloutJob.allowed_functions | {NOOP_JOB}
@@ -192,7 +192,7 @@ def measure_rollout_jobs(url: str, label: str, worker_class: str, preload: list[
     import torch
 
     from benchmarks.actors_throughput import make_env, make_policy
-    from rqrl.actors import RedisDistributedActors
+    from rqrl.maze.actors import RedisDistributedActors
 
     torch.set_num_threads(1)
     # one rollout per job: a second group's job always waits, so each job yields after one rollout
@@ -264,12 +264,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.path.insert(0, str(REPO_ROOT))
     import rq
 
-    from rqrl.server import EmbeddedRedis
+    from rqrl.engine.server import EmbeddedRedis
 
-    rqrl_parent = ["torch", "gymnasium", "rqrl.jobs", "benchmarks.actors_throughput"]
+    rqrl_parent = ["torch", "gymnasium", "rqrl.maze.jobs", "benchmarks.actors_throughput"]
     with EmbeddedRedis() as server:
         noop_rows = [
-            measure_noop(server.url, "rqrl.worker.RolloutWorker (SimpleWorker, no fork)", ROLLOUT_WORKER,
+            measure_noop(server.url, "rqrl.engine.worker.RolloutWorker (SimpleWorker, no fork)", ROLLOUT_WORKER,
                          ["benchmarks._trivial_jobs"], args.jobs, args.timeout),
             measure_noop(server.url, "rq.SimpleWorker (no fork; reference for RQ's own per-job cost)",
                          "rq.SimpleWorker", ["benchmarks._trivial_jobs"], args.jobs, args.timeout),
@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
         rollout_rows = []
         if args.rollout_jobs:
             rollout_rows = [
-                measure_rollout_jobs(server.url, "rqrl.worker.RolloutWorker, one rollout per job", ROLLOUT_WORKER,
+                measure_rollout_jobs(server.url, "rqrl.engine.worker.RolloutWorker, one rollout per job",
+                                     ROLLOUT_WORKER,
                                      rqrl_parent, args.rollout_jobs, one_rollout_per_job=True),
                 measure_rollout_jobs(server.url, "rq.Worker (fork per job), one rollout per job, parent with "
                                      "torch + rqrl imported", FORKING_WORKER, rqrl_parent, args.rollout_jobs,
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
                 measure_rollout_jobs(server.url, f"rq.Worker (fork per job), one rollout per job, bare parent "
                                      f"(only {min(args.rollout_jobs, 5)} jobs timed)", FORKING_WORKER, [],
                                      min(args.rollout_jobs, 5), one_rollout_per_job=True, warmup_jobs=1),
-                measure_rollout_jobs(server.url, "rqrl.worker.RolloutWorker, default slicing (reference)",
+                measure_rollout_jobs(server.url, "rqrl.engine.worker.RolloutWorker, default slicing (reference)",
                                      ROLLOUT_WORKER, rqrl_parent, args.rollout_jobs, one_rollout_per_job=False),
             ]
     print()

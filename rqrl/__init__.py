@@ -10,9 +10,9 @@ True
 
 from __future__ import annotations
 
-import importlib
 import typing
 
+from rqrl.engine import lazy as _lazy
 from rqrl.errors import (
     ActorFailedError,
     CheckpointError,
@@ -39,63 +39,51 @@ from rqrl.errors import (
 )
 
 if typing.TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
-    from rqrl.actors import DistributedActors, RedisDistributedActors, SubprocDistributedActors
-    from rqrl.episodes import EnvSpec, EpisodeBatch, StepType
-    from rqrl.local_sampler import LocalSampler
-    from rqrl.policy import ActorPolicy, Policy, PolicyStep, StatefulActorPolicy
-    from rqrl.records import BatchedRecord, CollectedOutputs, RolloutRecord
-    from rqrl.sampler import MultiprocessingSampler, RQSampler
-    from rqrl.sampler_worker import EnvUpdate, ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate, WorkerFactory
-    from rqrl.serial import SerialDistributedActors
-    from rqrl.stats import BaseEnvEvents, EpochStatsAggregator, EventTopic, LogStatsLevel, RolloutEvents
-    from rqrl.vector_env import SubprocVectorEnv
+    from rqrl.engine.policy import ActorPolicy, Policy, PolicyStep, StatefulActorPolicy
+    from rqrl.garage.episodes import EnvSpec, EpisodeBatch, StepType
+    from rqrl.garage.local_sampler import LocalSampler
+    from rqrl.garage.sampler import MultiprocessingSampler, RQSampler
+    from rqrl.garage.worker import EnvUpdate, ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate, WorkerFactory
+    from rqrl.maze.actors import DistributedActors, RedisDistributedActors, SubprocDistributedActors
+    from rqrl.maze.records import BatchedRecord, CollectedOutputs, RolloutRecord
+    from rqrl.maze.serial import SerialDistributedActors
+    from rqrl.maze.stats import BaseEnvEvents, EpochStatsAggregator, EventTopic, LogStatsLevel, RolloutEvents
+    from rqrl.maze.vector_env import SubprocVectorEnv
 
 _LAZY_EXPORTS: dict[str, str] = {
-    "DistributedActors": "rqrl.actors",
-    "RedisDistributedActors": "rqrl.actors",
-    "SubprocDistributedActors": "rqrl.actors",
-    "EnvSpec": "rqrl.episodes",
-    "EpisodeBatch": "rqrl.episodes",
-    "StepType": "rqrl.episodes",
-    "LocalSampler": "rqrl.local_sampler",
-    "ActorPolicy": "rqrl.policy",
-    "Policy": "rqrl.policy",
-    "PolicyStep": "rqrl.policy",
-    "StatefulActorPolicy": "rqrl.policy",
-    "BatchedRecord": "rqrl.records",
-    "CollectedOutputs": "rqrl.records",
-    "RolloutRecord": "rqrl.records",
-    "MultiprocessingSampler": "rqrl.sampler",
-    "RQSampler": "rqrl.sampler",
-    "EnvUpdate": "rqrl.sampler_worker",
-    "ExistingEnvUpdate": "rqrl.sampler_worker",
-    "NewEnvUpdate": "rqrl.sampler_worker",
-    "SetTaskUpdate": "rqrl.sampler_worker",
-    "WorkerFactory": "rqrl.sampler_worker",
-    "SerialDistributedActors": "rqrl.serial",
-    "BaseEnvEvents": "rqrl.stats",
-    "EpochStatsAggregator": "rqrl.stats",
-    "EventTopic": "rqrl.stats",
-    "LogStatsLevel": "rqrl.stats",
-    "RolloutEvents": "rqrl.stats",
-    "SubprocVectorEnv": "rqrl.vector_env",
+    "DistributedActors": "rqrl.maze.actors",
+    "RedisDistributedActors": "rqrl.maze.actors",
+    "SubprocDistributedActors": "rqrl.maze.actors",
+    "EnvSpec": "rqrl.garage.episodes",
+    "EpisodeBatch": "rqrl.garage.episodes",
+    "StepType": "rqrl.garage.episodes",
+    "LocalSampler": "rqrl.garage.local_sampler",
+    "ActorPolicy": "rqrl.engine.policy",
+    "Policy": "rqrl.engine.policy",
+    "PolicyStep": "rqrl.engine.policy",
+    "StatefulActorPolicy": "rqrl.engine.policy",
+    "BatchedRecord": "rqrl.maze.records",
+    "CollectedOutputs": "rqrl.maze.records",
+    "RolloutRecord": "rqrl.maze.records",
+    "MultiprocessingSampler": "rqrl.garage.sampler",
+    "RQSampler": "rqrl.garage.sampler",
+    "EnvUpdate": "rqrl.garage.worker",
+    "ExistingEnvUpdate": "rqrl.garage.worker",
+    "NewEnvUpdate": "rqrl.garage.worker",
+    "SetTaskUpdate": "rqrl.garage.worker",
+    "WorkerFactory": "rqrl.garage.worker",
+    "SerialDistributedActors": "rqrl.maze.serial",
+    "BaseEnvEvents": "rqrl.maze.stats",
+    "EpochStatsAggregator": "rqrl.maze.stats",
+    "EventTopic": "rqrl.maze.stats",
+    "LogStatsLevel": "rqrl.maze.stats",
+    "RolloutEvents": "rqrl.maze.stats",
+    "SubprocVectorEnv": "rqrl.maze.vector_env",
 }
 """Public name -> the module that defines it, imported when the name is first asked for."""
 
 
-def __getattr__(name: str) -> typing.Any:
-    """Import the module behind a lazy public name and keep the value, so it loads once."""
-    module = _LAZY_EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rqrl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY_EXPORTS))
-
+__getattr__, __dir__ = _lazy.lazy_exports(__name__, globals(), _LAZY_EXPORTS)
 
 __version__ = "0.1.0"
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up .venv, then lint, type-check and test, tier by tier (tests/tiers.py):
 #
-#   bash scripts/run-tests.sh          ruff, mypy and the default tier: unit tests, Redis-only integration
-#                                      tests, CliRunner tests and the doctests in rqrl/ (about 2 minutes on 2 cores)
-#   bash scripts/run-tests.sh --all    ruff, mypy and every tier: the default one, the processes tier (real
+#   bash scripts/run-tests.sh          ruff, the import contracts, mypy and the default tier: unit tests,
+#                                      Redis-only integration tests, CliRunner tests and the doctests in rqrl/
+#                                      (about 2 minutes on 2 cores)
+#   bash scripts/run-tests.sh --all    the same checks and every tier: the default one, the processes tier (real
 #                                      workers and signals) and the e2e tier (whole rqrl commands, compose, the
 #                                      dashboard, the benchmarks' smoke runs), two tests at a time with
 #                                      pytest-xdist (about 8 minutes on 2 cores)
@@ -22,6 +23,8 @@ bash scripts/setup.sh
 . "${RQRL_VENV:-.venv}/bin/activate"
 echo "==> ruff"
 ruff check rqrl tests benchmarks
+echo "==> import contracts (pyproject.toml [tool.importlinter])"
+lint-imports
 # types are checked against the newest allowed dependencies only: the lowest ones' stubs (numpy 1.24,
 # gymnasium 1.1) disagree with the newest about generics and annotations, not about the code
 if [ -z "${RQRL_CONSTRAINTS:-}" ]; then

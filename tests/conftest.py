@@ -2,7 +2,7 @@
 flushed around every test, real `rqrl worker` processes that are always cleaned up, an environment
 a developer's shell cannot redirect, the gate of the ``slow`` marker (tests/slow_gate.py), the tiers
 by folder (tests/tiers.py), and protocol timings ten times faster than production's (RQRL_TIME_SCALE,
-rqrl/timings.py) in the tests and every process they start."""
+rqrl/engine/timings.py) in the tests and every process they start."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import redis
 import torch
 
-from rqrl.server import EmbeddedRedis
-from rqrl.timings import TIME_SCALE_VARIABLE
+from rqrl.engine.server import EmbeddedRedis
+from rqrl.engine.timings import TIME_SCALE_VARIABLE
 from tests.children import (  # noqa: F401 - re-exported: test files import these from here
     REPO_ROOT,
     WorkerProcesses,

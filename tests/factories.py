@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from rqrl import RedisDistributedActors
-from rqrl.records import RolloutRecord
+from rqrl.maze.records import RolloutRecord
 from tests import fixtures
 from tests.conftest import TEST_SECRET
 

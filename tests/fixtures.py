@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from rqrl.policy import PolicyStep, categorical_step
+from rqrl.engine.policy import PolicyStep, categorical_step
 
 
 def make_cartpole() -> gymnasium.Env:
@@ -91,7 +91,7 @@ WIDE_OBS_SIZE = 8192
 
 class WideCountingEnv(CountingEnv):
     """CountingEnv whose observation is the step count in WIDE_OBS_SIZE float32s (32 KB): a 16-step rollout is
-    about 0.5 MB, so a group's rollouts go in several queue entries (rqrl.group_records.ENTRY_BYTES)."""
+    about 0.5 MB, so a group's rollouts go in several queue entries (rqrl.maze.group_records.ENTRY_BYTES)."""
 
     observation_space = spaces.Box(0, 1e6, (WIDE_OBS_SIZE,), np.float32)
 

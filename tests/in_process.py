@@ -8,7 +8,7 @@ import signal
 import redis
 import torch
 
-from rqrl.worker import RolloutWorker
+from rqrl.engine.worker import RolloutWorker
 from tests.conftest import TEST_SECRET
 
 

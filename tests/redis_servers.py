@@ -10,7 +10,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from rqrl.server import find_redis_server
+from rqrl.engine.server import find_redis_server
 from tests.children import free_port, stop_process
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from rqrl.dqn import Agent, AgentConfig
+from rqrl.seed.agent import Agent, AgentConfig
 
 
 class MaskedEnv(gymnasium.Env):

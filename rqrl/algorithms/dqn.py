@@ -1,4 +1,4 @@
-"""Rainbow-style DQN through the SEED trainer (``rqrl.seed``), in one file: what ``rqrl train --algo dqn`` runs.
+"""Rainbow-style DQN through the SEED trainer (``rqrl.seed``), in one file: what ``rqrl train dqn`` runs.
 
 Writes the same run folder as the IMPALA learner: ``config.json``, ``metrics.csv`` (+ TensorBoard events),
 ``best.safetensors`` and ``final.safetensors`` (the online network's weights), ``checkpoint.safetensors`` (online
@@ -13,27 +13,27 @@ The replay buffer is not saved: a resumed run starts with an empty replay and tr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from rqrl.algorithms.impala import TrainResult, env_spaces, make_flat_env
-from rqrl.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
-from rqrl.connection import redact_url
-from rqrl.dqn import Agent, AgentConfig, QModel
+from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
+from rqrl.algorithms.common import TrainResult, check_resume, env_spaces, make_flat_env, write_config
+from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.engine.process import Terminated
+from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RqrlError
-from rqrl.metrics import MetricsWriter, plot_learning_curve
-from rqrl.process import Terminated
-from rqrl.progress import Progress
 from rqrl.seed import Config, Trainer
+from rqrl.seed.agent import Agent, AgentConfig, QModel
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class DqnConfig:
 
 
 class QNetwork(nn.Module):
-    """A two-hidden-layer ReLU MLP with the output shape the agent's head expects (see rqrl.dqn)."""
+    """A two-hidden-layer ReLU MLP with the output shape the agent's head expects (see rqrl.seed.agent)."""
 
     def __init__(self, obs_size: int, n_actions: int, hidden_size: int, atoms: int | None, dueling: bool):
         super().__init__()
@@ -127,7 +127,7 @@ def load_agent_checkpoint(path: str | Path, agent: Agent) -> dict[str, Any]:
     state = load_checkpoint(checkpoint_path, str(agent.device))
     if state.counters.get("algo") != "dqn":
         raise ConfigError(f"{checkpoint_path} is no DQN checkpoint (algo {state.counters.get('algo')!r}); resume it "
-                          f"with the --algo that wrote it")
+                          f"with `rqrl train --resume`, which takes the run's own algorithm")
     try:
         for prefix, module in (("online.", agent.model_instance), ("target.", agent.target)):
             module.load_state_dict({key[len(prefix):]: value for key, value in state.model.items()
@@ -143,6 +143,7 @@ def load_agent_checkpoint(path: str | Path, agent: Agent) -> dict[str, Any]:
 
 def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server: str | None = None) -> TrainResult:
     """Train until solved, the time or step budget ends, or Ctrl-C/SIGTERM; always leaves a checkpoint behind."""
+    check_resume(config, "dqn")
     obs_size, n_actions, threshold = env_spaces(config.env_id)
     target_return = config.target_return if config.target_return is not None else threshold
     torch.manual_seed(config.seed)
@@ -152,8 +153,7 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
     run_dir = Path(config.run_dir) / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({**asdict(config), "algo": "dqn", "run_name": run_name,
-                                                     "redis_url": redact_url(config.redis_url)}, indent=2))
+    write_config(run_dir, dataclasses.replace(config, run_name=run_name), "dqn")
     agent_config = AgentConfig(
         state_shape=(obs_size,), action_space_size=n_actions, replay_capacity=config.replay_capacity,
         batch_size=config.batch_size, target_update_steps=config.target_update_steps,

@@ -23,24 +23,23 @@ import os
 import time
 import uuid
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium
 import numpy as np
 import torch
 from torch import nn
 
-from rqrl.actors import DistributedActors, RedisDistributedActors
-from rqrl.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
-from rqrl.connection import redact_url
+from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
+from rqrl.algorithms.common import TrainResult, check_resume, env_spaces, make_flat_env, write_config
+from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
+from rqrl.engine.observations import TensorObs, map_tree
+from rqrl.engine.process import Terminated
+from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RunStoppedError
-from rqrl.metrics import Bottleneck, MetricsWriter, plot_learning_curve
-from rqrl.observations import TensorObs, map_tree
-from rqrl.process import Terminated
-from rqrl.progress import Progress
-from rqrl.records import BatchedRecord
+from rqrl.maze.actors import DistributedActors, RedisDistributedActors
+from rqrl.maze.records import BatchedRecord
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +85,8 @@ class ImpalaConfig:
     run_dir: str = field(default="runs", metadata={"help": "Parent folder of run folders."})
     run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
     resume: str | None = field(default=None, metadata={
-        "help": "Run folder or checkpoint file to continue from (--algo dqn: the replay buffer is not saved, so the "
-                "resumed run refills it to --minimum-buffer-size before training again)."})
+        "help": "Run folder or checkpoint file to continue from, with the run's recorded settings (config.json); "
+                "flags given override them, but not the env or the network's sizes."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every --progress-seconds (a file, a "
@@ -262,53 +261,6 @@ def drop_stale(record: BatchedRecord, learner_version: int, max_policy_lag: int 
     )
 
 
-@dataclass
-class TrainResult:
-    run_dir: Path
-    solved: bool
-    interrupted: bool
-    env_steps: int
-    updates: int
-    seconds: float
-    mean_return: float | None
-    best_mean_return: float | None
-    episodes: int
-    stopped_by: str | None = None
-    """What interrupted the run: "SIGINT" (Ctrl-C), "SIGTERM" or "rqrl stop"; None if it ran to its end."""
-    budget: str = "step"
-    """Which budget an unsolved run that ran to its end reached: "step" (total_env_steps) or "time" (seconds)."""
-    bottleneck: str | None = None
-    """What limited throughput: "workers", "learner" or "balanced" (rqrl.metrics.Bottleneck); None if unknown."""
-    bottleneck_detail: str | None = None
-    """The summary's line saying why."""
-
-    def summary(self) -> dict[str, Any]:
-        return {**asdict(self), "run_dir": str(self.run_dir)}
-
-
-def env_spaces(env_id: str) -> tuple[int, int, float | None]:
-    """Observation size, number of actions and reward threshold of a Gymnasium env."""
-    env = gymnasium.make(env_id)
-    try:
-        obs_space, action_space = env.observation_space, env.action_space
-        if not isinstance(obs_space, gymnasium.spaces.Box) or not isinstance(action_space, gymnasium.spaces.Discrete):
-            raise ConfigError(f"IMPALA here needs Box observations and Discrete actions; {env_id} has "
-                              f"{obs_space} and {action_space}")
-        threshold = env.spec.reward_threshold if env.spec is not None else None
-        return int(np.prod(obs_space.shape)), int(action_space.n), threshold
-    finally:
-        env.close()
-
-
-def make_flat_env(env_id: str) -> gymnasium.Env:
-    """The env with observations flattened to a float32 vector (what the MLP expects)."""
-    env = gymnasium.make(env_id)
-    shape = env.observation_space.shape
-    if shape is None or len(shape) != 1:  # None: a Dict or Tuple space
-        env = gymnasium.wrappers.FlattenObservation(env)
-    return env
-
-
 def make_actors(config: ImpalaConfig, model: ActorCritic, *, secret: str | bytes | None = None,
                 redis_server: str | None = None) -> DistributedActors:
     """The default actors: rqrl's Redis engine, embedded Redis unless ``redis_url`` is given; ``secret``
@@ -334,6 +286,7 @@ class Learner:
     """The training loop's state: model, optimizer, counters, recent returns, run folder."""
 
     def __init__(self, config: ImpalaConfig):
+        check_resume(config, "impala")
         self.config = config
         obs_size, n_actions, threshold = env_spaces(config.env_id)
         self.target_return = config.target_return if config.target_return is not None else threshold
@@ -355,9 +308,7 @@ class Learner:
             config.run_name = f"impala-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / config.run_name
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        stored = {**asdict(config), "redis_url": redact_url(config.redis_url),  # no password in the run folder
-                  "worker_redis_url": redact_url(config.worker_redis_url)}
-        (self.run_dir / "config.json").write_text(json.dumps(stored, indent=2))
+        write_config(self.run_dir, config, "impala")
 
     def _resume(self, path: Path) -> None:
         checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path

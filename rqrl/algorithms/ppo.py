@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +33,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from rqrl.algorithms.impala import ActorCritic, TrainResult, env_spaces, make_flat_env
-from rqrl.checkpoint import TrainingState, load_checkpoint, save_checkpoint, save_weights
-from rqrl.connection import redact_url
-from rqrl.episodes import EpisodeBatch, StepType
+from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, save_checkpoint, save_weights
+from rqrl.algorithms.common import TrainResult, check_resume, env_spaces, make_flat_env, write_config
+from rqrl.algorithms.impala import ActorCritic
+from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.engine.process import Terminated
+from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RunStoppedError
-from rqrl.metrics import MetricsWriter, plot_learning_curve
-from rqrl.process import Terminated
-from rqrl.progress import Progress
-from rqrl.sampler import RQSampler
-from rqrl.sampler_worker import NewEnvUpdate
+from rqrl.garage.episodes import EpisodeBatch, StepType
+from rqrl.garage.sampler import RQSampler
+from rqrl.garage.worker import NewEnvUpdate
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class PpoConfig:
-    """Settings of one PPO run; each field is also a ``rqrl train --algo ppo`` flag."""
+    """Settings of one PPO run; each field is also a ``rqrl train ppo`` flag."""
 
     env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector observations, "
                                                                   "Discrete actions)."})
@@ -187,6 +187,7 @@ class PpoLearner:
     """Model, optimizer, counters, recent returns and the run folder of one PPO run."""
 
     def __init__(self, config: PpoConfig):
+        check_resume(config, "ppo")
         self.config = config
         obs_size, n_actions, threshold = env_spaces(config.env_id)
         self.target_return = config.target_return if config.target_return is not None else threshold
@@ -206,9 +207,7 @@ class PpoLearner:
             config.run_name = f"ppo-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / config.run_name
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        stored = {**asdict(config), "algo": "ppo", "redis_url": redact_url(config.redis_url),
-                  "worker_redis_url": redact_url(config.worker_redis_url)}
-        (self.run_dir / "config.json").write_text(json.dumps(stored, indent=2))
+        write_config(self.run_dir, config, "ppo")
 
     def _resume(self, path: Path) -> None:
         checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path

@@ -15,7 +15,7 @@ import pytest
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from rqrl.rq_safety import failed_registry
+from rqrl.engine.rq_safety import failed_registry
 from tests.children import REPO_ROOT, free_port, get_json, start_dashboard, stop_process, worker_env
 from tests.polling import wait_until
 
@@ -67,7 +67,7 @@ def test_a_browser_shows_queues_busy_workers_and_a_failed_jobs_traceback(redis_u
 
         def busy_worker_shown() -> bool:
             shown.append(browse(f"{base}/view/workers", "workers.png"))
-            return "steady" in shown[-1] and "rqrl.jobs.run_actor_group(" in shown[-1]
+            return "steady" in shown[-1] and "rqrl.maze.jobs.run_actor_group(" in shown[-1]
 
         wait_until(busy_worker_shown, 60, interval=0.5, message=lambda: f"the busy worker on the page: {shown[-1:]}")
 

@@ -1,4 +1,4 @@
-"""`rqrl train --algo dqn` (rqrl.algorithms.dqn on the SEED trainer) as a user runs it."""
+"""`rqrl train dqn` (rqrl.algorithms.dqn on the SEED trainer) as a user runs it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 import pytest
 import torch
 
-from rqrl.checkpoint import load_checkpoint, load_weights
+from rqrl.algorithms.checkpoint import load_checkpoint, load_weights
 from tests.children import (
     REPO_ROOT,
     alive,
@@ -31,7 +31,7 @@ TRIVIAL_ENV = "tests.fixtures:RqrlGuessSign-v0"
 
 
 def test_a_short_run_writes_the_run_folder(tmp_path):
-    result = run_rqrl("train", "--algo", "dqn", "--env", TRIVIAL_ENV, "--seconds", "4", "--run-dir", str(tmp_path),
+    result = run_rqrl("train", "dqn", "--env", TRIVIAL_ENV, "--seconds", "4", "--run-dir", str(tmp_path),
                       "--run-name", "short", "--target-return", "1000", timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("time budget reached:"), result.stdout  # --seconds ended it, not the steps
@@ -49,7 +49,7 @@ def test_a_short_run_writes_the_run_folder(tmp_path):
 
 @pytest.mark.slow
 def test_dqn_solves_a_trivial_env(tmp_path):
-    result = run_rqrl("train", "--algo", "dqn", "--env", TRIVIAL_ENV, "--seconds", "240", "--run-dir", str(tmp_path),
+    result = run_rqrl("train", "dqn", "--env", TRIVIAL_ENV, "--seconds", "240", "--run-dir", str(tmp_path),
                       "--run-name", "trivial", timeout=290)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "trivial" / "summary.json").read_text())
@@ -59,7 +59,7 @@ def test_dqn_solves_a_trivial_env(tmp_path):
 
 @pytest.mark.slow
 def test_dqn_solves_cartpole(tmp_path):
-    result = run_rqrl("train", "--algo", "dqn", "--env", "CartPole-v1", "--seconds", "280", "--run-dir", str(tmp_path),
+    result = run_rqrl("train", "dqn", "--env", "CartPole-v1", "--seconds", "280", "--run-dir", str(tmp_path),
                       "--run-name", "cartpole", timeout=295)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "cartpole" / "summary.json").read_text())
@@ -75,7 +75,7 @@ def trained(run) -> bool:
 def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(tmp_path):
     run = tmp_path / "resumable"
     marker = uuid.uuid4().hex
-    command = [sys.executable, "-m", "rqrl", "train", "--algo", "dqn", "--env", TRIVIAL_ENV, "--seconds", "600",
+    command = [sys.executable, "-m", "rqrl", "train", "dqn", "--env", TRIVIAL_ENV, "--seconds", "600",
                "--minimum-buffer-size", "100", "--target-return", "1000", "--run-dir", str(tmp_path),
                "--run-name", "resumable", "--checkpoint-seconds", "0.5", "--progress-seconds", "0.5"]
     learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
@@ -102,7 +102,7 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
 
     # a replay that cannot fill in 10 s: no train step, so the resumed networks must be the checkpoint's, bit for
     # bit (10 s, not less: on a loaded machine the actors may take seconds to start)
-    resumed = run_rqrl("train", "--algo", "dqn", "--resume", str(run), "--env", TRIVIAL_ENV, "--seconds", "10",
+    resumed = run_rqrl("train", "dqn", "--resume", str(run), "--env", TRIVIAL_ENV, "--seconds", "10",
                        "--minimum-buffer-size", "200000", "--replay-capacity", "200000", "--target-return", "1000",
                        timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -123,7 +123,7 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
 
 def test_rqrl_stop_ends_a_dqn_run(tmp_path, connection, redis_url):
     run = tmp_path / "dqn-stopped"
-    command = [sys.executable, "-m", "rqrl", "train", "--algo", "dqn", "--env", TRIVIAL_ENV, "--seconds", "600",
+    command = [sys.executable, "-m", "rqrl", "train", "dqn", "--env", TRIVIAL_ENV, "--seconds", "600",
                "--minimum-buffer-size", "100", "--target-return", "1000", "--redis-url", redis_url,
                "--run-dir", str(tmp_path), "--run-name", "dqn-stopped", "--progress-seconds", "0.5"]
     learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.PIPE,

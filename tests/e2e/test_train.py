@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from rqrl.checkpoint import load_checkpoint
+from rqrl.algorithms.checkpoint import load_checkpoint
 from tests.children import (
     REPO_ROOT,
     alive,
@@ -141,7 +141,7 @@ def test_a_sigkilled_learner_resumes_its_run_on_the_same_redis_and_workers_never
     assert connection.keys("rqrl:killed:*") == [], "the resumed learner's stop() cleans the run up"
 
 
-PPO_ARGUMENTS = ("--algo", "ppo", "--env", TRIVIAL_ENV, "--n-workers", "4", "--num-samples", "400",
+PPO_ARGUMENTS = ("ppo", "--env", TRIVIAL_ENV, "--n-workers", "4", "--num-samples", "400",
                  "--minibatch-size", "100", "--epochs", "4", "--learning-rate", "0.003", "--workers", "1",
                  "--seed", "1")
 
@@ -166,13 +166,17 @@ def test_train_ppo_on_the_garage_sampler_writes_the_run_folder(tmp_path):
     assert evaluation.returncode == 0, evaluation.stderr
 
 
-@pytest.mark.slow
-def test_train_ppo_resumes_where_it_stopped(tmp_path):
+def test_a_ppo_run_resumes_as_ppo_with_its_recorded_settings(tmp_path):
     first = rqrl("train", *PPO_ARGUMENTS, "--total-env-steps", "800", "--run-dir", str(tmp_path), "--run-name", "p")
     assert first.returncode == 0, first.stderr[-3000:]
     steps = json.loads((tmp_path / "p" / "summary.json").read_text())["env_steps"]
-    resumed = rqrl("train", *PPO_ARGUMENTS, "--total-env-steps", "1600", "--resume", str(tmp_path / "p"))
+    # neither the algorithm nor its settings repeated: config.json has them
+    resumed = rqrl("train", "--resume", str(tmp_path / "p"), "--total-env-steps", "1600")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming with --total-env-steps 1600 (recorded: 800)" in resumed.stderr
+    assert "PPO" in resumed.stderr  # the PPO learner's progress, not IMPALA's
+    recorded = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert recorded["algo"] == "ppo" and recorded["env_id"] == TRIVIAL_ENV and recorded["num_samples"] == 400
     summary = json.loads((tmp_path / "p" / "summary.json").read_text())
     assert summary["env_steps"] >= 1600 and summary["updates"] > 2 and steps >= 800
     assert int(float(read_rows(tmp_path / "p" / "metrics.csv")[-1]["env_steps"])) == summary["env_steps"]

@@ -1,4 +1,4 @@
-"""The lease/progress protocol of rqrl.leases and the worker's context cache of rqrl.jobs, driven
+"""The lease/progress protocol of rqrl.engine.leases and the worker's context cache of rqrl.maze.jobs, driven
 directly against the test Redis (no worker processes): acquire, refresh, release, loss, hangs,
 failures, and which envs a worker closes when runs come and go or a job loses its group."""
 
@@ -12,14 +12,17 @@ import pytest
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from rqrl import enqueue, jobs
-from rqrl.codec import dumps_object, weights_key
+from rqrl.engine import enqueue, group_job
+from rqrl.engine import jobs as engine_jobs
+from rqrl.engine.codec import dumps_object, weights_key
+from rqrl.engine.group_job import WarmContexts
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.leases import GroupLease, Reaper, group_is_leased, hand_over, read_progress, set_progress
+from rqrl.engine.run_config import RunConfig
+from rqrl.engine.timings import protocol_timings
+from rqrl.engine.weights import WeightStore
 from rqrl.errors import LeaseLostError
-from rqrl.keys import RunKeys
-from rqrl.leases import GroupLease, Reaper, group_is_leased, hand_over, read_progress, set_progress
-from rqrl.run_config import RunConfig
-from rqrl.timings import protocol_timings
-from rqrl.weights import WeightStore
+from rqrl.maze import jobs
 from tests import fixtures
 from tests.conftest import TEST_SECRET
 from tests.polling import wait_until
@@ -158,7 +161,7 @@ def test_progress_defaults_to_zero_and_set_progress_moves_it(connection, keys):
     assert not group_is_leased(connection, keys, 1)
 
 
-# ---- the worker's context cache (rqrl.jobs) -------------------------------------------------------------
+# ---- the worker's context cache (rqrl.maze.jobs) -------------------------------------------------------------
 
 CLOSED: list[str] = []  # labels of ClosingEnv instances closed in this process
 
@@ -195,31 +198,30 @@ def store_run(connection, run_name: str, lease_seconds: float = 5.0) -> RunConfi
 
 
 @pytest.fixture
-def worker_cache():
+def worker_cache(monkeypatch):
     """This process as a worker: the shared secret set, an empty context cache, every context closed after."""
-    saved = dict(jobs._CONTEXTS)
-    jobs._CONTEXTS.clear()
-    jobs.configure_secret(TEST_SECRET)
+    contexts = WarmContexts()
+    monkeypatch.setattr(jobs, "CONTEXTS", contexts)
+    engine_jobs.configure_secret(TEST_SECRET)
     CLOSED.clear()
-    yield jobs._CONTEXTS
-    for run_name in list(jobs._CONTEXTS):
-        jobs._drop_context(run_name)
-    jobs._CONTEXTS.update(saved)
+    yield contexts
+    for run_name in contexts.run_names():
+        contexts.drop(run_name)
 
 
 def test_a_fifth_run_evicts_and_closes_the_oldest_runs_context(connection, worker_cache):
-    names = [f"ctx-{index}" for index in range(jobs._MAX_CONTEXTS + 1)]
+    names = [f"ctx-{index}" for index in range(worker_cache.size + 1)]
     contexts = {}
     for name in names[:-1]:
         store_run(connection, name)
         contexts[name] = jobs.load_context(connection, name)
         contexts[name].group(0)  # builds the group's env, which eviction must close
-    assert list(worker_cache) == names[:-1]
+    assert worker_cache.run_names() == names[:-1]
     assert jobs.load_context(connection, names[0]) is contexts[names[0]], "a known run's context is reused"
     assert CLOSED == []
     store_run(connection, names[-1])
     jobs.load_context(connection, names[-1])
-    assert list(worker_cache) == names[1:]
+    assert worker_cache.run_names() == names[1:]
     assert CLOSED == [names[0]], "only the oldest run's envs are closed"
     assert contexts[names[0]].groups == {}
 
@@ -242,7 +244,7 @@ def test_a_job_that_loses_its_lease_drops_its_cached_envs(connection, worker_cac
         fixtures.mlp_policy(obs_size=1).state_dict())
     job_id = enqueue.enqueue_group(connection, config, 0, 0)
     job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
-    monkeypatch.setattr(jobs, "get_current_job", lambda: job)  # as if a worker ran it
+    monkeypatch.setattr(group_job, "get_current_job", lambda: job)  # as if a worker ran it
 
     def steal() -> None:  # another job takes the group once this one has pushed a few rollouts
         wait_until(lambda: read_progress(connection, keys, 0) >= 3, interval=0.02, message="three rollouts pushed")
@@ -253,7 +255,7 @@ def test_a_job_that_loses_its_lease_drops_its_cached_envs(connection, worker_cac
     result = jobs.run_actor_group("ctx-lost", 0, 0)
     thief.join(10)
     assert result["lost"] is True and result["rollouts"] >= 3
-    assert 0 not in worker_cache["ctx-lost"].groups, "the group's envs stay cached after the lease was lost"
+    assert 0 not in worker_cache.peek("ctx-lost").groups, "the group's envs stay cached after the lease was lost"
     assert CLOSED == ["ctx-lost"]
     assert connection.get(keys.lease(0)) == b"rqrl_ctx-lost_g0_r99", "the loser released the new holder's lease"
     assert connection.lrange(keys.errors, 0, -1) == [], "a lost lease is no failure"

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from rqrl.algorithms.impala import ActorCritic, ImpalaConfig, make_flat_env, train
-from rqrl.serial import SerialDistributedActors
+from rqrl.algorithms.common import make_flat_env
+from rqrl.algorithms.impala import ActorCritic, ImpalaConfig, train
+from rqrl.maze.serial import SerialDistributedActors
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

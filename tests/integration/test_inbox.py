@@ -7,10 +7,11 @@ import logging
 
 import numpy as np
 
-from rqrl.codec import RECORD_MAGIC, records_key, sign
-from rqrl.inbox import Inbox
-from rqrl.keys import RunKeys
-from rqrl.records import (
+from rqrl.engine.codec import RECORD_MAGIC, records_key, sign
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.trajectories import TrajectoryQueue
+from rqrl.maze.inbox import Inbox
+from rqrl.maze.records import (
     RecordSpec,
     RolloutRecord,
     decode_signed_record,
@@ -18,8 +19,7 @@ from rqrl.records import (
     encode_signed_record,
     record_signature,
 )
-from rqrl.stats import EpochStatsAggregator, RolloutEvents
-from rqrl.trajectories import TrajectoryQueue
+from rqrl.maze.stats import EpochStatsAggregator, RolloutEvents
 from tests.factories import rollout_record
 
 RUN_ID = "run-id-1"
@@ -173,13 +173,13 @@ def test_rejections_are_counted_by_reason_and_logged_at_a_bounded_rate(connectio
     unsigned = encode_record(rollout_record(STEPS), RUN_ID)
     connection.rpush(keys.trajectories, *[unsigned] * 30, signed_garbage(), encoded(0, 0), encoded(0, 0),
                      bad(1, 0, rewards=np.full(STEPS, np.inf, np.float32)))
-    with caplog.at_level(logging.WARNING, logger="rqrl.inbox"):
+    with caplog.at_level(logging.WARNING, logger="rqrl.maze.inbox"):
         inbox.pop(queue, 100)
         assert inbox.rejected_by_reason == {"unauthenticated": 30, "malformed": 1, "duplicate": 1, "invalid": 1}
         assert inbox.records_rejected == 33 and inbox.stats.get_stats_value(RolloutEvents.records_rejected,
                                                                             name="sum") == 33
         assert len(caplog.messages) == 1 and "unauthenticated" in caplog.messages[0]
-        monkeypatch.setattr("rqrl.inbox.LOG_INTERVAL_SECONDS", 0.0)
+        monkeypatch.setattr("rqrl.maze.inbox.LOG_INTERVAL_SECONDS", 0.0)
         connection.rpush(keys.trajectories, unsigned)
         inbox.pop(queue, 100)
     assert len(caplog.messages) == 2 and "(32 more rejected since the last message)" in caplog.messages[1]

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from rqrl.codec import weights_key
+from rqrl.engine.codec import weights_key
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.weights import WeightStore
 from rqrl.errors import RunStoppedError
-from rqrl.inference import ActorInference, InferenceClient, InferenceServer
-from rqrl.keys import RunKeys
-from rqrl.seed_store import SeedRun, seal, unseal
-from rqrl.weights import WeightStore
+from rqrl.seed.inference import ActorInference, InferenceClient, InferenceServer
+from rqrl.seed.store import SeedRun, seal, unseal
 from tests.conftest import TEST_SECRET
 from tests.seed_fixtures import mlp
 
@@ -130,7 +130,7 @@ def test_a_waiting_client_gives_up_when_the_run_stops(run):
 
 
 def test_unsigned_and_forged_requests_are_dropped(run, caplog):
-    from rqrl.codec import encode_arrays
+    from rqrl.engine.codec import encode_arrays
 
     publish(run, mlp())
     server = InferenceServer(run, mlp(), "s", 2, 0.0)

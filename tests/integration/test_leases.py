@@ -10,7 +10,7 @@ import functools
 
 import pytest
 
-from rqrl.leases import group_is_leased
+from rqrl.engine.leases import group_is_leased
 from tests.factories import redis_actors
 from tests.polling import wait_until
 
@@ -36,7 +36,7 @@ def test_a_job_dequeued_but_not_started_keeps_its_group_until_the_handed_over_le
         connection, redis_url, run_name):
     from rq import Queue
 
-    from rqrl.leases import Reaper
+    from rqrl.engine.leases import Reaper
 
     actors = actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2)
     actors.start()  # no worker: the two groups' jobs wait in the queue, each with the lease handed to it

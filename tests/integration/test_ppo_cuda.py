@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from rqrl.algorithms.checkpoint import load_checkpoint
 from rqrl.algorithms.ppo import PpoConfig, train
-from rqrl.checkpoint import load_checkpoint
 from tests import fixtures  # noqa: F401 - registers RqrlGuessSign-v0
 
 pytestmark = [pytest.mark.timeout(300),

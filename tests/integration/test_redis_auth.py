@@ -23,7 +23,7 @@ import torch
 from redis.exceptions import NoPermissionError
 
 from rqrl import RedisRefusedError
-from rqrl.server import find_redis_server
+from rqrl.engine.server import find_redis_server
 from tests.children import REPO_ROOT, run_rqrl
 from tests.factories import redis_actors
 from tests.redis_servers import RedisServer

@@ -1,6 +1,6 @@
 """A Redis writer without RQRL_SECRET plants jobs for RQ's own maintenance paths (issue 9, items 1
 and 2): pickled ``meta`` that runs ``os.system``, ``*_callback_name`` naming an importable function,
-and ``webhooks`` naming a URL. Real `rqrl worker` and `rq worker -w rqrl.worker.RolloutWorker`
+and ``webhooks`` naming a URL. Real `rqrl worker` and `rq worker -w rqrl.engine.worker.RolloutWorker`
 processes (with and without ``-S``), the learner's ``stop()`` and `rqrl dashboard` must neither
 unpickle the payload, call the function, nor request the URL, and a real run must still work.
 
@@ -95,7 +95,7 @@ def listener() -> Iterator[Listener]:
 
 
 def plant_job(connection: redis.Redis, job_id: str, markers: Path, listener: Listener,
-              func: str = "rqrl.jobs.run_actor_group", args: tuple = ("no-such-run", 0, 0),
+              func: str = "rqrl.maze.jobs.run_actor_group", args: tuple = ("no-such-run", 0, 0),
               status: str = "started") -> str:
     """Write a JSON job hash by hand, as a Redis writer without the secret can: pickled ``meta``, a
     failure, success and stopped callback, and webhooks on failure and success."""
@@ -133,10 +133,10 @@ def assert_nothing_ran(markers: Path, listener: Listener, log: Path | None = Non
 
 WORKER_COMMANDS = {
     "rqrl worker": [sys.executable, "-m", "rqrl", "worker", "--log-level", "INFO", "--redis-url"],
-    "rq worker -w RolloutWorker": [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.worker.RolloutWorker",
+    "rq worker -w RolloutWorker": [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.engine.worker.RolloutWorker",
                                    "--url"],
     "rq worker -w RolloutWorker -S json": [sys.executable, "-m", "rq.cli", "worker", "-w",
-                                           "rqrl.worker.RolloutWorker", "-S", "rq.serializers.JSONSerializer",
+                                           "rqrl.engine.worker.RolloutWorker", "-S", "rq.serializers.JSONSerializer",
                                            "--url"],
 }
 
@@ -149,7 +149,7 @@ def job_status(connection: redis.Redis, job_id: str) -> str | None:
 def test_learner_stop_cleans_up_through_rqrl_classes_only(connection, redis_url, run_name, markers, listener):
     """The registry helpers stop() is to use: RQ's started-registry clean-up there runs no callback, no
     webhook, and unpickles nothing; the failed registry deletes jobs without unpickling them."""
-    from rqrl.rq_safety import failed_registry, rollout_queue, started_registry
+    from rqrl.engine.rq_safety import failed_registry, rollout_queue, started_registry
 
     wip = plant_expired_started(connection, markers, listener)
     assert started_registry(QUEUE, connection).get_job_ids() == []  # the clean-up ran: the entry is failed
@@ -167,8 +167,8 @@ def test_rollout_worker_rebuilds_the_pickle_queues_rq_command_line_hands_it(conn
     from rq.job import Job
     from rq.serializers import JSONSerializer
 
-    from rqrl.rq_safety import RolloutQueue
-    from rqrl.worker import RolloutJob, RolloutWorker
+    from rqrl.engine.rq_safety import RolloutQueue
+    from rqrl.engine.worker import RolloutJob, RolloutWorker
 
     given = [Queue(QUEUE, connection=connection, job_class=Job, serializer="rq.serializers.DefaultSerializer")]
     worker = RolloutWorker(given, connection=connection, job_class=Job, queue_class=Queue,
@@ -181,7 +181,7 @@ def test_rollout_worker_rebuilds_the_pickle_queues_rq_command_line_hands_it(conn
 
 
 def test_rollout_job_reads_with_json_whatever_serializer_it_is_given(connection, markers, listener):
-    from rqrl.worker import RolloutJob
+    from rqrl.engine.worker import RolloutJob
 
     job_id = plant_job(connection, "planted-fetched", markers, listener)
     job = RolloutJob.fetch(job_id, connection=connection, serializer="rq.serializers.DefaultSerializer")

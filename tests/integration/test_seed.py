@@ -51,7 +51,7 @@ def test_with_redis_from_redis_url_and_no_rqrl_secret_the_error_names_both_ways(
 
 def test_the_module_offers_the_seed_pages_names():
     import rqrl.seed
-    from rqrl.seed_actor import Actor
+    from rqrl.seed.actor import Actor
 
     assert {"Actor", "Config", "Trainer"} <= set(rqrl.seed.__all__)
     assert rqrl.seed.Actor is Actor and all(hasattr(rqrl.seed, name) for name in rqrl.seed.__all__)

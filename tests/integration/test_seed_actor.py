@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from rqrl.codec import weights_key
+from rqrl.engine.codec import weights_key
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.weights import WeightStore
 from rqrl.errors import RunStoppedError
-from rqrl.inference import InferenceServer
-from rqrl.keys import RunKeys
-from rqrl.nstep import TransitionBatch
-from rqrl.seed_actor import Actor, TransitionSender, decode_transitions, encode_transitions, thread_seeds
-from rqrl.seed_config import Config
-from rqrl.seed_store import SeedRun
-from rqrl.weights import WeightStore
+from rqrl.seed.actor import Actor, TransitionSender, decode_transitions, encode_transitions, thread_seeds
+from rqrl.seed.config import Config
+from rqrl.seed.inference import InferenceServer
+from rqrl.seed.nstep import TransitionBatch
+from rqrl.seed.store import SeedRun
 from tests.conftest import TEST_SECRET
 from tests.polling import wait_until
 from tests.seed_fixtures import MaskedEnv, make_exploding_env

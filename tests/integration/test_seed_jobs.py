@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from rqrl.enqueue import ALLOWED_JOB_FUNCTIONS
+from rqrl.engine.enqueue import ALLOWED_JOB_FUNCTIONS
 from rqrl.errors import ConfigError
 from rqrl.seed import Config
-from rqrl.seed_jobs import ACTOR_JOB, SERVER_JOB
+from rqrl.seed.jobs import ACTOR_JOB, SERVER_JOB
 
 QUEUE = "rqrl-seed-test"
 

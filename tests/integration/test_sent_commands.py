@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from rqrl.sent_commands import SentCommands
+from rqrl.engine.sent_commands import SentCommands
 
 
 def test_replies_are_read_in_order_with_an_error_reply_in_its_place(connection, run_name):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from rqrl.engine.server import INSTALL_HINT, EmbeddedRedis, find_redis_server
 from rqrl.errors import RedisServerNotFoundError, RqrlError, ServerError
-from rqrl.server import INSTALL_HINT, EmbeddedRedis, find_redis_server
 from tests.children import alive
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,7 +78,7 @@ def test_socket_path_before_start_is_an_error():
 
 @needs_redis_server
 def test_the_command_line_passes_rqrl_redis_server_and_the_library_never_reads_it(tmp_path, monkeypatch):
-    from rqrl.cli import redis_server_from_env
+    from rqrl.cli.commands import redis_server_from_env
 
     copy = tmp_path / "my-redis-server"
     shutil.copy(REDIS_SERVER, copy)

@@ -8,9 +8,8 @@ import time
 import pytest
 import redis
 
-from rqrl.errors import ConfigError, LeaseLostError, RunStoppedError
-from rqrl.keys import RunKeys
-from rqrl.trajectories import (
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.trajectories import (
     DUPLICATE,
     FULL,
     MINE,
@@ -20,6 +19,7 @@ from rqrl.trajectories import (
     QueueIndicesLost,
     TrajectoryQueue,
 )
+from rqrl.errors import ConfigError, LeaseLostError, RunStoppedError
 from tests.polling import wait_until
 
 

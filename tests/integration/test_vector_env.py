@@ -14,7 +14,7 @@ import pytest
 from gymnasium import spaces
 
 from rqrl.errors import ConfigError
-from rqrl.vector_env import SubprocVectorEnv
+from rqrl.maze.vector_env import SubprocVectorEnv
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,9 +10,9 @@ import pytest
 import redis
 import torch
 
-from rqrl.codec import WEIGHTS_MAGIC, encode_state_dict, sign, weights_key
-from rqrl.keys import RunKeys
-from rqrl.weights import WeightStore
+from rqrl.engine.codec import WEIGHTS_MAGIC, encode_state_dict, sign, weights_key
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.weights import WeightStore
 from tests import fixtures
 
 SECRET = "weights-secret"
@@ -110,7 +110,7 @@ def test_a_check_sent_ahead_refuses_forged_weights(connection, run_name, caplog)
     connection.set(keys.weights(1), signed_blob(run_name, versioned_state(1), "1", secret="guessed"))
     connection.set(keys.latest_version, 1)
     store = new_store(connection, run_name)
-    with caplog.at_level(logging.WARNING, logger="rqrl.weights"):
+    with caplog.at_level(logging.WARNING, logger="rqrl.engine.weights"):
         assert store.send_fetch(None).result() is None
     assert store.refused == 1
     assert any("weights version 1" in message for message in caplog.messages), caplog.messages
@@ -148,7 +148,7 @@ def test_an_abandoned_check_closes_its_connection(connection, run_name):
 def refused(store: WeightStore, held: int | None, caplog, match: str) -> None:
     """fetch_if_newer refuses what Redis holds: None, counted, and a warning naming why."""
     before = store.refused
-    with caplog.at_level(logging.WARNING, logger="rqrl.weights"):
+    with caplog.at_level(logging.WARNING, logger="rqrl.engine.weights"):
         assert store.fetch_if_newer(held) is None
     assert store.refused == before + 1
     assert any(match in message for message in caplog.messages), caplog.messages
@@ -156,7 +156,7 @@ def refused(store: WeightStore, held: int | None, caplog, match: str) -> None:
 
 @pytest.fixture(autouse=True)
 def every_refusal_logged(monkeypatch):
-    monkeypatch.setattr("rqrl.weights.LOG_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr("rqrl.engine.weights.LOG_INTERVAL_SECONDS", 0.0)
 
 
 def test_missing_blob_is_refused(connection, run_name, caplog):

@@ -39,8 +39,8 @@ def test_the_learner_never_reads_the_secret_from_the_environment(redis_url):
 
 
 def test_an_idle_worker_beats_once_per_heartbeat_of_its_timings(connection, redis_url):
-    from rqrl.timings import protocol_timings
-    from rqrl.worker import RolloutWorker
+    from rqrl.engine.timings import protocol_timings
+    from rqrl.engine.worker import RolloutWorker
 
     worker = RolloutWorker(["rqrl"], connection=connection)
     assert worker.dequeue_timeout == protocol_timings().heartbeat == 0.5  # RQ alone would wait whole seconds
@@ -53,7 +53,7 @@ def test_a_hostile_job_is_refused_and_lands_in_the_failed_registry(connection, t
 
     marker = tmp_path / "pwned"
     job = enqueue_raw(connection, "os.system", f"touch {marker}")
-    callback_job = enqueue_raw(connection, "rqrl.jobs.run_actor_group", "no-such-run", 0, 0)
+    callback_job = enqueue_raw(connection, "rqrl.maze.jobs.run_actor_group", "no-such-run", 0, 0)
     connection.hset(callback_job.key, "success_callback_name", "os.getcwd")
     work_burst(connection)  # the job logic, in-process: tests/e2e/test_cli.py runs `rqrl worker --burst` itself
     assert not marker.exists(), "the hostile job ran"
@@ -68,7 +68,7 @@ def test_a_hostile_job_is_refused_and_lands_in_the_failed_registry(connection, t
 
 def test_with_redis_from_redis_url_the_secret_comes_from_rqrl_secret_too(redis_url, monkeypatch):
     """Maze's constructors take no secret: REDIS_URL and RQRL_SECRET configure a drop-in script (the sampler's
-    choice is rqrl.options.run_secret's, tests/unit/test_options.py)."""
+    choice is rqrl.engine.options.run_secret's, tests/unit/test_options.py)."""
     from rqrl import ConfigError, RedisDistributedActors
     from tests import fixtures
 

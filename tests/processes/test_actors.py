@@ -22,8 +22,8 @@ from rqrl import (
     RolloutEvents,
     SubprocDistributedActors,
 )
-from rqrl.options import RunOptions
-from rqrl.records import encode_record
+from rqrl.engine.options import RunOptions
+from rqrl.maze.records import encode_record
 from tests import fixtures
 from tests.children import REPO_ROOT, alive, worker_env
 from tests.factories import rollout_record

@@ -15,7 +15,7 @@ import redis
 import torch
 
 from rqrl import ActorFailedError, CollectTimeoutError, NoWorkersError, RedisDistributedActors, RolloutEvents
-from rqrl.rq_safety import failed_registry, rollout_queue
+from rqrl.engine.rq_safety import failed_registry, rollout_queue
 from tests import fixtures
 from tests.children import WorkerProcesses
 from tests.conftest import TEST_SECRET
@@ -163,7 +163,7 @@ def test_a_job_that_asks_for_rollout_ten_to_the_nine_starts_from_the_recorded_pr
         actors.broadcast_updated_policy(actors.policy.state_dict())
         collect(actors, 3, delivered)
         # a permitted job function with absurd arguments, enqueued straight into RQ
-        forged = rollout_queue("rqrl", connection).enqueue("rqrl.jobs.run_actor_group", run_name, 0, 10**9,
+        forged = rollout_queue("rqrl", connection).enqueue("rqrl.maze.jobs.run_actor_group", run_name, 0, 10**9,
                                                            job_id=actors.keys.job_id(0, 10**9), result_ttl=0)
         deadline = time.monotonic() + 30
         while connection.exists(forged.key) or connection.lpos("rq:queue:rqrl", forged.id) is not None:
@@ -183,7 +183,7 @@ def test_a_job_with_arguments_no_learner_enqueues_is_refused_and_not_reported(co
     with actors_on_workers(redis_url, run_name, min_job_seconds=0.2) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         collect(actors, 2, delivered)
-        forged = rollout_queue("rqrl", connection).enqueue("rqrl.jobs.run_actor_group", run_name, group_id,
+        forged = rollout_queue("rqrl", connection).enqueue("rqrl.maze.jobs.run_actor_group", run_name, group_id,
                                                            rollout_id, job_id=f"forged-{run_name}", result_ttl=0)
         failed = failed_registry("rqrl", connection)
         deadline = time.monotonic() + 30

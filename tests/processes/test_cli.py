@@ -22,7 +22,7 @@ def imported_modules(*arguments: str) -> set[str]:
 
 
 def test_the_check_sees_torch_where_it_is_imported():
-    assert "torch" in imported_modules("-c", "import rqrl.policy")
+    assert "torch" in imported_modules("-c", "import rqrl.engine.policy")
 
 
 @pytest.mark.parametrize("arguments", [

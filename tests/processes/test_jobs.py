@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from rqrl.rq_safety import RolloutJob, failed_registry
-from rqrl.status import read_worker_rates
+from rqrl.cli.status import read_worker_rates
+from rqrl.engine.rq_safety import RolloutJob, failed_registry
 from tests import fixtures
 from tests.children import REPO_ROOT, run_rqrl
 from tests.factories import redis_actors

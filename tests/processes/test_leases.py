@@ -212,7 +212,7 @@ def test_acknowledged_batches_are_not_delivered_again(connection, redis_url, run
 
 def test_when_every_worker_is_killed_the_learner_says_so(connection, redis_url, run_name, workers):
     from rqrl import NoWorkersError
-    from rqrl.timings import protocol_timings
+    from rqrl.engine.timings import protocol_timings
 
     victim = workers.start("only")
     workers.wait_registered(connection, 1)

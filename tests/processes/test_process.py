@@ -1,4 +1,4 @@
-"""rqrl.process: SIGTERM raised like Ctrl-C, the watchdog that ends a clean-up that hangs, and SIGUSR1's stacks."""
+"""rqrl.engine.process: SIGTERM raised like Ctrl-C, the watchdog that ends a hanging clean-up, SIGUSR1's stacks."""
 
 import signal
 import subprocess
@@ -12,7 +12,7 @@ from tests.children import worker_env
 
 HANGING_CLEANUP = textwrap.dedent("""
     import sys, time
-    from rqrl.process import terminate_like_ctrl_c
+    from rqrl.engine.process import terminate_like_ctrl_c
 
     terminate_like_ctrl_c(grace_seconds={grace})
     try:
@@ -94,7 +94,7 @@ def test_sigusr1_prints_every_thread_and_the_process_runs_on():
 
 
 def test_a_zombie_learner_counts_as_gone_for_the_orphan_watchdog():
-    from rqrl.process import _alive
+    from rqrl.engine.process import _alive
 
     running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     exited = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from rqrl.codec import encode_state_dict
-from rqrl.records import encode_record
-from rqrl.stats import RolloutEvents
+from rqrl.engine.codec import encode_state_dict
+from rqrl.maze.records import encode_record
+from rqrl.maze.stats import RolloutEvents
 from tests import fixtures
 from tests.children import WorkerProcesses
 from tests.factories import redis_actors, rollout_record

@@ -261,7 +261,7 @@ def test_seed_actors_and_servers_run_as_jobs_under_the_worker_user(acl_server):
 
 
 def test_a_worker_under_older_rules_without_sismember_keeps_working(acl_server):
-    from rqrl.timings import protocol_timings
+    from rqrl.engine.timings import protocol_timings
 
     admin = acl_server.admin
     old_rules = WORKER_RULES.replace(" +sismember", "")

@@ -1,6 +1,6 @@
 """A Redis writer without RQRL_SECRET plants jobs for RQ's own maintenance paths (issue 9, items 1
 and 2): pickled ``meta`` that runs ``os.system``, ``*_callback_name`` naming an importable function,
-and ``webhooks`` naming a URL. Real `rqrl worker` and `rq worker -w rqrl.worker.RolloutWorker`
+and ``webhooks`` naming a URL. Real `rqrl worker` and `rq worker -w rqrl.engine.worker.RolloutWorker`
 processes (with and without ``-S``), the learner's ``stop()`` and `rqrl dashboard` must neither
 unpickle the payload, call the function, nor request the URL, and a real run must still work.
 
@@ -98,7 +98,8 @@ def worker_process(kind: str, redis_url: str, log: Path) -> Iterator[subprocess.
         stop_process(process)
 
 
-SECURED_DASHBOARD = ("import sys, rq_dashboard.cli, rq_dashboard.web; from rqrl.rq_safety import secure_rq_dashboard; "
+SECURED_DASHBOARD = ("import sys, rq_dashboard.cli, rq_dashboard.web; "
+                     "from rqrl.engine.rq_safety import secure_rq_dashboard; "
                      "secure_rq_dashboard(rq_dashboard.web); "
                      "rq_dashboard.cli.run.main(args=['--json', *sys.argv[1:]], prog_name='dashboard')")
 

@@ -22,8 +22,8 @@ from rqrl import (
     StepType,
     WorkerFactory,
 )
-from rqrl.keys import RunKeys
-from rqrl.rq_safety import failed_registry, rollout_queue
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.rq_safety import failed_registry, rollout_queue
 from tests import fixtures
 from tests.conftest import TEST_SECRET
 from tests.integration.test_sampler import make_sampler  # noqa: F401 - shared with the in-process tests
@@ -273,7 +273,7 @@ def test_a_sampler_job_no_sampler_enqueues_is_refused_and_not_reported(connectio
     with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2,
                       run_name=run_name) as sampler:
         sampler.obtain_exact_episodes(1, None)
-        forged = rollout_queue("rqrl", connection).enqueue("rqrl.sampler_jobs.run_sampler_group", run_name,
+        forged = rollout_queue("rqrl", connection).enqueue("rqrl.garage.jobs.run_sampler_group", run_name,
                                                            group_id, version, job_id=f"forged-{run_name}",
                                                            result_ttl=0)
         failed = failed_registry("rqrl", connection)
@@ -289,7 +289,7 @@ def test_a_sampler_job_for_a_run_that_is_no_sampler_is_refused(connection, redis
     with redis_actors(redis_url, run_name, n_local_workers=1, start_method="fork") as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         actors.collect_outputs("cpu")
-        forged = rollout_queue("rqrl", connection).enqueue("rqrl.sampler_jobs.run_sampler_group", run_name, 0, 1,
+        forged = rollout_queue("rqrl", connection).enqueue("rqrl.garage.jobs.run_sampler_group", run_name, 0, 1,
                                                            job_id=f"forged-{run_name}", result_ttl=0)
         failed = failed_registry("rqrl", connection)
 

@@ -94,7 +94,7 @@ def test_too_few_workers_for_the_jobs_is_named_in_a_warning(redis_url, connectio
     workers.start("seed-only", queue=QUEUE)
     workers.wait_registered(connection, 1, queue=QUEUE)
     trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_cartpole)
-    with caplog.at_level("WARNING", logger="rqrl.seed_jobs"):
+    with caplog.at_level("WARNING", logger="rqrl.seed.jobs"):
         trainer.start(6.0)
     warnings = [record.getMessage() for record in caplog.records if "for a free worker" in record.getMessage()]
     assert len(warnings) == 1, caplog.text

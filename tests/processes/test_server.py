@@ -10,8 +10,8 @@ import shutil
 import pytest
 import redis
 
+from rqrl.engine.server import EmbeddedRedis, find_redis_server
 from rqrl.errors import RedisServerNotFoundError
-from rqrl.server import EmbeddedRedis, find_redis_server
 from tests.integration.test_server import REDIS_SERVER, needs_redis_server  # noqa: F401 - shared with the in-process tests
 
 pytestmark = pytest.mark.timeout(60)

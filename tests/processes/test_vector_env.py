@@ -21,8 +21,8 @@ import pytest
 from gymnasium import spaces
 
 from rqrl.errors import ConfigError, EnvError
-from rqrl.stats import LogStatsLevel, RolloutEvents
-from rqrl.vector_env import EnvProcessDiedError, SubprocVectorEnv, VectorEnvError
+from rqrl.maze.stats import LogStatsLevel, RolloutEvents
+from rqrl.maze.vector_env import EnvProcessDiedError, SubprocVectorEnv, VectorEnvError
 from tests.children import REPO_ROOT, worker_env
 from tests.integration.test_vector_env import CountdownEnv, explode_in_step, make_cartpole, our_children  # noqa: F401 - shared with the in-process tests
 

@@ -46,7 +46,7 @@ def test_a_worker_joining_mid_run_gets_work(connection, redis_url, run_name, wor
 
 def test_a_busy_worker_whose_registration_redis_lost_registers_again_mid_job(connection, redis_url, run_name,
                                                                              workers):
-    from rqrl.timings import protocol_timings
+    from rqrl.engine.timings import protocol_timings
 
     workers.start("busy")
     workers.wait_registered(connection, 1)
@@ -77,7 +77,7 @@ def test_a_busy_worker_whose_registration_redis_lost_registers_again_mid_job(con
 
 
 def test_plain_rq_worker_with_the_documented_class_runs_rollouts(connection, redis_url, run_name):
-    command = [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.worker.RolloutWorker",
+    command = [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.engine.worker.RolloutWorker",
                "-S", "rq.serializers.JSONSerializer", "--url", redis_url, "rqrl"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
@@ -95,7 +95,7 @@ def test_plain_rq_worker_with_the_documented_class_runs_rollouts(connection, red
 def test_plain_rq_worker_without_the_json_serializer_still_refuses_hostile_jobs(connection, redis_url, tmp_path):
     marker = tmp_path / "pwned"
     enqueue_raw(connection, "os.system", f"touch {marker}")
-    command = [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.worker.RolloutWorker", "--url", redis_url,
+    command = [sys.executable, "-m", "rq.cli", "worker", "-w", "rqrl.engine.worker.RolloutWorker", "--url", redis_url,
                "--burst", "rqrl"]
     result = subprocess.run(command, cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rqrl.algorithms.checkpoint import save_weights
 from rqrl.algorithms.dqn import DqnConfig, QNetwork, is_dqn_weights, load_q_model
-from rqrl.checkpoint import save_weights
-from rqrl.dqn import AgentConfig, QModel
 from rqrl.errors import ConfigError
+from rqrl.seed.agent import AgentConfig, QModel
 
 
 @pytest.mark.parametrize("distributional", [False, True])
@@ -55,7 +55,7 @@ def test_config_checks():
 
 def test_a_checkpoint_loads_back_bit_identical_networks_optimizer_and_counters(tmp_path):
     from rqrl.algorithms.dqn import load_agent_checkpoint, save_agent_checkpoint
-    from rqrl.dqn import Agent
+    from rqrl.seed.agent import Agent
 
     def make_agent(seed: int) -> Agent:
         torch.manual_seed(seed)
@@ -86,9 +86,9 @@ def test_a_checkpoint_loads_back_bit_identical_networks_optimizer_and_counters(t
 
 
 def test_a_checkpoint_of_another_algorithm_is_refused(tmp_path):
+    from rqrl.algorithms.checkpoint import TrainingState, save_checkpoint
     from rqrl.algorithms.dqn import load_agent_checkpoint
-    from rqrl.checkpoint import TrainingState, save_checkpoint
-    from rqrl.dqn import Agent
+    from rqrl.seed.agent import Agent
 
     save_checkpoint(tmp_path / "checkpoint.safetensors", TrainingState({"w": torch.zeros(1)}, {}, {"env_steps": 1}))
     agent = Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False),
@@ -99,7 +99,7 @@ def test_a_checkpoint_of_another_algorithm_is_refused(tmp_path):
 
 def test_a_checkpoint_of_another_network_size_is_refused_with_the_fix(tmp_path):
     from rqrl.algorithms.dqn import load_agent_checkpoint, save_agent_checkpoint
-    from rqrl.dqn import Agent
+    from rqrl.seed.agent import Agent
 
     def make_agent(hidden: int) -> Agent:
         return Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False),

@@ -9,7 +9,7 @@ import safetensors.torch
 import torch
 
 from rqrl import RqrlError
-from rqrl.checkpoint import (
+from rqrl.algorithms.checkpoint import (
     CheckpointError,
     TrainingState,
     load_checkpoint,

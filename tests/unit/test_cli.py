@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.cli_runner import invoke
 
 
@@ -11,31 +13,47 @@ def test_help_lists_every_command_with_train_among_them():
     assert result.exit_code == 0
     for command in ("dashboard", "demo", "evaluate", "health", "status", "stop", "train", "worker"):
         assert f"  {command} " in result.stdout, command
-    assert "Train IMPALA (V-trace) on distributed actors" in result.stdout
+    assert "Train IMPALA (default), PPO (`rqrl train ppo`) or DQN" in result.stdout
 
 
-def test_train_help_is_built_on_demand_with_every_algorithms_flags():
+def test_train_help_is_built_on_demand_with_impalas_flags_and_the_algorithms():
     result = invoke("train", "--help")
     assert result.exit_code == 0
-    for flag in ("--algo", "--n-actors", "[ppo]", "[dqn]", "--env"):
-        assert flag in result.stdout, flag
+    for text in ("--n-actors", "--env", "--resume", "impala", "ppo", "dqn"):
+        assert text in result.stdout, text
+    assert "--num-samples" not in result.stdout and "--seconds" not in result.stdout
 
 
-def test_train_refuses_flags_of_the_other_algorithm():
-    result = invoke("train", "--algo", "ppo", "--n-actors", "3", "--total-env-steps", "1")
-    assert result.exit_code != 0 and "--n-actors" in result.stderr and "ppo" in result.stderr
-    result = invoke("train", "--num-samples", "100", "--total-env-steps", "1")
-    assert result.exit_code != 0 and "--num-samples" in result.stderr
+@pytest.mark.parametrize(("algo", "own", "foreign", "default"), [
+    ("impala", "--n-actors", "--num-samples", "[default: 0.001]"),
+    ("ppo", "--num-samples", "--n-actors", "[default: 0.0003]"),
+    ("dqn", "--seconds", "--num-samples", "[default: 0.001]"),
+])
+def test_each_algorithm_has_its_own_flags_and_true_defaults(algo, own, foreign, default):
+    result = invoke("train", algo, "--help")
+    assert result.exit_code == 0
+    assert own in result.stdout and foreign not in result.stdout
+    learning_rate = result.stdout[result.stdout.index("--learning-rate"):]
+    assert default in " ".join(learning_rate.split()[:8]), learning_rate[:200]
 
 
-def test_impala_only_options_are_refused_with_dqn():
-    result = invoke("train", "--algo", "dqn", "--n-actors", "3")
+def test_train_refuses_flags_of_another_algorithm():
+    result = invoke("train", "ppo", "--n-actors", "3", "--total-env-steps", "1")
     assert result.exit_code == 2 and "--n-actors" in result.stderr
-
-
-def test_seconds_is_refused_with_impala():
+    result = invoke("train", "--num-samples", "100", "--total-env-steps", "1")
+    assert result.exit_code == 2 and "--num-samples" in result.stderr
     result = invoke("train", "--seconds", "3")
-    assert result.exit_code == 2 and "--seconds do(es) not apply to --algo impala" in result.stderr
+    assert result.exit_code == 2 and "--seconds" in result.stderr
+
+
+def test_flags_before_the_algorithm_are_refused_with_where_they_go():
+    result = invoke("train", "--env", "CartPole-v1", "dqn")
+    assert result.exit_code == 2 and "rqrl train dqn --env" in result.stderr
+
+
+def test_the_old_algo_flag_says_what_replaced_it():
+    result = invoke("train", "--algo", "ppo")
+    assert result.exit_code == 2 and "`rqrl train ppo ...`" in result.stderr
 
 
 def test_worker_requires_a_redis_url():

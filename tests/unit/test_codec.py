@@ -10,7 +10,7 @@ import pytest
 import safetensors.numpy
 import torch
 
-from rqrl.codec import (
+from rqrl.engine.codec import (
     RECORD_MAGIC,
     TAG_SIZE,
     WEIGHTS_MAGIC,

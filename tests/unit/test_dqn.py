@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from rqrl.dqn import Agent, AgentConfig, QModel, masked_argmax
 from rqrl.errors import ConfigError
-from rqrl.nstep import TransitionBatch
+from rqrl.seed.agent import Agent, AgentConfig, QModel, masked_argmax
+from rqrl.seed.nstep import TransitionBatch
 
 SOURCE_DEFAULTS = {
     "replay_capacity": 10000, "batch_size": 32, "target_update_steps": 20, "discount_factor": 0.99,

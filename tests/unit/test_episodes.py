@@ -14,9 +14,9 @@ import pytest
 from gymnasium import spaces
 
 from rqrl import EnvSpec, EpisodeBatch, RecordError, StepType
-from rqrl.codec import encode_arrays
-from rqrl.episodes import STEP_TYPE_DTYPE, decode_episodes, encode_episodes
-from rqrl.observations import map_tree
+from rqrl.engine.codec import encode_arrays
+from rqrl.engine.observations import map_tree
+from rqrl.garage.episodes import STEP_TYPE_DTYPE, decode_episodes, encode_episodes
 
 BOX_SPEC = EnvSpec(spaces.Box(-10, 10, (3,), np.float32), spaces.Discrete(4), max_episode_length=6)
 DICT_SPEC = EnvSpec(spaces.Dict({"pos": spaces.Box(-10, 10, (2,), np.float32), "goal": spaces.Discrete(5)}),

@@ -10,9 +10,10 @@ import pytest
 import safetensors.numpy
 import torch
 
-from rqrl.codec import RECORD_MAGIC, TAG_SIZE, decode_arrays, encode_arrays, records_key, sign
+from rqrl.engine.codec import RECORD_MAGIC, TAG_SIZE, decode_arrays, encode_arrays, records_key, sign
+from rqrl.engine.policy import PolicyStep, make_act_function
 from rqrl.errors import RecordError, SignatureError
-from rqrl.group_records import (
+from rqrl.maze.group_records import (
     decode_signed_entry,
     encode_group,
     encode_signed_group,
@@ -21,10 +22,9 @@ from rqrl.group_records import (
     entry_stream,
     records_per_entry,
 )
-from rqrl.inbox import probe_spec
-from rqrl.policy import PolicyStep, make_act_function
-from rqrl.records import RecordSpec, RolloutRecord, check_record, encode_signed_record, record_signature
-from rqrl.rollout import ActorGroup
+from rqrl.maze.inbox import probe_spec
+from rqrl.maze.records import RecordSpec, RolloutRecord, check_record, encode_signed_record, record_signature
+from rqrl.maze.rollout import ActorGroup
 from tests import fixtures
 from tests.unit.test_records import MISFITS, SPEC, assert_records_equal, box_record, changed, nested_record
 

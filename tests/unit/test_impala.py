@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rqrl import ConfigError, RqrlError
+from rqrl.algorithms.checkpoint import load_checkpoint, load_weights
 from rqrl.algorithms.impala import (
     ActorCritic,
     ImpalaConfig,
@@ -28,9 +29,8 @@ from rqrl.algorithms.impala import (
     train,
     vtrace,
 )
-from rqrl.checkpoint import load_checkpoint, load_weights
-from rqrl.records import BatchedRecord, batch_records
-from rqrl.serial import SerialDistributedActors
+from rqrl.maze.records import BatchedRecord, batch_records
+from rqrl.maze.serial import SerialDistributedActors
 from tests import fixtures
 from tests.factories import rollout_record
 from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
@@ -557,7 +557,7 @@ def test_load_policy_reads_a_training_checkpoint_too(trained_run):
 
 
 def test_load_policy_refuses_a_file_that_is_no_policy(tmp_path):
-    from rqrl.checkpoint import save_weights
+    from rqrl.algorithms.checkpoint import save_weights
 
     save_weights(tmp_path / "other.safetensors", {"x": torch.zeros(2)}, {"note": "not a policy"})
     with pytest.raises(RqrlError, match="env_id"):

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from rqrl.errors import RunStoppedError
-from rqrl.inference import ActorInference, Answer
+from rqrl.seed.inference import ActorInference, Answer
 
 
 class SlowServer:

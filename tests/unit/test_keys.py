@@ -9,8 +9,8 @@ import re
 import pytest
 from rq.job import validate_job_id
 
+from rqrl.engine.keys import RunKeys, check_run_name
 from rqrl.errors import ConfigError
-from rqrl.keys import RunKeys, check_run_name
 
 RQ_JOB_ID = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from rqrl import WorkerFactory
-from rqrl.episodes import EpisodeBatch
-from rqrl.lockstep import Lockstep, lockstep_ready
-from rqrl.sampler_worker import LogicalWorker
+from rqrl.garage.episodes import EpisodeBatch
+from rqrl.garage.lockstep import Lockstep, lockstep_ready
+from rqrl.garage.worker import LogicalWorker
 from tests import fixtures
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rqrl.metrics import Bottleneck, MetricsWriter, plot_learning_curve
+from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
 from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_events, tensorboard_scalars
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rqrl.errors import ConfigError
-from rqrl.nstep import NStepCollector, stack
+from rqrl.seed.nstep import NStepCollector, stack
 
 
 def run(collector, rewards, terminated_at=None, truncated_at=None):

@@ -10,9 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rqrl import observations, records, rollout
-from rqrl.errors import RecordError
-from rqrl.observations import (
+from rqrl.engine.observations import (
     concat_to,
     empty_like_batch,
     flatten_obs,
@@ -24,6 +22,7 @@ from rqrl.observations import (
     to_tensor,
     unflatten_obs,
 )
+from rqrl.errors import RecordError
 
 SPACES = {
     "box": spaces.Box(-1, 1, (3,), np.float32),
@@ -140,13 +139,6 @@ def test_stack_to_and_concat_to_build_batches_on_a_device(name):
         assert_tree_equal(select(batch, (slice(None), column)), to_tensor(rollout_obs))
     joined = concat_to(rollouts, "cpu")
     assert_tree_equal(select(joined, slice(5, 10)), to_tensor(rollouts[1]))
-
-
-def test_the_old_import_paths_still_work():
-    for name in ("stack_obs", "to_array", "to_tensor", "select", "empty_like_batch"):
-        assert getattr(rollout, name) is getattr(observations, name)
-    for name in ("Obs", "TensorObs", "flatten_obs", "unflatten_obs"):
-        assert getattr(records, name) is getattr(observations, name)
 
 
 KEYS = st.text(alphabet="abcxyz_0", min_size=1, max_size=4)

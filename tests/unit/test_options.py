@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from rqrl import ConfigError, RedisDistributedActors, SubprocDistributedActors
-from rqrl.options import DEFAULTS, RunOptions
+from rqrl.engine.options import DEFAULTS, RunOptions
 from tests import fixtures
 
 
@@ -96,7 +96,7 @@ def test_actors_validate_their_options_on_construction():
 
 
 def test_the_secret_comes_from_rqrl_secret_only_when_redis_came_from_redis_url(monkeypatch):
-    from rqrl.options import run_secret
+    from rqrl.engine.options import run_secret
 
     monkeypatch.setenv("RQRL_SECRET", "from-the-environment")
     assert run_secret(RunOptions(), embedded=False, redis_from_environment=True) == "from-the-environment"

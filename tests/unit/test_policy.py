@@ -7,8 +7,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from rqrl.errors import PolicyError
-from rqrl.policy import (
+from rqrl.engine.policy import (
     ActorPolicy,
     LogitsActFunction,
     PolicyStep,
@@ -19,6 +18,7 @@ from rqrl.policy import (
     select_policy_state,
     state_dict_of,
 )
+from rqrl.errors import PolicyError
 from tests import fixtures
 
 

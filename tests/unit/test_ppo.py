@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rqrl import EnvSpec, EpisodeBatch, StepType, WorkerFactory
-from rqrl.algorithms.impala import ActorCritic, make_flat_env
+from rqrl.algorithms.common import make_flat_env
+from rqrl.algorithms.impala import ActorCritic
 from rqrl.algorithms.ppo import PpoConfig, advantages_and_returns, gae, train
 from tests import fixtures  # noqa: F401 - registers RqrlGuessSign-v0
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rqrl.progress import Progress, Throughput, pace_seconds
+from rqrl.engine.progress import Progress, Throughput, pace_seconds
 
 
 class FakeClock:

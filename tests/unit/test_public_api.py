@@ -66,21 +66,14 @@ def test_error_tree_as_documented():
     assert issubclass(rqrl.RedisServerNotFoundError, rqrl.ServerError)
 
 
-def test_errors_defined_elsewhere_before_are_the_same_classes_there():
-    from rqrl.checkpoint import CheckpointError
-    from rqrl.leases import LeaseLostError
-
-    assert CheckpointError is rqrl.CheckpointError and LeaseLostError is rqrl.LeaseLostError
-
-
 def test_every_error_class_is_drawn_in_the_documented_tree():
     tree = rqrl.errors.__doc__
     assert sorted(cls.__name__ for cls in error_classes() if cls.__name__ not in tree) == []
 
 
 def test_vector_env_and_policy_types_are_exported():
-    from rqrl.policy import Policy, StatefulActorPolicy
-    from rqrl.vector_env import EnvProcessDiedError, SubprocVectorEnv, VectorEnvError
+    from rqrl.engine.policy import Policy, StatefulActorPolicy
+    from rqrl.maze.vector_env import EnvProcessDiedError, SubprocVectorEnv, VectorEnvError
 
     assert rqrl.SubprocVectorEnv is SubprocVectorEnv
     assert rqrl.Policy is Policy and rqrl.StatefulActorPolicy is StatefulActorPolicy
@@ -105,8 +98,8 @@ def test_actor_failed_error_carries_the_remote_traceback():
 
 
 def test_garage_sampler_foundations_are_exported():
-    from rqrl.episodes import EnvSpec, EpisodeBatch, StepType
-    from rqrl.sampler_worker import EnvUpdate, ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate, WorkerFactory
+    from rqrl.garage.episodes import EnvSpec, EpisodeBatch, StepType
+    from rqrl.garage.worker import EnvUpdate, ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate, WorkerFactory
 
     exported = {"StepType": StepType, "EpisodeBatch": EpisodeBatch, "EnvSpec": EnvSpec, "WorkerFactory": WorkerFactory,
                 "EnvUpdate": EnvUpdate, "NewEnvUpdate": NewEnvUpdate, "SetTaskUpdate": SetTaskUpdate,

@@ -11,10 +11,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rqrl.codec import TAG_SIZE, encode_arrays, records_key
+from rqrl.engine.codec import TAG_SIZE, encode_arrays, records_key
+from rqrl.engine.policy import make_act_function
 from rqrl.errors import RecordError, SignatureError
-from rqrl.policy import make_act_function
-from rqrl.records import (
+from rqrl.maze.records import (
     BatchedRecord,
     RecordSpec,
     RolloutRecord,
@@ -26,7 +26,7 @@ from rqrl.records import (
     encode_signed_record,
     record_signature,
 )
-from rqrl.rollout import ActorGroup
+from rqrl.maze.rollout import ActorGroup
 from tests import fixtures
 
 RUN = "run-a"
@@ -468,7 +468,7 @@ def test_a_record_of_another_length_is_refused():
 
 
 def test_the_probe_spec_of_a_real_env_fits_its_real_rollouts():
-    from rqrl.inbox import probe_spec
+    from rqrl.maze.inbox import probe_spec
 
     for make_env, policy in ((fixtures.make_cartpole, fixtures.mlp_policy()),
                              (fixtures.make_dict_env, fixtures.DictPolicy())):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rqrl.nstep import TransitionBatch
-from rqrl.replay import ReplayBuffer, SumTree
+from rqrl.seed.nstep import TransitionBatch
+from rqrl.seed.replay import ReplayBuffer, SumTree
 
 
 def batch(values):

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from rqrl.engine.policy import categorical_step, make_act_function
 from rqrl.errors import ConfigError, EnvError, PolicyError
-from rqrl.policy import categorical_step, make_act_function
-from rqrl.rollout import ActorGroup, derive_seed
+from rqrl.maze.rollout import ActorGroup, derive_seed
 from tests import fixtures
 
 
@@ -252,8 +252,8 @@ def test_derive_seed_is_stable_and_separates_parts():
 
 
 def test_an_env_that_changes_its_observation_shape_is_refused_with_the_fix():
+    from rqrl.engine.policy import make_act_function
     from rqrl.errors import EnvError
-    from rqrl.policy import make_act_function
 
     group = ActorGroup(fixtures.make_growing_obs_env, [0], [1], [2], 16)
     act = make_act_function(fixtures.WeightRevealingPolicy(), group.action_space)
@@ -278,7 +278,7 @@ class _BrokenPolicy(torch.nn.Module):
         self.inner = fixtures.mlp_policy(seed=0)
 
     def act(self, obs, generator):
-        from rqrl.policy import PolicyStep, categorical_step
+        from rqrl.engine.policy import PolicyStep, categorical_step
 
         step = categorical_step(self.inner(obs), generator)
         self.steps += 1

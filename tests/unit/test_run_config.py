@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from rqrl.engine.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.errors import ConfigError
-from rqrl.run_config import RunConfig, check_seeds, queue_bound, split_actors
 
 
 def config_fields(**changes) -> dict:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rqrl import EnvSpec, EpisodeBatch, MultiprocessingSampler, RQSampler, StepType, WorkerFactory
-from rqrl.sampler import _Order
+from rqrl.garage.sampler import _Order
 from tests import fixtures
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rqrl import NewEnvUpdate, SetTaskUpdate, SignatureError
-from rqrl.codec import weights_key
+from rqrl.engine.codec import weights_key
 from rqrl.errors import RecordError
-from rqrl.sampler_store import (
+from rqrl.garage.store import (
     OVERRIDE,
     REPLACE,
     STACK,

@@ -26,8 +26,8 @@ from rqrl import (
     StepType,
     WorkerFactory,
 )
-from rqrl.episodes import decode_episodes, encode_episodes
-from rqrl.sampler_worker import LogicalWorker, ModuleAgent, apply_env_update, check_env_update
+from rqrl.garage.episodes import decode_episodes, encode_episodes
+from rqrl.garage.worker import LogicalWorker, ModuleAgent, apply_env_update, check_env_update
 from tests import fixtures
 
 FIRST, MID, TERMINAL, TIMEOUT = StepType.FIRST, StepType.MID, StepType.TERMINAL, StepType.TIMEOUT

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from rqrl.seed_actor import SWITCH_INTERVAL, short_switch_interval
+from rqrl.seed.actor import SWITCH_INTERVAL, short_switch_interval
 
 
 def test_the_switch_interval_is_short_while_any_actor_runs_and_restored_after_the_last():

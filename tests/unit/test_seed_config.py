@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rqrl.errors import ConfigError
-from rqrl.seed_config import Config, check_against_replay
+from rqrl.seed.config import Config, check_against_replay
 
 SOURCE_DEFAULTS = {
     "max_environment_steps": -1, "n_step": 3, "epsilon": 0.1, "actor_processes": 1, "actor_threads": 4,

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from rqrl import EnvError, PolicyError, RqrlError
-from rqrl.policy import make_act_function
-from rqrl.records import batch_records
-from rqrl.rollout import ActorGroup, derive_seed
-from rqrl.serial import SerialDistributedActors
+from rqrl.engine.policy import make_act_function
+from rqrl.maze.records import batch_records
+from rqrl.maze.rollout import ActorGroup, derive_seed
+from rqrl.maze.serial import SerialDistributedActors
 from tests import fixtures
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("one_torch_thread")]
@@ -231,7 +231,7 @@ def test_batches_equal_what_an_actor_group_delivers_when_driven_as_the_rq_job_dr
                      agent_seeds=agent_seeds) as actors:
         actors.broadcast_updated_policy(policy.state_dict())
         serial = [actors.collect_outputs("cpu").record for _ in range(3)]
-    # what rqrl.jobs.run_actor_group does with one group of every actor: consecutive rollout ids, no cut
+    # what rqrl.maze.jobs.run_actor_group does with one group of every actor: consecutive rollout ids, no cut
     group = ActorGroup(SHORT_CARTPOLE, [0, 1, 2], env_seeds, agent_seeds, steps)
     act = make_act_function(fixtures.mlp_policy(seed=2), group.action_space)
     distributed = [batch_records(group.run(act, rollout_id, 1, cut_at_end=False, worker="w"), "cpu")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rqrl.errors import ConfigError
-from rqrl.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents, event_name, record_batch
+from rqrl.maze.stats import EpochStatsAggregator, LogStatsLevel, RolloutEvents, event_name, record_batch
 
 
 def test_add_and_current_reduce_each_event():

@@ -6,8 +6,8 @@ import json
 
 import fakeredis
 
-from rqrl.keys import RunKeys
-from rqrl.status import RunStatus, WorkerStatus, format_status, read_worker_rates
+from rqrl.cli.status import RunStatus, WorkerStatus, format_status, read_worker_rates
+from rqrl.engine.keys import RunKeys
 
 
 def test_the_screen_shows_learner_jobs_workers_and_failures():

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from rqrl.engine.run_config import RunConfig
+from rqrl.engine.timings import TIME_SCALE_VARIABLE, ProtocolTimings, protocol_timings, time_scale
 from rqrl.errors import ConfigError
-from rqrl.run_config import RunConfig
-from rqrl.timings import TIME_SCALE_VARIABLE, ProtocolTimings, protocol_timings, time_scale
 from tests.unit.test_run_config import config_fields
 
 

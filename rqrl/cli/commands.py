@@ -1,0 +1,411 @@
+"""Command line: ``rqrl worker`` serves rollout jobs, ``rqrl demo`` collects CartPole rollouts,
+``rqrl dashboard`` runs rq-dashboard for rqrl's JSON jobs."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from rqrl.cli.train import INTERRUPTED_EXIT_CODES
+from rqrl.engine.connection import redact_url
+from rqrl.engine.keys import DEFAULT_QUEUE
+
+if TYPE_CHECKING:
+    import torch
+
+    from rqrl.engine.progress import Progress
+    from rqrl.maze.actors import RedisDistributedActors
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+REDIS_URL_HELP = "Redis to connect to, e.g. redis://host:6379/0 (env: REDIS_URL)."
+
+
+def secret_from_env() -> str | None:
+    """The learner's and workers' shared secret, RQRL_SECRET (an env var, never a flag: flags show in `ps`)."""
+    from rqrl.engine.codec import secret_from_environment
+
+    return secret_from_environment()
+
+
+def redis_server_from_env() -> str | None:
+    """The redis-server binary for an embedded Redis that RQRL_REDIS_SERVER names, if set."""
+    return os.environ.get("RQRL_REDIS_SERVER") or None
+
+
+class _RqrlGroup(click.Group):
+    """rqrl's commands, with ``train`` built on first use: its flags come from the algorithms' configs, which
+    import torch, and every other command (and ``rqrl --help``) starts without torch."""
+
+    lazy_commands = {"train": "Train IMPALA (default), PPO (`rqrl train ppo`) or DQN (`rqrl train dqn`) until "
+                              "the env is solved..."}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "train" and cmd_name not in self.commands:
+            from rqrl.cli.train import train_group
+
+            self.add_command(train_group())
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's command list, with the lazy commands' one-line help given here instead of built."""
+        names = [name for name in self.list_commands(ctx)
+                 if name in self.commands and not self.commands[name].hidden or name in self.lazy_commands]
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        shown = {**{name: click.Command(name, help=text) for name, text in self.lazy_commands.items()}, **self.commands}
+        rows = [(name, shown[name].get_short_help_str(limit)) for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_RqrlGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rqrl")
+def main() -> None:
+    """rqrl: distributed reinforcement-learning rollouts on Redis and RQ."""
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--queue", "queues", multiple=True, default=[DEFAULT_QUEUE], show_default=True,
+              help="RQ queue(s) to serve, in priority order (env: RQRL_QUEUE).", envvar="RQRL_QUEUE")
+@click.option("--name", default=None, help="Worker name shown in rq-dashboard (default: host.pid.random).")
+@click.option("--burst", is_flag=True, help="Exit when the queues are empty instead of waiting for jobs.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level.")
+def worker(redis_url: str, queues: tuple[str, ...], name: str | None, burst: bool, log_level: str) -> None:
+    """Run an RQ worker that keeps envs and policies warm between rollout jobs.
+
+    Needs RQRL_SECRET, the learner's shared secret (the env var, never a flag: flags show in `ps`).
+    """
+    import redis
+
+    from rqrl.engine.worker import run_worker
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not secret_from_env():
+        raise click.ClickException(
+            "RQRL_SECRET is not set: workers only unpickle env factories and policies signed with the learner's "
+            "shared secret; set RQRL_SECRET to the same value for the learner and every worker"
+        )
+    try:
+        redis.Redis.from_url(redis_url).ping()
+    except (redis.RedisError, ValueError) as error:
+        raise click.ClickException(
+            f"cannot reach Redis at {redact_url(redis_url)}: {error}; check --redis-url"
+        ) from error
+    run_worker(redis_url, list(queues), name=name, burst=burst, logging_level=log_level)
+
+
+@main.command()
+@click.argument("run_name")
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--wait", default=60.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for the run's learner to write its checkpoint and remove the run's keys.")
+def stop(run_name: str, redis_url: str, wait: float) -> None:
+    """End run RUN_NAME from anywhere: its learner stops as on Ctrl-C (checkpoint, summary, keys removed) and
+    exits with 0, and its jobs end, freeing their workers.
+
+    A run whose learner is gone (no heartbeat within its learner_timeout) is cleaned up here instead: its jobs
+    are stopped and its keys removed; `rqrl train --resume` can still continue it from its run folder.
+    """
+    import redis
+
+    from rqrl.engine.keys import RunKeys
+    from rqrl.engine.leases import learner_gone
+    from rqrl.engine.rq_safety import rollout_queue
+    from rqrl.engine.run_config import RunConfig
+    from rqrl.engine.run_store import RunStore
+    from rqrl.errors import RqrlError
+
+    try:
+        keys = RunKeys(run_name)
+        connection = redis.Redis.from_url(redis_url)
+        raw_config, deadline, seed_settings = connection.mget([keys.config, keys.learner_deadline,
+                                                               keys.seed("settings")])
+        if raw_config is None and seed_settings is not None:  # a SEED trainer's run (rqrl train dqn)
+            _stop_seed_run(connection, keys, run_name, wait)
+            return
+        if raw_config is None:
+            raise click.ClickException(f"no run {run_name!r} in the Redis at {redact_url(redis_url)} (already "
+                                       f"stopped, or another Redis or database?)")
+        config = RunConfig.from_json(raw_config)
+        connection.set(keys.stopped, 1)
+        if deadline is None or learner_gone(deadline):
+            RunStore(connection, keys, b"").stop(rollout_queue(config.queue_name, connection), wait)
+            click.echo(f"run {run_name}: no live learner; stopped its jobs and removed its keys")
+            return
+        click.echo(f"run {run_name}: stop requested; waiting up to {wait:g} s for its learner to finish")
+        deadline_at = time.monotonic() + wait
+        while connection.exists(keys.config):
+            if time.monotonic() > deadline_at:
+                raise click.ClickException(f"run {run_name}: its learner has not finished within {wait:g} s; it "
+                                           f"stops at its next collect (raise --wait to wait longer)")
+            time.sleep(0.2)
+    except (redis.RedisError, RqrlError) as error:
+        raise click.ClickException(f"cannot stop run {run_name!r}: {error}") from error
+    click.echo(f"run {run_name}: stopped by its learner (checkpoint written, keys removed)")
+
+
+def _stop_seed_run(connection: Any, keys: Any, run_name: str, wait: float) -> None:
+    """Set a SEED run's stop flag and wait for its trainer to end the run (its jobs end with the flag)."""
+    connection.set(keys.seed("stopped"), 1)
+    click.echo(f"run {run_name} (SEED trainer): stop requested; waiting up to {wait:g} s for its trainer to finish")
+    deadline_at = time.monotonic() + wait
+    while connection.exists(keys.seed("settings")):
+        if time.monotonic() > deadline_at:
+            raise click.ClickException(
+                f"run {run_name}: its trainer has not finished within {wait:g} s (raise --wait). Its actor and "
+                f"server jobs have stopped; if the trainer is gone, the run's keys rqrl:{run_name}:* stay until "
+                f"deleted")
+        time.sleep(0.2)
+    click.echo(f"run {run_name}: stopped by its trainer (checkpoint written, keys removed)")
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("-b", "--bind", default="127.0.0.1", show_default=True,
+              help="Address to listen on. 0.0.0.0 opens it to the network: set --username and --password, and put "
+                   "TLS in front (the compose file binds 0.0.0.0 inside its container and publishes the port on "
+                   "127.0.0.1 only).")
+@click.option("-p", "--port", default=9181, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
+@click.option("--url-prefix", default="", help="URL prefix, e.g. behind a reverse proxy.")
+@click.option("--username", envvar="RQ_DASHBOARD_USERNAME", default=None,
+              help="HTTP Basic Auth user (env: RQ_DASHBOARD_USERNAME); no login unless set.")
+@click.option("--password", envvar="RQ_DASHBOARD_PASSWORD", default=None,
+              help="HTTP Basic Auth password; prefer the env var RQ_DASHBOARD_PASSWORD (flags show in `ps`).")
+@click.option("--delete/--no-delete", "allow_delete", default=False, show_default=True,
+              help="Show the buttons that delete jobs and empty or compact queues and registries.")
+@click.option("--poll-interval", default=None, type=click.IntRange(min=1),
+              help="Milliseconds between the pages' refreshes (rq-dashboard's default: 2500).")
+@click.option("--debug", is_flag=True, help="Flask's debug mode (never on a network: it runs code on request).")
+def dashboard(redis_url: str, bind: str, port: int, url_prefix: str, username: str | None, password: str | None,
+              allow_delete: bool, poll_interval: int | None, debug: bool) -> None:
+    """Run rq-dashboard set up for rqrl: JSON jobs read through rqrl's classes (never pickle), the Jobs tab on
+    the rqrl queue, and a page that says a job is gone instead of an error (rqrl keeps finished jobs for 0 s,
+    failed ones for 24 h, and a run's jobs until its learner stops). Needs `pip install 'rqrl[dashboard]'`.
+    """
+    try:
+        import rq_dashboard.cli
+        import rq_dashboard.web
+    except ImportError as error:
+        raise click.ClickException("rq-dashboard is not installed: pip install 'rqrl[dashboard]'") from error
+    from rqrl.engine.rq_safety import secure_rq_dashboard
+
+    if bind not in ("127.0.0.1", "localhost", "::1") and not (username and password):
+        logging.getLogger(__name__).warning(
+            "rqrl dashboard listens on %s without a login: anyone who reaches it sees the jobs%s; set --username "
+            "and RQ_DASHBOARD_PASSWORD", bind, " and can delete them" if allow_delete else "")
+    secure_rq_dashboard(rq_dashboard.web)  # JSON and rqrl's job class on every page and action: no pickle
+    arguments = ["--json", "--redis-url", redis_url, "--bind", bind, "--port", str(port), "--url-prefix", url_prefix]
+    if username:
+        arguments += ["--username", username]
+    if password:
+        arguments += ["--password", password]
+    if not allow_delete:
+        arguments.append("--disable-delete")
+    if poll_interval is not None:
+        arguments += ["--poll-interval", str(poll_interval)]
+    if debug:
+        arguments.append("--debug")
+    rq_dashboard.cli.run.main(args=arguments, prog_name="rqrl dashboard", auto_envvar_prefix="RQ_DASHBOARD")
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--worker", "worker_prefix", is_flag=False, flag_value="", default=None,
+              help="Check that a worker of this host (default names: rqrl.HOSTNAME.*; or give a name prefix) sent "
+                   "a heartbeat in the last 20 s.")
+@click.option("--run", "run_name", default=None, help="Check that run RUN's learner is alive (its heartbeat "
+                                                       "deadline, --learner-timeout, has not passed).")
+def health(redis_url: str, worker_prefix: str | None, run_name: str | None) -> None:
+    """Exit 0 if what is checked is healthy, else print why and exit 1: a container's HEALTHCHECK."""
+    import redis
+
+    from rqrl.engine.health import host_worker_prefix, learner_is_healthy, worker_is_healthy
+    from rqrl.errors import RqrlError
+
+    if worker_prefix is None and run_name is None:
+        raise click.UsageError("give --worker, --run RUN or both")
+    try:
+        connection = redis.Redis.from_url(redis_url)
+        checks = []
+        if worker_prefix is not None:
+            checks.append(worker_is_healthy(connection, worker_prefix or host_worker_prefix()))
+        if run_name is not None:
+            checks.append(learner_is_healthy(connection, run_name))
+    except (redis.RedisError, RqrlError) as error:
+        raise click.ClickException(f"cannot check health: {error}") from error
+    for healthy, reason in checks:
+        click.echo(("healthy: " if healthy else "unhealthy: ") + reason)
+    if not all(healthy for healthy, _ in checks):
+        raise SystemExit(1)
+
+
+@main.command()
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--run", "run_name", default=None, help="Show only this run (default: every run on the Redis).")
+@click.option("--watch", is_flag=False, flag_value=2.0, default=None, type=click.FloatRange(min=0.5),
+              help="Refresh every WATCH seconds (default 2) until Ctrl-C.")
+def status(redis_url: str, run_name: str | None, watch: float | None) -> None:
+    """Show every run on a Redis: learner heartbeat, steps/s over 10 s and 60 s, policy version and lag, queue
+    depth against its bound, jobs queued, started and failed, recent failures, and the workers on the run's
+    queue with what each runs."""
+    import redis
+
+    from rqrl.cli.status import format_status, read_status
+    from rqrl.errors import RqrlError
+
+    connection = redis.Redis.from_url(redis_url)
+    terminal = sys.stdout.isatty()
+    try:
+        while True:
+            try:
+                screen = format_status(read_status(connection, run_name))
+            except (redis.RedisError, RqrlError) as error:
+                raise click.ClickException(f"cannot read the status: {error}") from error
+            if watch is not None and terminal:
+                click.clear()
+            click.echo(screen)
+            if watch is None:
+                return
+            if not terminal:
+                click.echo(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}")
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return
+
+
+@main.command()
+@click.argument("run_dir", required=False, type=click.Path(exists=True, file_okay=False))
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False),
+              help="A weights file (best/final/checkpoint .safetensors) instead of RUN_DIR's best weights.")
+@click.option("--episodes", default=10, show_default=True, help="Episodes to run.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the first episode's reset.")
+@click.option("--sample", is_flag=True, help="Sample actions instead of taking the most likely one.")
+def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: int, sample: bool) -> None:
+    """Run episodes with a trained policy and print the mean and std of the returns."""
+    import numpy as np
+
+    from rqrl.algorithms.impala import evaluate as run_episodes
+    from rqrl.algorithms.impala import load_policy
+    from rqrl.errors import RqrlError
+
+    sources = [source for source in (run_dir, checkpoint) if source is not None]
+    if len(sources) != 1:
+        raise click.UsageError("give either RUN_DIR or --checkpoint")
+    try:
+        from rqrl.algorithms.dqn import is_dqn_weights, load_q_model
+
+        model, metadata = load_q_model(sources[0]) if is_dqn_weights(sources[0]) else load_policy(sources[0])
+    except (RqrlError, KeyError) as error:
+        raise click.ClickException(f"cannot load a policy from {sources[0]}: {error}") from error
+    returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample)
+    click.echo(f"{metadata['env_id']}: {episodes} episodes, return {np.mean(returns):.1f} +- {np.std(returns):.1f} "
+               f"(min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+
+
+
+def _demo_policy(obs_size: int, n_actions: int) -> torch.nn.Sequential:
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(obs_size, 64), torch.nn.Tanh(), torch.nn.Linear(64, n_actions))
+
+
+@main.command()
+@click.option("--env", "env_id", default="CartPole-v1", show_default=True, help="Gymnasium env id.")
+@click.option("--actors", default=8, show_default=True, help="Number of actors (envs).")
+@click.option("--workers", default=None, type=int,
+              help="Local worker processes (default: one per core with an embedded Redis, 0 with --redis-url).")
+@click.option("--rollout-steps", default=128, show_default=True, help="Steps per rollout.")
+@click.option("--batch-size", default=8, show_default=True, help="Rollouts per collect_outputs batch.")
+@click.option("--seconds", default=20.0, show_default=True, help="How long to collect.")
+@click.option("--redis-url", envvar="REDIS_URL", default=None,
+              help="Redis to use (env: REDIS_URL); default: an embedded private redis-server.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Show progress on stderr: a live bar on a terminal, else a plain line every --progress-seconds; "
+                   "the final summary always prints.")
+@click.option("--progress-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between two progress lines when stderr is not a terminal.")
+def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batch_size: int, seconds: float,
+         redis_url: str | None, progress: bool, progress_seconds: float) -> None:
+    """Collect rollouts with a random-init policy and print throughput and episode stats."""
+    import gymnasium
+
+    from rqrl.engine.process import terminate_like_ctrl_c
+    from rqrl.engine.progress import Progress
+    from rqrl.errors import RqrlError
+    from rqrl.maze.actors import RedisDistributedActors
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.captureWarnings(True)
+    env_factory = functools.partial(gymnasium.make, env_id)
+    probe = env_factory()
+    observation_space, action_space = probe.observation_space, probe.action_space
+    probe.close()
+    if not (isinstance(observation_space, gymnasium.spaces.Box) and len(observation_space.shape) == 1
+            and isinstance(action_space, gymnasium.spaces.Discrete)):
+        raise click.ClickException(
+            f"the demo's policy needs a flat Box observation space and a Discrete action space, and {env_id} has "
+            f"{observation_space} and {action_space}; pick an env such as CartPole-v1 or Acrobot-v1"
+        )
+    policy = _demo_policy(int(observation_space.shape[0]), int(action_space.n))
+    click.echo(f"rqrl demo: {env_id}, {actors} actors, {rollout_steps}-step rollouts, batches of {batch_size}")
+    terminate_like_ctrl_c()
+    try:
+        with RedisDistributedActors(env_factory, policy, rollout_steps, actors, batch_size, 2.0,
+                                    redis_url=redis_url, n_local_workers=workers, start_method="forkserver",
+                                    secret=secret_from_env(), redis_server=redis_server_from_env()) as run:
+            run.broadcast_updated_policy(policy.state_dict())
+            click.echo(f"run {run.run_name}: {run.n_local_workers} local worker(s), Redis {redact_url(run.redis_url)}")
+            stopped_by = _collect_with_progress(run, seconds, Progress(f"demo {env_id}", enabled=progress,
+                                                                       interval=progress_seconds))
+    except RqrlError as error:
+        raise click.ClickException(str(error)) from error
+    if stopped_by is not None:
+        raise SystemExit(INTERRUPTED_EXIT_CODES[stopped_by])
+
+
+def _collect_with_progress(run: RedisDistributedActors, seconds: float, progress: Progress) -> str | None:
+    """Collect for ``seconds`` showing progress, then print a summary; returns what cut it short (SIGINT, SIGTERM)."""
+    from rqrl.engine.process import Terminated
+
+    started = time.monotonic()
+    total_steps = 0
+    returns: list[float] = []
+    stopped_by = None
+    with progress:
+        try:
+            while time.monotonic() - started < seconds:
+                record, size_before, _, _ = run.collect_outputs("cpu")
+                total_steps += record.rewards.numel()
+                returns.extend(record.episode_returns.tolist())
+                lags = (run.policy_version - record.policy_version).float()
+                recent = returns[-100:]
+                progress.update(total_steps, mean_return=sum(recent) / len(recent) if recent else None,
+                                lag=float(lags.mean()), lag_max=float(lags.max()), queue=size_before,
+                                queue_bound=run.queue_capacity, workers=run.workers_alive())
+        except KeyboardInterrupt as error:
+            stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
+    stats = run.get_epoch_stats_aggregator().reduce()
+    elapsed = time.monotonic() - started
+    state = f"interrupted ({stopped_by})" if stopped_by else "done"
+    click.echo(f"{state}: {total_steps:,} env steps in {elapsed:.1f} s = {total_steps / elapsed:,.0f} steps/s; "
+               f"episodes {int(stats.get('episode_return', {}).get('count', 0))}, "
+               f"policy lag max {stats.get('policy_lag', {}).get('max', 0):.0f}")
+    return stopped_by
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""One screen for every run on a Redis (``rqrl status``): its learner's heartbeat and figures, its jobs,
+the workers on its queue and what each runs, and its recent failures. Reads only; changes nothing."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from dataclasses import dataclass, field
+
+import redis
+from rq.utils import utcparse
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+
+from rqrl.engine.keys import PREFIX, RunKeys
+from rqrl.engine.rq_safety import RolloutJob, failed_registry, rollout_queue, started_registry
+from rqrl.engine.run_config import RunConfig
+from rqrl.engine.supervisor import read_sideline_reports
+from rqrl.engine.timings import protocol_timings
+
+RECENT_FAILURES = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerStatus:
+    """One RQ worker on a run's queue."""
+
+    name: str
+    state: str
+    current_job: str | None
+    heartbeat_age: float | None
+    """Seconds since its last heartbeat; None if it has none that parses."""
+
+    @property
+    def alive(self) -> bool:
+        return self.heartbeat_age is not None and self.heartbeat_age <= protocol_timings().liveness
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStatus:
+    """One run as Redis holds it."""
+
+    run_name: str
+    queue_name: str
+    n_actors: int
+    n_groups: int
+    learner: dict[str, float] = field(default_factory=dict)
+    """What the learner published with its last heartbeat (RedisDistributedActors._learner_facts)."""
+    stopped: bool = False
+    queued_rollouts: int = 0
+    jobs_queued: int = 0
+    jobs_started: int = 0
+    jobs_failed: int = 0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    """(job id, last line of its traceback) of its most recent failed jobs."""
+    workers: list[WorkerStatus] = field(default_factory=list)
+    worker_rates: dict[str, float] = field(default_factory=dict)
+    """Each worker's env steps/s on this run, as its job last published it (within the liveness window)."""
+    sidelined: dict[str, str] = field(default_factory=dict)
+    """Workers that cannot run this run (wrong RQRL_SECRET, env code missing) and hand its jobs back: name -> why."""
+
+    def learner_age(self, now: float) -> float | None:
+        """Seconds since the learner's last heartbeat; None if it published none."""
+        return now - self.learner["beat"] if "beat" in self.learner else None
+
+
+def read_status(connection: redis.Redis, run_name: str | None = None) -> list[RunStatus]:
+    """The status of ``run_name``, or of every run on this Redis, sorted by name."""
+    if run_name is not None:
+        names = [RunKeys(run_name).run_name]
+    else:
+        names = sorted({_text(key).split(":")[1] for key in connection.scan_iter(match=f"{PREFIX}:*:config")})
+    runs = []
+    for name in names:
+        status = _read_run(connection, RunKeys(name))
+        if status is not None:
+            runs.append(status)
+    return runs
+
+
+def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
+    raw_config = connection.get(keys.config)
+    if raw_config is None:
+        return None
+    config = RunConfig.from_json(raw_config)
+    learner: dict[str, float] = {}
+    for name, value in connection.hgetall(keys.learner).items():
+        try:
+            learner[_text(name)] = float(value)
+        except ValueError:
+            continue
+    queue_name = config.queue_name
+    queued, started, failed = ([job_id for job_id in job_ids if job_id.startswith(keys.job_id_prefix)]
+                               for job_ids in (rollout_queue(queue_name, connection).get_job_ids(),
+                                               started_registry(queue_name, connection).get_job_ids(cleanup=False),
+                                               failed_registry(queue_name, connection).get_job_ids(cleanup=False)))
+    recent = failed[-RECENT_FAILURES:]
+    return RunStatus(
+        run_name=keys.run_name, queue_name=config.queue_name, n_actors=config.n_actors,
+        n_groups=len(config.actor_groups), learner=learner, stopped=bool(connection.exists(keys.stopped)),
+        queued_rollouts=int(connection.llen(keys.trajectories)), jobs_queued=len(queued), jobs_started=len(started),
+        jobs_failed=len(failed), failures=[(job_id, _failure(connection, job_id)) for job_id in recent],
+        workers=read_workers(connection, config.queue_name), worker_rates=read_worker_rates(connection, keys),
+        sidelined={name: report["error"] for name, report in read_sideline_reports(connection, keys).items()})
+
+
+def read_workers(connection: redis.Redis, queue_name: str) -> list[WorkerStatus]:
+    """The workers registered on ``queue_name``, from each one's hash (state, current job, heartbeat)."""
+    worker_keys = sorted(_text(key) for key in connection.smembers(WORKERS_BY_QUEUE_KEY % queue_name))
+    fields = ("state", "current_job", "last_heartbeat")
+    with connection.pipeline(transaction=False) as pipe:
+        for key in worker_keys:
+            for name in fields:  # HGET, not HMGET: the learner's ACL user (docs/redis-security.md) has only HGET
+                pipe.hget(key, name)
+        values = pipe.execute()
+    rows = [values[index:index + len(fields)] for index in range(0, len(values), len(fields))]
+    now = datetime.datetime.now(datetime.UTC)
+    workers = []
+    for key, (state, current_job, heartbeat) in zip(worker_keys, rows, strict=True):
+        try:
+            age: float | None = (now - utcparse(_text(heartbeat))).total_seconds()
+        except (AttributeError, TypeError, ValueError):
+            age = None
+        workers.append(WorkerStatus(name=key.removeprefix("rq:worker:"), state=_text(state) if state else "?",
+                                    current_job=_text(current_job) if current_job else None, heartbeat_age=age))
+    return workers
+
+
+def read_worker_rates(connection: redis.Redis, keys: RunKeys, now: float | None = None) -> dict[str, float]:
+    """Worker name -> env steps/s on the run, as published by its job (rqrl.maze.jobs) within the liveness window
+    (ProtocolTimings.liveness); entries that do not parse are left out."""
+    now = time.time() if now is None else now
+    liveness = protocol_timings().liveness
+    rates = {}
+    for name, raw in connection.hgetall(keys.worker_rates).items():
+        try:
+            published = json.loads(raw)
+            rate, at = float(published["steps_per_second"]), float(published["at"])
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+            continue
+        if now - at <= liveness:
+            rates[_text(name)] = rate
+    return rates
+
+
+def _failure(connection: redis.Redis, job_id: str) -> str:
+    """The last line of a failed job's traceback, read as a RolloutJob with JSON."""
+    try:
+        result = RolloutJob.fetch(job_id, connection=connection).latest_result()
+    except Exception as error:  # a job that vanished or does not parse: say so, never fail the screen
+        return f"(cannot read it: {type(error).__name__})"
+    lines = (result.exc_string or "").strip().splitlines() if result is not None else []
+    return lines[-1] if lines else "(no traceback)"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def format_status(runs: list[RunStatus], now: float | None = None) -> str:
+    """``rqrl status``'s screen."""
+    now = time.time() if now is None else now
+    if not runs:
+        return "no rqrl runs on this Redis"
+    blocks = []
+    for run in runs:
+        lines = [f"run {run.run_name}: queue {run.queue_name}, {run.n_actors} actors in {run.n_groups} job(s)"
+                 + (", STOPPING" if run.stopped else "")]
+        lines.append("  learner   " + _learner_line(run, now))
+        lines.append(f"  jobs      queued {run.jobs_queued}, started {run.jobs_started}, failed {run.jobs_failed}; "
+                     f"rollouts waiting for the learner {run.queued_rollouts}")
+        alive = [worker for worker in run.workers if worker.alive]
+        lines.append(f"  workers   {len(alive)} alive of {len(run.workers)} registered on queue {run.queue_name}")
+        keys = RunKeys(run.run_name)
+        for worker in run.workers:
+            job = worker.current_job
+            group = keys.group_of_job(job) if job else None
+            doing = (f"group {group} of this run ({job})" if group is not None else f"{job}" if job else "idle")
+            age = f"{worker.heartbeat_age:.0f} s ago" if worker.heartbeat_age is not None else "never"
+            rate = run.worker_rates.get(worker.name)
+            lines.append(f"    {worker.name}  {worker.state}  {doing}  heartbeat {age}"
+                         + (f"  {rate:,.0f} steps/s" if rate is not None else "")
+                         + ("" if worker.alive else "  (no recent heartbeat)")
+                         + ("  SIDELINED (see below)" if worker.name in run.sidelined else ""))
+        for name, reason in sorted(run.sidelined.items()):
+            lines.append(f"  sidelined {name} hands this run's jobs back: {reason}")
+        for job_id, line in run.failures:
+            lines.append(f"  failed    {job_id}: {line}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _learner_line(run: RunStatus, now: float) -> str:
+    learner = run.learner
+    age = run.learner_age(now)
+    if age is None:
+        return "no heartbeat published yet"
+    timeout = learner.get("learner_timeout")
+    state = "alive" if timeout is None or age <= timeout else "GONE (past its learner_timeout: jobs stop)"
+    return (f"{state}, heartbeat {age:.1f} s ago; env steps {learner.get('env_steps', 0):,.0f}, "
+            f"{learner.get('steps_per_second_10s', 0):,.0f} steps/s (10 s), "
+            f"{learner.get('steps_per_second_60s', 0):,.0f} (60 s); policy version "
+            f"{learner.get('policy_version', 0):.0f}, lag {learner.get('lag_mean', 0):.1f} mean / "
+            f"{learner.get('lag_max', 0):.0f} max; queue {learner.get('queue_size', 0):.0f}/"
+            f"{learner.get('queue_bound', 0):.0f}; records rejected {learner.get('records_rejected', 0):.0f}")

@@ -1,0 +1,194 @@
+"""``rqrl train``: IMPALA (``rqrl train`` or ``rqrl train impala``), PPO (``rqrl train ppo``) and DQN
+(``rqrl train dqn``), each with its own flags and true defaults, built from the algorithm's config dataclass.
+``--resume RUN_DIR`` takes the run's recorded settings (config.json); flags given with it override them and
+say so, and the settings that shape the networks cannot change."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import typing
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    from rqrl.algorithms.common import TrainResult
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+INTERRUPTED_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
+"""Exit codes of a run cut short by a signal (128 + the signal's number, the shells' convention); a run ended
+by `rqrl stop` exits with 0, like one that ran to its end."""
+SUMMARY = {
+    "impala": "IMPALA (V-trace) on Maze-style distributed actors: the default of `rqrl train`.",
+    "ppo": "PPO on garage's sampler (MultiprocessingSampler over Redis).",
+    "dqn": "Rainbow-style DQN on the SEED trainer (central inference, transitions over Redis).",
+}
+
+
+def config_options(config_class: type[DataclassInstance]) -> Callable[[_Command], _Command]:
+    """Decorator adding one click option per dataclass field, with the field's help and default."""
+    hints = typing.get_type_hints(config_class)
+
+    def decorate(command: _Command) -> _Command:
+        for spec in reversed(dataclasses.fields(config_class)):
+            hint = hints[spec.name]
+            optional = type(None) in typing.get_args(hint)
+            base = next((arg for arg in typing.get_args(hint) if arg is not type(None)), hint)
+            flag = "--" + spec.name.replace("_", "-")
+            help_text = spec.metadata.get("help", "")
+            if base is bool:
+                option = click.option(f"{flag}/--no-{flag[2:]}", spec.name, default=spec.default, show_default=True,
+                                      help=help_text)
+            else:
+                option = click.option(flag, spec.name, type=base, default=spec.default, help=help_text,
+                                      show_default=not optional or spec.default is not None)
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def common_options(command: _Command) -> _Command:
+    """The flags every algorithm's command has besides its config's."""
+    command = click.option("--env", "env_alias", default=None, help="Alias of --env-id.")(command)
+    return click.option("--log-level", default="WARNING", show_default=True,
+                        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level.")(command)
+
+
+def _refuse_algo(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        raise click.UsageError(f"--algo is gone: the algorithm is a subcommand, `rqrl train {value} ...` (`rqrl train "
+                               f"{value} --help` lists its flags)", ctx)
+
+
+def given_options(ctx: click.Context, options: dict[str, Any]) -> set[str]:
+    """The options the user typed (or set by environment), not left at their defaults."""
+    return {name for name in options if ctx.get_parameter_source(name) not in (
+        click.core.ParameterSource.DEFAULT, None)}
+
+
+def config_class(algo: str) -> type[Any]:
+    from rqrl.algorithms import dqn, impala, ppo
+
+    return {"impala": impala.ImpalaConfig, "ppo": ppo.PpoConfig, "dqn": dqn.DqnConfig}[algo]
+
+
+def resume_options(chosen: str | None, options: dict[str, Any], given: set[str]) -> tuple[str, dict[str, Any]]:
+    """The algorithm and settings of a resumed run: its config.json, overridden by the flags given (each said on
+    stderr). UsageError for another algorithm, a flag the run's algorithm has not, or a network-shaping change."""
+    from rqrl.algorithms.common import FROZEN_ON_RESUME, NOT_RESUMED, recorded_settings
+    from rqrl.errors import ConfigError
+
+    resume = options["resume"]
+    try:
+        recorded = recorded_settings(resume)
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    algo = recorded["algo"]
+    if chosen is not None and chosen != algo:
+        raise click.UsageError(f"{resume} is a {algo} run: resume it with `rqrl train {algo} --resume {resume}`")
+    fields = {spec.name for spec in dataclasses.fields(config_class(algo))}
+    foreign = sorted(name for name in given if name not in fields)
+    if foreign:
+        flags = ", ".join("--" + name.replace("_", "-") for name in foreign)
+        raise click.UsageError(f"{flags}: no flag of {algo}, the algorithm of {resume}")
+    settings = {name: value for name, value in recorded.items() if name in fields and name not in NOT_RESUMED}
+    for name in sorted(given):
+        flag, before = "--" + name.replace("_", "-"), recorded.get(name)
+        if name in FROZEN_ON_RESUME[algo] and name in recorded and options[name] != before:
+            raise click.UsageError(f"{flag} cannot change when a run resumes (it shapes the networks in the "
+                                   f"checkpoint): {resume} was trained with {before!r}; leave {flag} out")
+        if name in settings and options[name] != before:
+            click.echo(f"resuming with {flag} {options[name]!r} (recorded: {before!r})", err=True)
+    settings.update({name: options[name] for name in given | {"resume"} if name in fields})
+    return algo, settings
+
+
+def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | None, log_level: str) -> None:
+    """Train ``chosen`` (None: IMPALA, or a resumed run's algorithm) with the command's options."""
+    from rqrl.algorithms import dqn, impala, ppo
+    from rqrl.cli.commands import redis_server_from_env, secret_from_env
+    from rqrl.engine.process import terminate_like_ctrl_c
+    from rqrl.errors import RqrlError
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)  # warnings as log records: they never break into the progress bar
+    given = given_options(click.get_current_context(), options)
+    if env_alias:
+        options["env_id"], given = env_alias, given | {"env_id"}
+    if options.get("resume"):
+        algo, settings = resume_options(chosen, options, given)
+    else:
+        algo, settings = chosen or "impala", options
+    if settings.get("redis_url") is None:
+        settings["redis_url"] = os.environ.get("REDIS_URL")
+    trainers: dict[str, Callable[..., TrainResult]] = {"impala": impala.train, "ppo": ppo.train, "dqn": dqn.train}
+    train = trainers[algo]
+    terminate_like_ctrl_c()  # `docker stop`, `docker compose stop` and Kubernetes send SIGTERM
+    try:
+        result = train(config_class(algo)(**settings), secret=secret_from_env(), redis_server=redis_server_from_env())
+    except RqrlError as error:
+        raise click.ClickException(str(error)) from error
+    report(result)
+
+
+def report(result: TrainResult) -> None:
+    """The run's last lines: how it ended, its figures, and its folder; signals' exit codes."""
+    state = ("solved" if result.solved else f"interrupted ({result.stopped_by})" if result.interrupted
+             else f"{result.budget} budget reached")
+    mean = f"{result.mean_return:.1f}" if result.mean_return is not None else "n/a"
+    click.echo(f"{state}: {result.env_steps:,} env steps, {result.updates:,} updates in {result.seconds:.1f} s "
+               f"({result.env_steps / max(result.seconds, 1e-9):,.0f} steps/s); mean return of the last 100 "
+               f"episodes {mean} over {result.episodes:,} episodes")
+    if result.bottleneck_detail:
+        click.echo(result.bottleneck_detail)
+    click.echo(f"run folder: {result.run_dir}")
+    if result.stopped_by in INTERRUPTED_EXIT_CODES:
+        raise SystemExit(INTERRUPTED_EXIT_CODES[result.stopped_by])
+
+
+def algorithm_command(algo: str) -> click.Command:
+    """``rqrl train ALGO``: the algorithm's own flags and defaults."""
+
+    @click.command(name=algo, help=f"{SUMMARY[algo]}\n\nWrites RUN_DIR/RUN_NAME (weights, checkpoint, metrics.csv, "
+                                   f"TensorBoard events, learning_curve.png). With --resume, the run's recorded "
+                                   f"settings are taken; flags given override them.")
+    @config_options(config_class(algo))
+    @common_options
+    def command(env_alias: str | None, log_level: str, **options: Any) -> None:
+        run_training(algo, options, env_alias, log_level)
+
+    return command
+
+
+def train_group() -> click.Group:
+    """``rqrl train``: IMPALA with its flags, or an algorithm's subcommand."""
+    from rqrl.algorithms.impala import ImpalaConfig
+
+    @click.group(name="train", cls=click.Group, invoke_without_command=True, help=(
+        "Train until the env is solved or the budget ends: IMPALA by default (the flags below), `rqrl train ppo` "
+        "or `rqrl train dqn` for the others (each with its own --help). `rqrl train --resume RUN_DIR` continues "
+        "any run with its recorded algorithm and settings."))
+    @config_options(ImpalaConfig)
+    @common_options
+    @click.option("--algo", hidden=True, expose_value=False, callback=_refuse_algo)
+    @click.pass_context
+    def group(ctx: click.Context, /, env_alias: str | None, log_level: str, **options: Any) -> None:
+        if ctx.invoked_subcommand is None:
+            run_training(None, options, env_alias, log_level)
+            return
+        typed = given_options(ctx, options) | ({"env"} if env_alias else set())
+        if typed:
+            flags = ", ".join("--" + name.replace("_", "-") for name in sorted(typed))
+            raise click.UsageError(f"{flags} before `{ctx.invoked_subcommand}`: an algorithm's flags go after its "
+                                   f"name, `rqrl train {ctx.invoked_subcommand} {flags.split(', ')[0]} ...`")
+
+    for algo in SUMMARY:
+        group.add_command(algorithm_command(algo))
+    return group

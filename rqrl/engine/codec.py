@@ -1,0 +1,255 @@
+"""Numbers <-> bytes without pickle (safetensors), and the cloudpickle blobs a run stores once.
+
+Trajectories and weights are safetensors buffers: a JSON header naming dtypes and shapes, then
+raw little-endian data. Decoding them can never execute code. Only the env factory and the
+policy architecture, which are code by nature, go through cloudpickle, signed with HMAC-SHA256
+under the run's shared secret and verified before they are unpickled.
+
+Records and weights are signed too (``sign(blob, key, RECORD_MAGIC)``), under keys derived from the
+secret and the run id (``records_key``, ``weights_key``): a Redis writer without the secret can
+neither forge a rollout nor publish weights, and a tag made for one run or purpose fits no other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+import numpy as np
+
+from rqrl.errors import RecordError, SignatureError
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_ID = 2**62
+"""Rollout ids and policy versions stay below this: they become int64 tensors, and no run gets near it."""
+_MAX_HEADER_BYTES = 1 << 24
+
+
+# safetensors dtype names <-> numpy dtypes (little-endian), for the arrays records carry
+_NUMPY_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "U8": np.dtype("<u1"), "I8": np.dtype("<i1"), "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"), "U32": np.dtype("<u4"), "I32": np.dtype("<i4"), "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4"), "F64": np.dtype("<f8"),
+}
+_SAFETENSORS_NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in _NUMPY_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class ArrayParts:
+    """An array given as the parts that, back to back, make it: ``shape`` overall, every part of one dtype.
+    Lets a writer lay out rows that live in separate arrays (one per actor) without stacking them first."""
+
+    shape: tuple[int, ...]
+    parts: Sequence[np.ndarray]
+
+
+def encode_arrays(arrays: Mapping[str, np.ndarray | ArrayParts], metadata: Mapping[str, str]) -> bytes:
+    """Serialize named numpy arrays (or ArrayParts) and string metadata into one safetensors buffer.
+
+    Written here rather than by ``safetensors.numpy.save``, which copies every array twice on the way
+    (to bytes, then into the buffer): a record's arrays are small and many, so the per-array overhead is
+    the cost. The layout is safetensors' own (8-byte header size, JSON header padded to 8 bytes, then the
+    arrays' little-endian bytes back to back), so any safetensors reader reads it."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    chunks: list[bytes | memoryview] = []
+    offset = 0
+    for name, value in arrays.items():
+        shape, parts = (value.shape, value.parts) if isinstance(value, ArrayParts) else (None, (value,))
+        dtype_name, size = None, 0
+        for part in parts:
+            array = np.asarray(part)
+            little = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+            part_dtype = _SAFETENSORS_NAMES.get(little)
+            if part_dtype is None or dtype_name not in (None, part_dtype):
+                raise TypeError(f"array {name!r} has dtype {array.dtype}, which safetensors cannot carry "
+                                f"(or its parts differ in dtype)")
+            dtype_name = part_dtype
+            if little is not array.dtype or not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array, dtype=little)
+            chunks.append(array.reshape(-1).view(np.uint8).data)  # a view of the array's bytes, copied once by join
+            size += array.nbytes
+            shape = array.shape if shape is None else shape
+        if dtype_name is None or shape is None or math.prod(shape) * _NUMPY_DTYPES[dtype_name].itemsize != size:
+            raise ValueError(f"array {name!r}: its parts hold {size} bytes, not shape {list(shape or ())}")
+        header[name] = {"dtype": dtype_name, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return b"".join([struct.pack("<Q", len(text)), text, *chunks])
+
+
+def _header(blob: bytes | memoryview) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors buffer and where its data starts; RecordError if malformed."""
+    if len(blob) < 8:
+        raise RecordError(f"expected a safetensors buffer, got {len(blob)} bytes")
+    (header_size,) = struct.unpack_from("<Q", blob)
+    if header_size > min(_MAX_HEADER_BYTES, len(blob) - 8):
+        raise RecordError(f"safetensors header of {header_size} bytes does not fit a {len(blob)}-byte buffer")
+    try:
+        header = json.loads(bytes(blob[8 : 8 + header_size]))
+    except ValueError as error:
+        raise RecordError(f"safetensors header is not JSON: {error}") from error
+    return header, 8 + header_size
+
+
+def read_metadata(blob: bytes | memoryview) -> dict[str, str]:
+    """Return the string metadata of a safetensors buffer without decoding its arrays."""
+    header, _ = _header(blob)
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return dict(metadata) if isinstance(metadata, dict) else {}
+
+
+def _whole(value: object) -> int:
+    """A JSON integer >= 0 (not a bool, float or string); ValueError otherwise."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"expected a whole number, got {value!r}")
+    return value
+
+
+def decode_arrays(blob: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Inverse of encode_arrays: read-only arrays that view ``blob`` (no copy); RecordError on anything
+    malformed. Checks what safetensors' own reader checks: known dtypes, sizes that match the shapes,
+    and data offsets that tile the data section exactly, with no gap, overlap or byte left over."""
+    header, start = _header(blob)
+    if not isinstance(header, dict):
+        raise RecordError("safetensors header is not a JSON object")
+    metadata = header.pop("__metadata__", None)
+    entries = []
+    for name, entry in header.items():
+        try:
+            dtype = _NUMPY_DTYPES[entry["dtype"]]
+            shape = tuple(_whole(size) for size in entry["shape"])
+            begin, end = (_whole(offset) for offset in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise RecordError(f"safetensors entry {name!r} is malformed: {entry!r}") from error
+        count = math.prod(shape)
+        if end - begin != count * dtype.itemsize:
+            raise RecordError(f"safetensors entry {name!r}: shape {list(shape)} of {entry['dtype']} does not fit "
+                              f"offsets [{begin}, {end})")
+        entries.append((begin, end, name, dtype, shape, count))
+    entries.sort(key=lambda item: (item[0], item[1]))
+    position = 0
+    for begin, end, name, *_ in entries:
+        if begin != position:
+            raise RecordError(f"safetensors entry {name!r} starts at {begin}, expected {position}")
+        position = end
+    if start + position != len(blob):
+        raise RecordError(f"safetensors data is {len(blob) - start} bytes, its entries cover {position}")
+    arrays = {name: np.frombuffer(blob, dtype, count, start + begin).reshape(shape)
+              for begin, _, name, dtype, shape, count in entries}
+    return arrays, dict(metadata) if isinstance(metadata, dict) else {}
+
+
+def encode_state_dict(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> bytes:
+    """Serialize a torch state dict (any dtype, any device) into a safetensors buffer."""
+    import safetensors.torch  # here, not at the top: what reads records or run state needs no torch
+    import torch
+
+    tensors = {}
+    for name, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"state dict entry {name!r} is a {type(value).__name__}, expected a torch.Tensor")
+        # clone so tied weights (shared storage) serialize as independent tensors
+        tensors[name] = value.detach().to("cpu").contiguous().clone()
+    if not tensors:  # safetensors 0.4.0 writes an empty dict with metadata as invalid JSON ('{},"__metadata__"...')
+        return encode_arrays({}, metadata)
+    return safetensors.torch.save(tensors, metadata=dict(metadata))
+
+
+def decode_state_dict(blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Inverse of encode_state_dict; never calls a pickle-based loader."""
+    import safetensors.torch
+
+    metadata = read_metadata(blob)
+    try:
+        tensors = safetensors.torch.load(blob)
+    except Exception as error:
+        raise RecordError(f"cannot decode weights buffer: {error}") from error
+    return tensors, metadata
+
+
+_SIGNATURE_MAGIC = b"RQRLSIG1"  # signed pickles (env factory, policy), under the secret itself
+RECORD_MAGIC = b"RQRLREC1"  # rollout records, under records_key(secret, run_id)
+WEIGHTS_MAGIC = b"RQRLWTS1"  # weights blobs, under weights_key(secret, run_id)
+_DIGEST_SIZE = hashlib.sha256().digest_size
+TAG_SIZE = len(_SIGNATURE_MAGIC) + _DIGEST_SIZE
+"""Bytes a signed blob adds in front of its payload: the magic, then the HMAC-SHA256 digest."""
+
+
+SECRET_VARIABLE = "RQRL_SECRET"
+"""The environment variable that holds the shared secret (never a flag: flags show in `ps`)."""
+
+
+def secret_from_environment() -> str | None:
+    """The shared secret RQRL_SECRET holds, or None if it is unset or empty."""
+    return os.environ.get(SECRET_VARIABLE) or None
+
+
+def secret_bytes(secret: str | bytes) -> bytes:
+    return secret.encode() if isinstance(secret, str) else bytes(secret)
+
+
+def derive_key(secret: str | bytes, purpose: str, run_id: str) -> bytes:
+    """``HMAC-SHA256(secret, b"rqrl-{purpose}:" + run_id)``: one key per use and run, so a tag made for one
+    (a record, a weights blob, a run) never verifies as another."""
+    return hmac.new(secret_bytes(secret), f"rqrl-{purpose}:{run_id}".encode(), hashlib.sha256).digest()
+
+
+def records_key(secret: str | bytes, run_id: str) -> bytes:
+    """The key workers tag their rollout records with and the learner checks them against."""
+    return derive_key(secret, "records", run_id)
+
+
+def weights_key(secret: str | bytes, run_id: str) -> bytes:
+    """The key the learner tags the weights it publishes with and workers check them against."""
+    return derive_key(secret, "weights", run_id)
+
+
+def sign(payload: bytes, secret: str | bytes, magic: bytes = _SIGNATURE_MAGIC) -> bytes:
+    """``magic + HMAC-SHA256(secret, payload) + payload``."""
+    digest = hmac.new(secret_bytes(secret), payload, hashlib.sha256).digest()
+    return magic + digest + payload
+
+
+def verify(signed: bytes, secret: str | bytes, magic: bytes = _SIGNATURE_MAGIC) -> bytes:
+    """The payload of a signed blob; SignatureError if it is unsigned, tampered or signed with another secret
+    (or another run's key). Checks the digest before anything reads the payload."""
+    return bytes(verified_view(signed, secret, magic))
+
+
+def verified_view(signed: bytes, secret: str | bytes, magic: bytes = _SIGNATURE_MAGIC) -> memoryview:
+    """verify without copying the payload: a view into ``signed`` (records are decoded straight from it)."""
+    if len(signed) < TAG_SIZE or not signed.startswith(magic):
+        raise SignatureError(
+            f"refusing an unsigned payload (it does not start with {magic.decode()}): only data signed with "
+            f"RQRL_SECRET is trusted"
+        )
+    view = memoryview(signed)
+    digest, payload = signed[len(magic) : TAG_SIZE], view[TAG_SIZE:]
+    expected = hmac.new(secret_bytes(secret), payload, hashlib.sha256).digest()
+    if not hmac.compare_digest(digest, expected):
+        raise SignatureError(
+            "refusing a payload whose signature does not match: it was tampered with, forged, or the learner and "
+            "this worker use different RQRL_SECRET values"
+        )
+    return payload
+
+
+def dumps_object(obj: Any, secret: str | bytes) -> bytes:
+    """Cloudpickle a code-bearing object (env factory, policy architecture) and sign it."""
+    return sign(cloudpickle.dumps(obj), secret)
+
+
+def loads_object(blob: bytes, secret: str | bytes) -> Any:
+    """Unpickle what dumps_object wrote, after checking its signature (never before)."""
+    return cloudpickle.loads(verify(blob, secret))

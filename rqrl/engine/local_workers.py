@@ -1,0 +1,88 @@
+"""What a learner runs on its own machine: an embedded Redis (when it names none) and worker
+processes, stopped by stop(), and by a last-resort finalizer if the learner forgets to."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.process
+import os
+import uuid
+import weakref
+
+from rqrl.engine.process import ProcessContext, process_context, stop_processes
+from rqrl.engine.server import EmbeddedRedis
+from rqrl.engine.worker import run_worker
+from rqrl.errors import NoWorkersError
+
+
+def multiprocessing_context(start_method: str | None) -> ProcessContext:
+    """Maze's choice: the given method (ConfigError if this platform has no such method); None: forkserver where
+    available, else spawn."""
+    if start_method is None:
+        start_method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    method = start_method
+    context = process_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(["rqrl.engine.worker"])
+    return context
+
+
+class LocalWorkers:
+    """An optional embedded Redis and the worker processes a learner started; they cannot outlive it."""
+
+    def __init__(self, start_method: str | None = None, redis_server: str | None = None):
+        self.start_method = start_method
+        self.redis_server = redis_server
+        self.server: EmbeddedRedis | None = None
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+        self._servers: list[EmbeddedRedis] = []  # what the finalizer stops: it must not hold self
+        self._finalizer = weakref.finalize(self, _emergency_cleanup, self.processes, self._servers)
+
+    def start_redis(self) -> str:
+        """Start the embedded Redis; returns its URL."""
+        self.server = EmbeddedRedis(self.redis_server).start()
+        self._servers.append(self.server)
+        return self.server.url
+
+    def start_workers(self, count: int, redis_url: str, queue_name: str, label: str, secret: str | bytes) -> None:
+        """Start ``count`` worker processes on ``queue_name``; they die with this process."""
+        context = multiprocessing_context(self.start_method)
+        for index in range(count):
+            process = context.Process(
+                target=run_worker,
+                kwargs={"redis_url": redis_url, "queue_names": [queue_name],
+                        "name": f"rqrl.{label}.local{index}.{uuid.uuid4().hex[:4]}",
+                        "parent_pid": os.getpid(), "secret": secret},
+                name=f"rqrl-worker-{index}",
+                daemon=False,
+            )
+            process.start()
+            self.processes.append(process)
+
+    def raise_if_all_died(self) -> None:
+        """NoWorkersError if every local worker exited, with their exit codes."""
+        if self.processes and all(not process.is_alive() for process in self.processes):
+            codes = sorted({process.exitcode for process in self.processes}, key=str)
+            raise NoWorkersError(
+                f"all {len(self.processes)} local worker processes exited (exit codes {codes}); their stderr "
+                f"says why (with start_method 'spawn' or 'forkserver', guard your script's entry point with "
+                f"'if __name__ == \"__main__\":')"
+            )
+
+    def stop_workers(self, timeout: float) -> None:
+        """SIGTERM the workers (RQ's warm shutdown), SIGKILL what is left after ``timeout``."""
+        stop_processes(self.processes, timeout)
+        self.processes.clear()
+
+    def stop_redis(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self._servers.remove(self.server)
+            self.server = None
+
+
+def _emergency_cleanup(processes: list[multiprocessing.process.BaseProcess], servers: list[EmbeddedRedis]) -> None:
+    """Last resort when a run is garbage-collected or the interpreter exits without stop()."""
+    stop_processes(processes, 5.0)
+    for server in servers:
+        server.stop()

@@ -1,0 +1,142 @@
+"""A run's life in Redis: its config and signed env factory and policy stored at start, adopted by a
+resuming learner, stored again after a Redis restart lost them, and every trace removed at stop.
+
+Workers read what is stored here (``rqrl.maze.jobs.load_context``); the learner-side APIs (actors,
+samplers) own one RunStore each and know nothing of the keys it writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.job import Job
+
+from rqrl.engine.codec import dumps_object
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.leases import group_is_leased, set_progress
+from rqrl.engine.rq_safety import started_registry
+from rqrl.engine.run_config import RunConfig
+from rqrl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RESUME_FIELDS = ("n_rollout_steps", "n_actors", "queue_name", "actor_groups", "actor_env_seeds", "actor_agent_seeds")
+"""What a resuming learner must give as the run was started with: what workers' jobs depend on."""
+
+
+class RunStore:
+    """One run's keys in one Redis; ``secret`` signs the pickled env factory and policy."""
+
+    def __init__(self, connection: redis.Redis, keys: RunKeys, secret: str | bytes):
+        self.connection, self.keys, self.secret = connection, keys, secret
+
+    def open(self, config: RunConfig, env_factory: Any, policy: Any, resume: bool) -> tuple[RunConfig, bool]:
+        """Store a new run, or adopt the one stored under its name if ``resume``; returns the config in
+        effect (an adopted run keeps its run id, so its queued records stay readable) and whether it is new."""
+        existing = self.connection.get(self.keys.config)
+        if existing is None:
+            self.write(config, env_factory, policy)
+            return config, True
+        if not resume:
+            raise ConfigError(
+                f"run {self.keys.run_name!r} already exists in this Redis; pick another run_name, stop that run "
+                f"(its keys start with 'rqrl:{self.keys.run_name}:'), or pass resume=True to take it over"
+            )
+        adopted = adopt(RunConfig.from_json(existing), config)
+        self.connection.delete(self.keys.stopped)
+        log.info("resumed run %s (run id %s) from Redis", self.keys.run_name, adopted.run_id)
+        return adopted, False
+
+    def exists(self) -> bool:
+        """Whether Redis still holds the run (a restart without persistence loses it)."""
+        return bool(self.connection.exists(self.keys.config))
+
+    def check_in(self, learner_timeout: float, facts: Mapping[str, float] | None = None) -> tuple[bool, bool]:
+        """The learner's heartbeat: move its deadline ``learner_timeout`` seconds on (past it, jobs stop) and
+        publish ``facts`` (for ``rqrl status``); returns whether Redis still holds the run and whether it was
+        stopped (``rqrl stop``), in one round trip."""
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.learner_deadline, f"{time.time() + learner_timeout:.3f}")
+            if facts:
+                pipe.hset(self.keys.learner, mapping={name: repr(float(value)) for name, value in facts.items()})
+            pipe.exists(self.keys.config)
+            pipe.exists(self.keys.stopped)
+            *_, exists, stopped = pipe.execute()
+        return bool(exists), bool(stopped)
+
+    def write(self, config: RunConfig, env_factory: Any, policy: Any) -> None:
+        """Store the config and the signed env factory and policy in one transaction."""
+        try:
+            env_factory_blob = dumps_object(env_factory, self.secret)
+            policy_blob = dumps_object(policy, self.secret)
+        except Exception as error:
+            raise ConfigError(
+                f"cannot pickle the env factory or policy ({type(error).__name__}: {error}); define them at "
+                f"module level or as closures over picklable values"
+            ) from error
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.env_factory, env_factory_blob)
+            pipe.set(self.keys.policy, policy_blob)
+            pipe.set(self.keys.config, config.to_json())
+            pipe.execute()
+
+    def restore(self, config: RunConfig, env_factory: Any, policy: Any, progress: Mapping[int, int]) -> None:
+        """Store the run again after Redis lost it, with each group's next rollout id, so re-runs carry
+        on where the learner's delivered rollouts end; the out-of-sync queue's indices restart at 0."""
+        log.warning("the keys of run %s vanished from Redis (a restart without persistence?): storing the run "
+                    "again; rollouts that were queued in Redis are lost", self.keys.run_name)
+        self.write(config, env_factory, policy)
+        with self.connection.pipeline(transaction=False) as pipe:
+            for group_id, next_rollout_id in progress.items():
+                set_progress(pipe, self.keys, group_id, next_rollout_id)
+            # a pop in the moment before this check may have made the list afresh: indices restart at 0
+            pipe.delete(self.keys.unacknowledged, self.keys.acknowledged)
+            pipe.execute()
+
+    def stop(self, queue: Queue, timeout: float) -> None:
+        """Tell jobs to stop, wait up to ``timeout`` for running ones, then delete the run's queued jobs and
+        every key of the run. Its failed jobs stay in RQ's failed registry, with their tracebacks, for
+        rq-dashboard and ``rq`` to show until their failure_ttl (a day) ends."""
+        connection = self.connection
+        connection.set(self.keys.stopped, 1)
+        deadline = time.monotonic() + timeout
+        started = started_registry(queue.name, connection)
+        while time.monotonic() < deadline:
+            self._remove_queued_jobs(queue)
+            # jobs whose lease expired died with their worker: nothing to wait for
+            # a started job whose group holds a lease is still running: the lease may already name the
+            # continuation it is enqueueing (leases are handed over before the enqueue)
+            running = [job_id for job_id in started.get_job_ids() if (group_id := self.keys.group_of_job(job_id))
+                       is not None and group_is_leased(connection, self.keys, group_id)]
+            if not running:
+                break
+            time.sleep(0.05)
+        else:
+            log.warning("jobs of run %s still running after %.0f s; deleting its keys anyway", self.keys.run_name,
+                        timeout)
+        self._remove_queued_jobs(queue)
+        keys = list(connection.scan_iter(match=self.keys.pattern, count=1000))
+        if keys:
+            connection.delete(*keys)
+
+    def _remove_queued_jobs(self, queue: Queue) -> None:
+        for job_id in queue.get_job_ids():
+            if job_id.startswith(self.keys.job_id_prefix):
+                queue.remove(job_id)
+                self.connection.delete(Job.key_for(job_id))
+
+
+def adopt(existing: RunConfig, requested: RunConfig, fields: tuple[str, ...] = RESUME_FIELDS) -> RunConfig:
+    """``existing`` if it agrees with ``requested`` on ``fields``, else ConfigError naming the differences."""
+    different = [name for name in fields if getattr(existing, name) != getattr(requested, name)]
+    if different:
+        raise ConfigError(
+            f"cannot resume run {existing.run_name!r}: its {different} differ from these arguments; resume with "
+            f"the settings it was started with, or start a new run_name"
+        )
+    return existing

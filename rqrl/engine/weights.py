@@ -1,0 +1,199 @@
+"""Versioned policy weights in Redis: write-once blobs per version plus a ``latest`` pointer.
+
+Publishing writes ``weights:{v}`` (no TTL) and moves ``weights:latest`` to ``v`` in one
+MULTI/EXEC, and lets the previous version expire a few seconds later (readers never need it: they
+fetch version and blob in one Lua call, so a read is never torn). Workers fetch the blob only when
+the version moved. Memory stays at about one blob per broadcast in the last ``ttl_seconds``.
+
+Each blob is signed with HMAC-SHA256 under the run's weights key (``rqrl.engine.codec.weights_key``) and
+names its version inside the signed part. Workers load only a blob that verifies, names the version
+the pointer gives and is newer than the one they hold; anything else (forged weights, a forged or
+rolled-back pointer, a missing blob) is refused and logged, and they keep the weights they have.
+The learner counts its versions on from the newest one it can verify, never from the pointer alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+import torch
+
+from rqrl.engine.codec import MAX_ID, WEIGHTS_MAGIC, decode_state_dict, encode_state_dict, read_metadata, sign, verify
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.sent_commands import SentCommands
+from rqrl.errors import RecordError, SignatureError
+
+log = logging.getLogger(__name__)
+
+LOG_INTERVAL_SECONDS = 5.0
+"""At most one refused-weights warning per this many seconds and process."""
+_last_log = {"at": -float("inf"), "unlogged": 0}
+
+# KEYS[1] = latest pointer; ARGV[1] = weights key prefix, ARGV[2] = version the caller holds
+_FETCH_IF_NEWER = """
+local version = redis.call('GET', KEYS[1])
+if not version then return {} end
+if version == ARGV[2] then return {version} end
+return {version, redis.call('GET', ARGV[1] .. version)}
+"""
+
+
+class WeightStore:
+    """Publish (learner) and fetch (workers) the weights of one run; ``key`` is its weights key."""
+
+    def __init__(self, connection: redis.Redis, keys: RunKeys, key: bytes, ttl_seconds: int = 10):
+        self.connection = connection
+        self.keys = keys
+        self.key = key
+        self.ttl_seconds = ttl_seconds
+        self._fetch = connection.register_script(_FETCH_IF_NEWER)
+        self._published: int | None = None
+        self.refused = 0  # blobs or pointers fetch_if_newer refused
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        """Store a new version and make it the latest; returns its number (1, 2, ...).
+
+        One learner publishes per run; it counts on from last_published().
+        """
+        previous = self.last_published()
+        version = previous + 1
+        blob = sign(encode_state_dict(state_dict, {"version": str(version)}), self.key, WEIGHTS_MAGIC)
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.weights(version), blob)
+            pipe.set(self.keys.latest_version, version)
+            if previous:
+                pipe.expire(self.keys.weights(previous), self.ttl_seconds)
+            pipe.execute()
+        self._published = version
+        return version
+
+    def last_published(self) -> int:
+        """The newest version this run published (0: none): what this store published, else the newest version
+        in Redis whose blob verifies (read once). A forged ``latest`` pointer is never counted on from."""
+        if self._published is None:
+            self._published = self.latest_version() or self._newest_verified_blob()
+        return self._published
+
+    def latest_version(self) -> int | None:
+        """The version the ``latest`` pointer names, if its blob verifies under this run's key and names it too."""
+        pointer = self.connection.get(self.keys.latest_version)
+        version = _parse_version(pointer) if isinstance(pointer, bytes) else None
+        if version is None:
+            return None
+        blob = self.connection.get(self.keys.weights(version))
+        return version if isinstance(blob, bytes) and self._verifies(blob, version) else None
+
+    def _newest_verified_blob(self) -> int:
+        """The highest version among the run's weights blobs that verify (0: none); the pointer did not verify."""
+        newest = 0
+        for name in self.connection.scan_iter(match=self.keys.weights_prefix + "*", count=1000):
+            version = _parse_version(name.decode(errors="replace")[len(self.keys.weights_prefix):])
+            if version is not None and version > newest:
+                blob = self.connection.get(name)
+                if isinstance(blob, bytes) and self._verifies(blob, version):
+                    newest = version
+        if newest:
+            log.warning("run %s: the latest weights pointer does not name a verified blob; counting on from "
+                        "version %d, the newest verified one", self.keys.run_name, newest)
+        return newest
+
+    def fetch_if_newer(self, held_version: int | None) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """``(version, state_dict)`` if a verified version newer than ``held_version`` is latest, else None
+        (nothing new, or refused and logged: never raises for what Redis holds)."""
+        held = -1 if held_version is None else held_version
+        reply = self._fetch(keys=[self.keys.latest_version], args=[self.keys.weights_prefix, held])
+        return self.from_reply(reply, held)
+
+    def send_fetch(self, held_version: int | None) -> SentFetch:
+        """Send ``fetch_if_newer``'s query without waiting for the reply: a worker sends it once a rollout is
+        stepped and reads it (``SentFetch.result``) once its push is on its way: the check costs no idle round
+        trip."""
+        held = -1 if held_version is None else held_version
+        sent = SentCommands.send(self.connection, [("EVAL", _FETCH_IF_NEWER, 1, self.keys.latest_version,
+                                                    self.keys.weights_prefix, held)])
+        return SentFetch(self, held_version, sent)
+
+    def from_reply(self, reply: list[Any], held: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The weights of a fetch script's ``reply`` (as ``fetch_if_newer`` or a ``SentFetch`` got it) if they verify
+        and are newer than ``held``, else None (refused and logged)."""
+        if len(reply) < 2:
+            return None
+        version, blob = _parse_version(reply[0]), reply[1]
+        try:
+            if version is None:
+                raise RecordError(f"the latest weights pointer {reply[0]!r:.40} is not a version number")
+            if version <= held:
+                raise RecordError(f"the latest weights pointer went back from version {held} to {version}")
+            if blob is None:
+                raise RecordError(f"weights version {version} is latest but its blob is missing")
+            state_dict, _ = decode_state_dict(self._payload(blob, version))
+        except (SignatureError, RecordError) as error:
+            self._refuse(str(error))
+            return None
+        return version, state_dict
+
+    def _payload(self, blob: bytes, version: int) -> bytes:
+        """The safetensors buffer of a blob signed under this run's key that names ``version``; SignatureError
+        or RecordError otherwise (a signed blob of another version is a replay)."""
+        try:
+            payload = verify(blob, self.key, WEIGHTS_MAGIC)
+        except SignatureError as error:
+            raise SignatureError(f"weights version {version}: {error}") from error
+        named = read_metadata(payload).get("version")
+        if named != str(version):
+            raise RecordError(f"weights blob says version {named!r}, pointer says {version}")
+        return payload
+
+    def _verifies(self, blob: bytes, version: int) -> bool:
+        try:
+            self._payload(blob, version)
+        except (SignatureError, RecordError):
+            return False
+        return True
+
+    def _refuse(self, reason: str) -> None:
+        """Count and log (at most every LOG_INTERVAL_SECONDS) a refusal; the caller keeps its weights."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - _last_log["at"] < LOG_INTERVAL_SECONDS:
+            _last_log["unlogged"] += 1
+            return
+        more = f" ({_last_log['unlogged']} more refused since the last message)" if _last_log["unlogged"] else ""
+        _last_log["at"], _last_log["unlogged"] = now, 0
+        log.warning("run %s: refusing weights from Redis, keeping the ones held: %s%s", self.keys.run_name, reason,
+                    more)
+
+
+class SentFetch:
+    """A weights check sent ahead (``WeightStore.send_fetch``); ``result`` reads its reply."""
+
+    def __init__(self, store: WeightStore, held_version: int | None, sent: SentCommands | None):
+        self.store, self.held_version, self._sent = store, held_version, sent
+
+    def result(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """What ``fetch_if_newer(held_version)`` gives; asked again the waiting way if the reply was lost or
+        was an error (a script cache flushed under it, say)."""
+        replies = None if self._sent is None else self._sent.read(1)
+        self._sent = None
+        if replies is None or not isinstance(replies[0], list):
+            return self.store.fetch_if_newer(self.held_version)
+        return self.store.from_reply(replies[0], -1 if self.held_version is None else self.held_version)
+
+    def abandon(self) -> None:
+        """Close the connection without reading the reply."""
+        if self._sent is not None:
+            self._sent.abandon()
+            self._sent = None
+
+
+def _parse_version(value: bytes | str) -> int | None:
+    """A version number from Redis: a decimal in [1, 2**62), else None."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        return None
+    version = int(text)
+    return version if 1 <= version < MAX_ID else None

@@ -1,0 +1,365 @@
+"""Central batched inference over Redis: actor threads ask for one observation each, servers answer in batches.
+
+The threads of one actor process share an ``ActorInference``: their observations travel together, one request
+per round trip, and the answer is split back among them (a request goes out once every member thread is
+waiting, ``inference_batchsize`` observations are pending, or the oldest has waited ``inference_delay``,
+counted from the end of the last round trip if one was in flight). Requests are signed and go onto one
+shared list (``seed:requests``); each client waits on a reply list of its own. Each server pops requests,
+then more (polling every DELAY_POLL_SECONDS) until it holds ``inference_batchsize`` observations or
+``inference_delay`` seconds have passed since the first, runs forward passes of up to
+``inference_batchsize`` observations on ``inference_device`` and pushes each answer to its client. Servers
+share the list, so a request goes to whichever server is free, and a client whose server died re-sends
+after ``request_timeout`` to any live one (a stale answer that arrives later is told apart by its request id
+and dropped). Servers load weights from the run's WeightStore before their first batch and look for a newer
+version every ``broadcast_period``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rqrl.engine.codec import weights_key
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.weights import WeightStore
+from rqrl.errors import RecordError, RunStoppedError, SignatureError
+from rqrl.seed.store import SeedRun, seal, unseal
+
+log = logging.getLogger(__name__)
+
+REPLY_TTL_SECONDS = 60
+"""A reply list nobody reads (its client died) expires after this long."""
+DELAY_POLL_SECONDS = 0.0005
+"""How often a server looks for more requests while a batch waits out its delay."""
+IDLE_POLL_SECONDS = 0.5
+"""How long a server blocks for a first request before it looks at the stop flag and weights again."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Q-values ``(A,)`` for one observation, with what produced them."""
+
+    q_values: np.ndarray
+    version: int
+    batch_size: int
+    reason: str  # "full" or "delay"
+    server: str
+
+
+class InferenceClient:
+    """A connection to the inference servers with one request in flight at a time (not thread-safe: an actor
+    process's threads share one through ActorInference)."""
+
+    def __init__(self, run: SeedRun, client_id: str, timeout: float, stopped: Callable[[], bool] | None = None):
+        self.run, self.client_id, self.timeout = run, client_id, timeout
+        self.stopped = stopped or run.stopped
+        self.reply_key = run.keys.seed(f"reply:{client_id}")
+        self._ids = itertools.count()
+        self.requests = 0  # requests sent (each once, however often re-sent)
+        self.resent = 0  # requests sent again after request_timeout
+
+    def evaluate(self, obs: np.ndarray) -> Answer:
+        """The Q-values of ``obs``; blocks until a server answers, re-sending every ``timeout`` s; RunStoppedError
+        once the run is stopped."""
+        return self.evaluate_batch(np.asarray(obs, np.float32)[None])[0]
+
+    def evaluate_batch(self, observations: np.ndarray) -> list[Answer]:
+        """The Q-values of each row of ``observations`` ``(B, *obs_shape)``, asked in one request; as ``evaluate``."""
+        request_id = f"{next(self._ids)}"
+        self.requests += 1
+        blob = seal({"obs": np.asarray(observations, np.float32)}, {"reply": self.reply_key, "id": request_id},
+                    self.run.message_key)
+        connection = self.run.connection
+        while True:
+            connection.rpush(self.run.keys.seed("requests"), blob)
+            deadline = time.monotonic() + self.timeout
+            while (remaining := deadline - time.monotonic()) > 0:
+                popped = connection.blpop([self.reply_key], timeout=max(0.01, min(remaining, IDLE_POLL_SECONDS)))
+                if popped is None:
+                    if self.stopped():
+                        raise RunStoppedError(f"run {self.run.keys.run_name} stopped while {self.client_id} waited "
+                                              f"for inference")
+                    continue
+                arrays, metadata = unseal(_as_bytes(popped[1]), self.run.message_key)
+                if metadata.get("id") != request_id:
+                    continue  # the answer to a request re-sent earlier
+                if len(arrays["q"]) != len(observations) or len(arrays["batch_size"]) != len(observations):
+                    raise RecordError(f"{metadata['server']} answered {len(arrays['q'])} Q-value rows for "
+                                      f"{len(observations)} observations; are actors and servers the same rqrl "
+                                      f"version?")
+                version, reason, server = int(metadata["version"]), metadata["reason"], metadata["server"]
+                return [Answer(q_values, version, int(batch_size), reason, server)
+                        for q_values, batch_size in zip(arrays["q"], arrays["batch_size"], strict=True)]
+            self.resent += 1
+            log.info("%s: no answer within %.1f s, sending request %s again", self.client_id, self.timeout,
+                     request_id)
+
+
+@dataclass
+class _Pending:
+    """One thread's observation waiting in an ActorInference."""
+
+    obs: np.ndarray
+    since: float = field(default_factory=time.monotonic)
+    answer: Answer | None = None
+    error: BaseException | None = None
+
+
+class ActorInference:
+    """The inference client of an actor process's threads: their observations go out together, one request per
+    round trip (a Redis round trip and a signature per thread and step would cap a process at a few thousand
+    steps/s). Whichever waiting thread finds no request in flight sends all pending observations, once every
+    member thread waits, ``batch_size`` are pending or the oldest has waited ``delay`` s (counted from the end
+    of the last round trip if one was in flight), then hands each thread its answer; an error (RunStoppedError,
+    a Redis outage) reaches every thread whose observation was in it."""
+
+    def __init__(self, client: InferenceClient, batch_size: int, delay: float):
+        self.client, self.batch_size, self.delay = client, batch_size, delay
+        self._condition = threading.Condition()
+        self._pending: list[_Pending] = []
+        self._members = 0
+        self._in_flight = False
+        self._free_since = time.monotonic()  # when the last request in flight came back
+
+    @contextmanager
+    def member(self) -> Iterator[ActorInference]:
+        """A thread that asks for inference while inside: a request waits for all members, or ``delay``."""
+        with self._condition:
+            self._members += 1
+        try:
+            yield self
+        finally:
+            with self._condition:
+                self._members -= 1
+                self._condition.notify_all()
+
+    def evaluate(self, obs: np.ndarray) -> Answer:
+        """The Q-values of ``obs``, asked together with the other threads' observations."""
+        waiting = _Pending(np.asarray(obs, np.float32))
+        with self._condition:
+            self._pending.append(waiting)
+        while (batch := self._lead_or_wait(waiting)) is not None:
+            try:
+                self._round_trip(batch)
+            finally:
+                self._finish(batch)
+        if waiting.error is not None:
+            raise waiting.error
+        assert waiting.answer is not None
+        return waiting.answer
+
+    def _lead_or_wait(self, waiting: _Pending) -> list[_Pending] | None:
+        """Wait until ``waiting`` has its answer or error (None), or until this thread is to send the pending
+        observations (returned; the caller must ``_finish`` them)."""
+        with self._condition:
+            while waiting.answer is None and waiting.error is None:
+                if not self._in_flight and self._ready():
+                    batch, self._pending, self._in_flight = self._pending, [], True
+                    return batch
+                # while a request is in flight only its end (notify_all) can make this thread's turn
+                self._condition.wait(None if self._in_flight else self._until_ready())
+            return None
+
+    def _finish(self, batch: list[_Pending]) -> None:
+        """End a round trip: no observation of it is left without an answer or error, and the waiters wake."""
+        with self._condition:
+            for waiting in batch:
+                if waiting.answer is None and waiting.error is None:
+                    waiting.error = RunStoppedError("the thread asking for this observation's Q-values stopped "
+                                                    "before the answer came")
+            self._in_flight, self._free_since = False, time.monotonic()
+            self._condition.notify_all()
+
+    def _ready(self) -> bool:
+        return bool(self._pending) and (len(self._pending) >= min(self.batch_size, max(1, self._members))
+                                        or time.monotonic() >= self._send_by())
+
+    def _send_by(self) -> float:
+        """When the pending observations go whoever is missing: ``delay`` after the oldest came, or after the last
+        request came back if it came while one was in flight (so the threads answered by it can join in)."""
+        return max(self._pending[0].since, self._free_since) + self.delay
+
+    def _until_ready(self) -> float | None:
+        """Seconds until the pending observations go by the delay (None: nothing pending)."""
+        if not self._pending:
+            return None
+        return max(0.0, self._send_by() - time.monotonic()) + 1e-4
+
+    def _round_trip(self, batch: list[_Pending]) -> None:
+        try:
+            answers = self.client.evaluate_batch(np.stack([waiting.obs for waiting in batch]))
+            for waiting, answer in zip(batch, answers, strict=True):
+                waiting.answer = answer
+        except Exception as error:  # each waiting thread raises it
+            for waiting in batch:
+                waiting.error = error
+
+
+class InferenceServer:
+    """Answers requests in batches with ``model`` (a QModel or any module mapping ``(B, *obs)`` to ``(B, A)``)."""
+
+    def __init__(self, run: SeedRun, model: nn.Module, server_id: str, batch_size: int, delay: float,
+                 device: torch.device | str = "cpu", broadcast_period: float = 2.5):
+        self.run, self.server_id = run, server_id
+        self.batch_size, self.delay, self.broadcast_period = batch_size, delay, broadcast_period
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.weights = WeightStore(run.connection, run.keys, weights_key(run.secret, run.keys.run_name))
+        self.version: int | None = None
+        self.batches = {"full": 0, "delay": 0}
+
+    def load_weights(self) -> bool:
+        """Load the newest weights if they moved; True if it loaded some."""
+        fetched = self.weights.fetch_if_newer(self.version)
+        if fetched is None:
+            return False
+        version, state_dict = fetched
+        self.model.load_state_dict(state_dict)
+        self.version = version
+        log.debug("%s: weights version %d", self.server_id, version)
+        return True
+
+    def run_forever(self, stop: threading.Event | None = None, tick: Callable[[], None] | None = None) -> None:
+        """Serve until ``stop`` is set or the run is stopped; loads weights before the first batch. ``tick()`` runs
+        between batches in this thread (a job's heartbeat)."""
+        stop = stop or threading.Event()
+        checked = {"at": -float("inf"), "stopped": False}
+
+        def stopping() -> bool:  # the run's flag costs a round trip: looked at every IDLE_POLL_SECONDS at most
+            if not checked["stopped"] and time.monotonic() - checked["at"] >= IDLE_POLL_SECONDS:
+                checked["at"], checked["stopped"] = time.monotonic(), self.run.stopped()
+            return stop.is_set() or bool(checked["stopped"])
+
+        while self.version is None:
+            if stopping():
+                return
+            if tick is not None:
+                tick()
+            if not self.load_weights():
+                time.sleep(0.05)
+        next_weights = time.monotonic() + self.broadcast_period
+        while not stopping():
+            if time.monotonic() >= next_weights:
+                self.load_weights()
+                next_weights = time.monotonic() + self.broadcast_period
+            self.serve_once(IDLE_POLL_SECONDS)
+            if tick is not None:
+                tick()
+
+    def serve_once(self, wait: float) -> int:
+        """Wait up to ``wait`` s for a request, add those that come within ``delay`` until ``batch_size``
+        observations are held, answer them all; returns how many observations it answered (0: nothing came)."""
+        connection, requests_key = self.run.connection, self.run.keys.seed("requests")
+        first = connection.blpop([requests_key], timeout=wait)
+        if first is None:
+            return 0
+        requests: list[_Request] = []
+        held = self._take([_as_bytes(first[1])], requests)
+        deadline = time.monotonic() + self.delay
+        while held < self.batch_size:
+            more = connection.lpop(requests_key, self.batch_size - held)
+            if isinstance(more, list) and more:
+                held += self._take([_as_bytes(blob) for blob in more], requests)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            # poll rather than BLPOP: Redis notices a blocked client's timeout only at its next event-loop wake-up,
+            # up to 1/hz (100 ms by default) late, which would stretch short delays many times over
+            time.sleep(min(remaining, DELAY_POLL_SECONDS))
+        if not requests:
+            return 0
+        return self._answer(requests, "full" if held >= self.batch_size else "delay")
+
+    def _take(self, blobs: list[bytes], requests: list[_Request]) -> int:
+        """Add to ``requests`` the signed requests among ``blobs`` whose observations are shaped like the first
+        request's; returns how many observations it added."""
+        added = 0
+        for blob in blobs:
+            try:
+                arrays, metadata = unseal(blob, self.run.message_key)
+                request = _Request(metadata["reply"], metadata["id"], arrays["obs"])
+            except (SignatureError, RecordError, KeyError) as error:
+                log.warning("%s: dropping a request that is not a signed observation: %s", self.server_id, error)
+                continue
+            shape = requests[0].obs.shape[1:] if requests else None
+            if request.obs.ndim < 1 or len(request.obs) == 0 or (shape is not None and request.obs.shape[1:] != shape):
+                log.warning("%s: dropping a request of observations shaped %s, expected (N, %s)", self.server_id,
+                            request.obs.shape, ", ".join(map(str, shape or ("...",))))
+                continue
+            requests.append(request)
+            added += len(request.obs)
+        return added
+
+    def _answer(self, requests: list[_Request], reason: str) -> int:
+        """Forward passes of up to ``batch_size`` observations over all of ``requests``, one reply to each."""
+        obs = np.concatenate([request.obs for request in requests])
+        chunks = range(0, len(obs), self.batch_size)
+        with torch.no_grad():
+            q_values = np.concatenate([self.model(torch.as_tensor(obs[start:start + self.batch_size],
+                                                                  device=self.device)).float().cpu().numpy()
+                                       for start in chunks])
+        batch_sizes = np.array([min(self.batch_size, len(obs) - start) for start in chunks], np.int32)
+        row_batch = np.repeat(batch_sizes, batch_sizes)  # the size of the forward pass that answered each row
+        self.batches[reason] += len(batch_sizes)
+        answer: dict[str, Any] = {"version": str(self.version), "reason": reason, "server": self.server_id}
+        with self.run.connection.pipeline(transaction=False) as pipe:
+            row = 0
+            for request in requests:
+                rows = slice(row, row + len(request.obs))
+                row = rows.stop
+                pipe.rpush(request.reply, seal({"q": q_values[rows], "batch_size": row_batch[rows]},
+                                               {**answer, "id": request.request_id}, self.run.message_key))
+                pipe.expire(request.reply, REPLY_TTL_SECONDS)
+            pipe.hincrby(self.run.keys.seed("stats"), f"batches_{reason}", len(batch_sizes))
+            pipe.hincrby(self.run.keys.seed("stats"), "inferences", len(obs))
+            pipe.hincrby(self.run.keys.seed("stats"), "requests", len(requests))
+            pipe.execute()
+        return len(obs)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One decoded request: where to reply, its id, its observations ``(N, *obs_shape)``."""
+
+    reply: str
+    request_id: str
+    obs: np.ndarray
+
+
+def _as_bytes(value: object) -> bytes:
+    """A reply item of a client without decode_responses (the only kind rqrl makes)."""
+    if not isinstance(value, bytes):
+        raise RecordError(f"expected bytes from Redis, got {type(value).__name__}: use a client without "
+                          f"decode_responses")
+    return value
+
+
+def run_server_process(redis_url: str, run_name: str, secret: str | bytes, server_index: int,
+                       learner_pid: int | None = None) -> None:
+    """Entry point of an inference server process: load the run's model factory and settings from Redis, serve
+    until the run stops (or the learner that started it exits)."""
+    from rqrl.engine.connection import connect
+    from rqrl.engine.process import exit_when_orphaned
+
+    if learner_pid is not None:
+        exit_when_orphaned(learner_pid)
+    logging.basicConfig(level=logging.WARNING)
+    run = SeedRun(connect(redis_url), RunKeys(run_name), secret)
+    settings = run.settings()
+    torch.set_num_threads(settings["inference_threads"])
+    model = run.load("model")()
+    server = InferenceServer(run, model, f"server-{server_index}.{os.getpid()}", settings["inference_batchsize"],
+                             settings["inference_delay"], settings["inference_device"], settings["broadcast_period"])
+    server.run_forever()

@@ -1,0 +1,221 @@
+"""SEED actors and inference servers as RQ jobs on ``rqrl worker`` processes, on any machine.
+
+With ``Config.queue_name`` set, the trainer enqueues one job per actor and per server instead of
+starting local processes. Job arguments are plain JSON (run name, index, token); what the job
+runs (settings, signed environment and model factories) it reads from Redis with the worker's
+RQRL_SECRET. A job runs until the run stops. Meanwhile a thread refreshes ``seed:alive:{name}``
+(which lapses within ProtocolTimings.seed_alive once it dies) and the job's own loop RQ's heartbeats. It
+stops on its own once ``seed:token:{name}`` names another job: the trainer gave its place to a newer one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import redis
+from rq import Queue, get_current_job
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from rqrl.engine.enqueue import SEED_ACTOR_JOB_FUNCTION, SEED_SERVER_JOB_FUNCTION
+from rqrl.engine.jobs import beat_worker, worker_secret
+from rqrl.engine.keys import PREFIX, RunKeys
+from rqrl.engine.rq_safety import failed_registry, rollout_queue
+from rqrl.engine.timings import protocol_timings
+from rqrl.errors import RunStoppedError
+from rqrl.seed.actor import Actor
+from rqrl.seed.inference import InferenceServer
+from rqrl.seed.store import SeedRun
+
+log = logging.getLogger(__name__)
+
+ACTOR_JOB = SEED_ACTOR_JOB_FUNCTION
+SERVER_JOB = SEED_SERVER_JOB_FUNCTION
+
+
+def job_id(keys: RunKeys, name: str, token: str) -> str:
+    """RQ job id of one actor or server (``name``: actor-0, server-1, ...) of a run."""
+    return f"{PREFIX}_{keys.run_name}_seed_{name}_{token}"
+
+
+def enqueue(connection: redis.Redis, queue_name: str, keys: RunKeys, name: str, token: str) -> str:
+    """Make ``token`` the one job allowed to run ``name`` and enqueue it; returns the job id."""
+    kind, index = name.split("-")
+    connection.set(keys.seed(f"token:{name}"), token)
+    queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
+    job = queue.enqueue(ACTOR_JOB if kind == "actor" else SERVER_JOB, keys.run_name, int(index), token,
+                        job_id=job_id(keys, name, token), description=f"rqrl {keys.run_name} SEED {name}",
+                        result_ttl=0, failure_ttl=3600, job_timeout=-1)
+    return str(job.id)
+
+
+def alive(connection: redis.Redis, keys: RunKeys, names: list[str]) -> dict[str, bool]:
+    """Which of ``names`` have a live job, by their alive keys."""
+    flags = connection.mget([keys.seed(f"alive:{name}") for name in names]) if names else []
+    return {name: flag is not None for name, flag in zip(names, flags, strict=True)}
+
+
+@contextlib.contextmanager
+def _liveness(run: SeedRun, name: str, token: str, on_fenced: Callable[[], None]) -> Iterator[None]:
+    """Refresh the alive key while the body runs; call ``on_fenced`` once another job holds ``name``."""
+    done = threading.Event()
+    alive_key, token_key = run.keys.seed(f"alive:{name}"), run.keys.seed(f"token:{name}")
+    timings = protocol_timings()  # the alive key lapses seed_alive after the last of its seed_beat refreshes
+
+    def beat() -> None:
+        while not done.is_set():
+            holder = run.connection.get(token_key)
+            if not isinstance(holder, bytes) or holder.decode() != token or run.stopped():
+                on_fenced()
+                return
+            run.connection.set(alive_key, token, px=max(1, int(timings.seed_alive * 1000)))
+            done.wait(timings.seed_beat)
+
+    thread = threading.Thread(target=beat, name=f"rqrl-seed-{name}-liveness", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(5)
+        with contextlib.suppress(redis.RedisError):
+            run.connection.delete(alive_key)
+
+
+def _rate_limited(function: Callable[[], None], seconds: float) -> Callable[[], None]:
+    last = [-float("inf")]
+
+    def call() -> None:
+        if time.monotonic() - last[0] >= seconds:
+            last[0] = time.monotonic()
+            function()
+
+    return call
+
+
+def _run(run_name: str) -> SeedRun:
+    job = get_current_job()
+    if job is None:
+        raise RunStoppedError("SEED jobs run on rqrl workers only")
+    return SeedRun(job.connection, RunKeys(run_name), worker_secret())
+
+
+def _ended(run: SeedRun, name: str) -> bool:
+    """Whether the run stopped or was cleaned up before this job started (a job dequeued while the trainer
+    stopped): such a job ends at once and successfully, so RQ keeps no failed job of a finished run."""
+    if run.stopped() or not run.connection.exists(run.keys.seed("settings")):
+        log.info("run %s ended before its %s job started: nothing to do", run.keys.run_name, name)
+        return True
+    return False
+
+
+def run_seed_actor(run_name: str, actor_index: int, token: str) -> None:
+    """Job: one actor (``actor_threads`` env threads) until the run stops or another job takes its place."""
+    run = _run(run_name)
+    if _ended(run, f"actor-{actor_index}"):
+        return
+    actor = Actor(run, actor_index)
+    with _liveness(run, f"actor-{actor_index}", token, actor.stop.set):
+        actor.run_forever(tick=_rate_limited(beat_worker, protocol_timings().heartbeat))
+
+
+def run_seed_server(run_name: str, server_index: int, token: str) -> None:
+    """Job: one inference server until the run stops or another job takes its place."""
+    import torch
+
+    run = _run(run_name)
+    if _ended(run, f"server-{server_index}"):
+        return
+    settings = run.settings()
+    torch.set_num_threads(settings["inference_threads"])
+    server = InferenceServer(run, run.load("model")(), f"server-{server_index}.{token}",
+                             settings["inference_batchsize"], settings["inference_delay"],
+                             settings["inference_device"], settings["broadcast_period"])
+    stop = threading.Event()
+    with _liveness(run, f"server-{server_index}", token, stop.set):
+        server.run_forever(stop, tick=_rate_limited(beat_worker, protocol_timings().heartbeat))
+
+
+@dataclass
+class PlacedJob:
+    """The newest job of one actor or server, as the trainer tracks it."""
+
+    token: str
+    job_id: str
+    left_queue_at: float | None = None
+    seen: bool = False
+    queued_at: float = field(default_factory=time.monotonic)
+    warned: bool = False
+
+
+class JobFleet:
+    """The trainer's side of job mode: enqueue actors and servers, tell which died, clean everything up."""
+
+    def __init__(self, connection: redis.Redis, queue_name: str, keys: RunKeys):
+        self.connection, self.queue_name, self.keys = connection, queue_name, keys
+        self.jobs: dict[str, PlacedJob] = {}
+        self.job_ids: list[str] = []  # every job ever enqueued, for the clean-up
+
+    def launch(self, name: str) -> None:
+        """Enqueue a job for ``name`` (actor-0, server-1, ...); an older job of ``name`` stops by itself."""
+        token = uuid.uuid4().hex[:8]
+        placed = PlacedJob(token, enqueue(self.connection, self.queue_name, self.keys, name, token))
+        self.jobs[name] = placed
+        self.job_ids.append(placed.job_id)
+
+    def dead(self) -> list[tuple[str, str]]:
+        """``(name, cause)`` of each job that stopped beating or never started; queued ones just wait."""
+        flags = alive(self.connection, self.keys, list(self.jobs))
+        now = time.monotonic()
+        queued: set[str] | None = None
+        found = []
+        for name, placed in self.jobs.items():
+            if flags[name]:
+                placed.seen = True
+                continue
+            if queued is None:
+                queued = set(rollout_queue(self.queue_name, self.connection).get_job_ids())
+            if placed.job_id in queued:
+                self._warn_if_starved(name, placed, now)
+                continue  # waiting for a free worker
+            if placed.seen:
+                found.append((name, f"stopped beating: its worker was killed or its job {placed.job_id} failed "
+                                    f"(the worker's log says which)"))
+                continue
+            placed.left_queue_at = placed.left_queue_at or now
+            if now - placed.left_queue_at > (job_start := protocol_timings().seed_job_start):
+                found.append((name, f"never started: job {placed.job_id} left the queue {job_start:g} s ago"))
+        return found
+
+    def _warn_if_starved(self, name: str, placed: PlacedJob, now: float) -> None:
+        """Every actor and server job holds its worker for the whole run: with fewer workers than jobs the
+        rest wait forever, so a job queued for ProtocolTimings.seed_queued_warning gets one warning naming the fix."""
+        if placed.warned or now - placed.queued_at < protocol_timings().seed_queued_warning:
+            return
+        placed.warned = True
+        log.warning("run %s: %s's job has waited %.0f s on queue %r for a free worker; job mode runs %d jobs at "
+                    "once (inference_servers + actor_processes), each holding a worker for the whole run: start "
+                    "at least %d `rqrl worker --queue %s` processes", self.keys.run_name, name, now - placed.queued_at,
+                    self.queue_name, len(self.jobs), len(self.jobs), self.queue_name)
+
+    def stop(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the jobs to see the run's stop flag, then delete every job of the run."""
+        deadline = time.monotonic() + timeout
+        queue = rollout_queue(self.queue_name, self.connection)
+        for identifier in self.job_ids:  # first, so no worker starts a queued job while the others wind down
+            queue.remove(identifier)
+        while any(alive(self.connection, self.keys, list(self.jobs)).values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        failed = failed_registry(self.queue_name, self.connection)
+        for identifier in self.job_ids:  # a killed worker's entry in the started registry is RQ's to clean up
+            queue.remove(identifier)
+            failed.remove(identifier)
+            self.connection.delete(Job.key_for(identifier))
+        self.jobs.clear()
+        self.job_ids.clear()

@@ -1,0 +1,122 @@
+"""What a SEED run keeps in Redis besides weights, and the signed messages its processes exchange.
+
+The trainer stores the settings (JSON), the model factory and the environment factory (cloudpickled and
+signed: they are code), then actor and server processes on any machine load them with the run's secret.
+Requests, replies and transition messages are safetensors buffers (never pickle) signed under a key
+derived from the secret and the run, so a Redis writer without the secret can neither answer for a server
+nor poison the replay.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+from torch import nn
+
+from rqrl.engine.codec import (
+    RECORD_MAGIC,
+    decode_arrays,
+    derive_key,
+    dumps_object,
+    encode_arrays,
+    loads_object,
+    sign,
+    verify,
+)
+from rqrl.engine.keys import RunKeys
+from rqrl.errors import ConfigError, RecordError
+
+EVENTS_KEPT = 1000
+"""Newest events (thread deaths, ...) kept in Redis for the trainer to log."""
+
+
+def seal(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str], key: bytes) -> bytes:
+    """Arrays and string metadata as a signed safetensors buffer."""
+    return sign(encode_arrays(arrays, metadata), key, RECORD_MAGIC)
+
+
+def unseal(blob: bytes, key: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Inverse of seal; SignatureError or RecordError for anything not sealed under ``key``."""
+    return decode_arrays(verify(blob, key, RECORD_MAGIC))
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One SEED run's keys and message key in one Redis."""
+
+    connection: redis.Redis
+    keys: RunKeys
+    secret: str | bytes
+
+    @property
+    def message_key(self) -> bytes:
+        return derive_key(self.secret, "seed-messages", self.keys.run_name)
+
+    def write(self, settings: Mapping[str, Any], model_factory: Callable[[], nn.Module],
+              environment: Callable[[], Any]) -> None:
+        """Store settings, model factory and environment for the run's processes (ConfigError if unpicklable)."""
+        try:
+            model_blob = dumps_object(model_factory, self.secret)
+            environment_blob = dumps_object(environment, self.secret)
+        except Exception as error:
+            raise ConfigError(
+                f"cannot pickle the network or environment factory ({type(error).__name__}: {error}); define them "
+                f"at module level or as closures over picklable values") from error
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.seed("model"), model_blob)
+            pipe.set(self.keys.seed("environment"), environment_blob)
+            pipe.set(self.keys.seed("settings"), json.dumps(dict(settings)))
+            pipe.execute()
+
+    def settings(self) -> dict[str, Any]:
+        raw = self.connection.get(self.keys.seed("settings"))
+        if not isinstance(raw, bytes):
+            raise RecordError(f"run {self.keys.run_name!r} has no SEED settings in Redis: it ended or never started")
+        settings: dict[str, Any] = json.loads(raw)
+        return settings
+
+    def load(self, name: str) -> Any:
+        """The signed ``model`` or ``environment`` factory, verified before it is unpickled."""
+        blob = self.connection.get(self.keys.seed(name))
+        if not isinstance(blob, bytes):
+            raise RecordError(f"run {self.keys.run_name!r} has no {name} factory in Redis: it ended or never started")
+        return loads_object(blob, self.secret)
+
+    def stopped(self) -> bool:
+        return bool(self.connection.exists(self.keys.seed("stopped")))
+
+    def stop(self) -> None:
+        self.connection.set(self.keys.seed("stopped"), 1)
+
+    def report(self, kind: str, **fields: Any) -> None:
+        """Append an event (JSON) for the trainer to log; the list keeps the newest EVENTS_KEPT."""
+        event = json.dumps({"kind": kind, "time": time.time(), **fields})
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.rpush(self.keys.seed("events"), event)
+            pipe.ltrim(self.keys.seed("events"), -EVENTS_KEPT, -1)
+            pipe.execute()
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """Events reported since the last call, oldest first."""
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.lrange(self.keys.seed("events"), 0, -1)
+            pipe.delete(self.keys.seed("events"))
+            raw, _ = pipe.execute()
+        return [json.loads(item) for item in raw]
+
+    def counters(self) -> dict[str, int]:
+        """The run's counters: transitions pushed, pushes that found the list full, batches by trigger, ..."""
+        raw = self.connection.hgetall(self.keys.seed("stats"))
+        return {(key.decode() if isinstance(key, bytes) else str(key)): int(value) for key, value in raw.items()}
+
+    def delete(self) -> None:
+        """Delete every key of the run (seed keys and weights)."""
+        names = list(self.connection.scan_iter(match=self.keys.pattern, count=1000))
+        if names:
+            self.connection.delete(*names)

@@ -1,0 +1,298 @@
+"""Distributed trainer, based on the SEED architecture: actors only step envs, a few inference servers
+hold the model and answer observation requests in batches, transitions stream to the learner's replay.
+Everything travels through Redis, so actors and servers on other machines can join the same run.
+
+``Trainer(agent, config, environment).start(duration)`` blocks for ``duration`` seconds plus the shutdown
+(stopping the processes, at most ``config.shutdown_timeout`` s, normally well under one second) and returns
+with none of its processes, threads or Redis keys left. Training runs in the caller's process, so
+``agent`` holds the trained weights afterwards.
+
+>>> from rqrl.seed.agent import Agent, AgentConfig
+>>> agent = Agent(AgentConfig(state_shape=(4,), action_space_size=2), network)  # doctest: +SKIP
+>>> Trainer(agent, Config(minimum_buffer_size=500), lambda: gymnasium.make("CartPole-v1")).start(60)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import math
+import multiprocessing.process
+import os
+import secrets
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium
+
+from rqrl.engine.codec import secret_from_environment, weights_key
+from rqrl.engine.connection import connect
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.local_workers import multiprocessing_context
+from rqrl.engine.process import stop_processes
+from rqrl.engine.server import EmbeddedRedis
+from rqrl.engine.weights import WeightStore
+from rqrl.errors import ConfigError, RecordError, SignatureError
+from rqrl.seed.actor import decode_transitions, run_actor_process
+from rqrl.seed.agent import Agent, build_model
+from rqrl.seed.config import Config, check_against_replay
+from rqrl.seed.inference import run_server_process
+from rqrl.seed.jobs import JobFleet
+from rqrl.seed.store import SeedRun
+
+log = logging.getLogger(__name__)
+
+SUPERVISE_SECONDS = 0.2
+DROP_CHECK_SECONDS = 2.0
+"""How often the learner looks for dead actor and server processes and for reported thread deaths."""
+RECEIVE_MESSAGES = 256
+"""Most transition messages the learner pops between two train steps."""
+
+
+@dataclass
+class TrainerStats:
+    """What a ``start()`` did; kept on the trainer after it returns."""
+
+    transitions_received: int = 0
+    messages_rejected: int = 0
+    train_steps: int = 0
+    weights_version: int = 0
+    episodes: int = 0
+    transitions_dropped: int = 0
+    """Transitions the actors dropped because the list was full (Config.drop_when_full), as last read."""
+    recent_returns: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=100))
+    restarts: list[str] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    """The run's Redis counters at the end: pushed (transitions), full_waits, batches_full, batches_delay, ..."""
+
+    @property
+    def mean_return(self) -> float | None:
+        """Mean return of the last 100 episodes, None before the first."""
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+
+class Trainer:
+    """SEED trainer: ``start(duration)`` runs actors and inference servers as processes and trains ``agent``."""
+
+    def __init__(self, agent: Agent, config: Config, environment: Callable[[], gymnasium.Env], *,
+                 on_progress: Callable[[Trainer], None] | None = None, progress_seconds: float = 1.0):
+        """``on_progress(trainer)`` runs in the learner's thread every ``progress_seconds`` during ``start()``: it
+        may read ``stats``, save the agent's weights, or call ``stop()`` (e.g. once solved)."""
+        if not callable(environment):
+            raise ConfigError(f"expected environment to be a zero-argument callable returning a gymnasium env, got "
+                              f"{environment!r}")
+        check_against_replay(config, agent.config.replay_capacity)
+        self.agent, self.config, self.environment = agent, config, environment
+        self.on_progress, self.progress_seconds = on_progress, progress_seconds
+        self.stats = TrainerStats()
+        self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
+        self.run_name: str | None = None
+        self._restart_after: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._launcher: Callable[[str], None] | None = None
+        self.fleet: JobFleet | None = None  # the actor and server jobs, with Config.queue_name
+        self.started_pids: list[int] = []  # every process the last start() started, replacements included
+        self._stop = threading.Event()
+        self.stopped_from_outside = False  # the last start() ended on `rqrl stop RUN` (the run's stop flag)
+
+    def stop(self) -> None:
+        """Make a running ``start()`` (in another thread) end now, as if its duration had passed."""
+        self._stop.set()
+
+    def start(self, duration: float) -> None:
+        """Start training, and block until completed (``duration`` seconds plus the shutdown)."""
+        if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
+            raise ConfigError(f"expected duration > 0 seconds, got {duration!r}")
+        deadline = time.monotonic() + duration
+        config = self.config
+        self._stop.clear()
+        self.stopped_from_outside = False
+        self.started_pids = []
+        self._failures.clear()
+        self._restart_after.clear()
+        self.stats = TrainerStats()
+        # REDIS_URL, the ecosystem's convention, where no redis_url is given; with it, RQRL_SECRET signs the run
+        environment_url = os.environ.get("REDIS_URL") if config.redis_url is None else None
+        given_url = config.redis_url or environment_url
+        embedded = EmbeddedRedis(config.redis_server).start() if not given_url else None
+        url = embedded.url if embedded is not None else str(given_url)
+        connection = config.connection if config.connection is not None else connect(url)
+        secret = config.secret or (secrets.token_hex(32) if embedded is not None else None)
+        if not secret and environment_url:
+            secret = secret_from_environment()
+        run: SeedRun | None = None
+        try:
+            if not secret:
+                raise ConfigError("an external Redis needs secret= to sign the environment and network factories that "
+                                  "actor and server processes unpickle, or, with Redis from REDIS_URL, RQRL_SECRET "
+                                  "set (the workers' RQRL_SECRET)")
+            self.run_name = config.run_name or f"seed-{uuid.uuid4().hex[:8]}"
+            run = SeedRun(connection, RunKeys(self.run_name), secret)
+            if connection.exists(run.keys.seed("settings")):
+                run = None
+                raise ConfigError(f"run {self.run_name!r} is running in this Redis already; pick another run_name")
+            run.write(self._settings(), functools.partial(build_model, self.agent.config, self.agent.network_factory),
+                      self.environment)
+            weights = WeightStore(connection, run.keys, weights_key(secret, self.run_name))
+            self.stats.weights_version = weights.publish(self.agent.model_instance.state_dict())
+            context = multiprocessing_context(config.start_method)
+
+            def launch(name: str) -> None:
+                kind, index = name.split("-")
+                target = run_server_process if kind == "server" else run_actor_process
+                process = context.Process(target=target, args=(url, self.run_name, secret, int(index), os.getpid()),
+                                          name=f"rqrl-seed-{name}", daemon=False)
+                process.start()
+                self.processes[name] = process
+                self.started_pids.append(int(process.pid or 0))
+
+            if config.queue_name is not None:
+                self.fleet = JobFleet(connection, config.queue_name, run.keys)
+                self._launcher = self.fleet.launch
+            else:
+                self._launcher = launch
+            for index in range(config.inference_servers):
+                self._launcher(f"server-{index}")
+            for index in range(config.actor_processes):
+                self._launcher(f"actor-{index}")
+            self._learn(run, weights, deadline)
+        finally:
+            self._shutdown(run, embedded, connection if config.connection is None else None)
+
+    def _settings(self) -> dict[str, Any]:
+        agent_config = self.agent.config
+        return {**self.config.process_settings(), "n_actions": agent_config.action_space_size,
+                "gamma": agent_config.discount_factor}
+
+    def _learn(self, run: SeedRun, weights: WeightStore, deadline: float) -> None:
+        """Receive transitions, train, publish weights and supervise the processes until ``deadline``."""
+        config, agent = self.config, self.agent
+        train_interval = 1.0 / config.max_train_frequency if config.max_train_frequency > 0 else 0.0
+        now = time.monotonic()
+        next_train, next_broadcast, next_check = now, now + config.broadcast_period, now + SUPERVISE_SECONDS
+        next_progress, next_drop_check = now + self.progress_seconds, now + DROP_CHECK_SECONDS
+        while (now := time.monotonic()) < deadline and not self._stop.is_set():
+            received = self._receive(run, RECEIVE_MESSAGES)
+            trained = False
+            if agent.buffer_size() >= config.minimum_buffer_size and now >= next_train and self._may_train():
+                agent.train_step()
+                self.stats.train_steps += 1
+                next_train = now + train_interval
+                trained = True
+            if now >= next_broadcast:
+                self.stats.weights_version = weights.publish(agent.model_instance.state_dict())
+                next_broadcast = now + config.broadcast_period
+            if now >= next_check:
+                if run.stopped():  # set by `rqrl stop RUN` (this trainer sets it only once it shuts down)
+                    log.warning("run %s was stopped from outside this trainer (rqrl stop)", run.keys.run_name)
+                    self.stopped_from_outside = True
+                    break
+                self._supervise(run)
+                next_check = now + SUPERVISE_SECONDS
+            if config.drop_when_full and now >= next_drop_check:
+                self._report_drops(run)
+                next_drop_check = now + DROP_CHECK_SECONDS
+            if self.on_progress is not None and now >= next_progress:
+                self.on_progress(self)
+                next_progress = now + self.progress_seconds
+            if not received and not trained:
+                time.sleep(max(0.0, min(0.005, deadline - time.monotonic())))
+
+    def _may_train(self) -> bool:
+        """Whether one more train step keeps the samples trained on within replay_ratio per transition received."""
+        ratio = self.config.replay_ratio
+        return ratio <= 0 or ((self.stats.train_steps + 1) * self.agent.config.batch_size
+                              <= ratio * self.stats.transitions_received)
+
+    def _report_drops(self, run: SeedRun) -> None:
+        """Log the transitions actors dropped since the last look (only with Config.drop_when_full)."""
+        dropped = run.counters().get("transitions_dropped", 0)
+        if dropped > self.stats.transitions_dropped:
+            log.warning("run %s: actors dropped %d transitions (%d in all) because the transition list was full: "
+                        "the learner falls behind them (drop_when_full=True; raise transition_queue_size or "
+                        "max_train_frequency, or set drop_when_full=False to make actors wait)", run.keys.run_name,
+                        dropped - self.stats.transitions_dropped, dropped)
+            self.stats.transitions_dropped = dropped
+
+    def _receive(self, run: SeedRun, limit: int) -> int:
+        """Pop up to ``limit`` transition messages into the replay; returns how many were popped."""
+        popped = run.connection.lpop(run.keys.seed("transitions"), limit)
+        blobs = popped if isinstance(popped, list) else []
+        for blob in blobs:
+            try:
+                batch, returns = decode_transitions(blob if isinstance(blob, bytes) else b"", run.message_key)
+            except (SignatureError, RecordError, KeyError, TypeError) as error:
+                self.stats.messages_rejected += 1
+                log.warning("run %s: dropping a transition message that is not ours: %s", run.keys.run_name, error)
+                continue
+            self.agent.observe(batch)
+            self.stats.transitions_received += batch.size
+            self.stats.episodes += len(returns)
+            self.stats.recent_returns.extend(float(value) for value in returns)
+        return len(blobs)
+
+    def _supervise(self, run: SeedRun) -> None:
+        """Log reported thread deaths; replace dead processes (with a growing pause if one keeps dying)."""
+        for event in run.take_events():
+            message = (f"actor {event.get('actor')} replaced its thread {event.get('thread')}, which died: "
+                       f"{str(event.get('error', '')).strip().splitlines()[-1:]}")
+            log.warning("%s\n%s", message, event.get("error", ""))
+            self.stats.restarts.append(message)
+        now = time.monotonic()
+        dead = [(name, f"(pid {process.pid}), which {_exit_cause(process.exitcode)}")
+                for name, process in self.processes.items() if not process.is_alive()]
+        if self.fleet is not None:
+            dead += [(name, f"(a job), which {cause}") for name, cause in self.fleet.dead()]
+        for name, cause in dead:
+            if now < self._restart_after.get(name, 0.0):
+                continue
+            if name in self.processes:
+                self.processes[name].join(0)
+            failures = self._failures.get(name, 0) + 1
+            self._failures[name] = failures
+            self._restart_after[name] = now + min(5.0, 0.1 * 2 ** min(failures, 10))
+            message = f"restarted {name} {cause}"
+            log.warning("run %s: %s", run.keys.run_name, message)
+            self.stats.restarts.append(message)
+            if self._launcher is not None:
+                self._launcher(name)
+
+    def _shutdown(self, run: SeedRun | None, embedded: EmbeddedRedis | None, own_connection: Any) -> None:
+        """Stop the processes, take in the transitions still queued, delete the run's keys."""
+        try:
+            if run is not None:
+                run.stop()
+            stop_processes(list(self.processes.values()), self.config.shutdown_timeout)
+            self.processes.clear()
+            if self.fleet is not None:
+                self.fleet.stop(self.config.shutdown_timeout)
+                self.fleet = None
+            self._launcher = None
+            if run is not None:
+                while self._receive(run, 10_000):
+                    pass
+                self.stats.counters = run.counters()
+                self.stats.transitions_dropped = self.stats.counters.get("transitions_dropped", 0)
+                run.delete()
+        finally:
+            if own_connection is not None:
+                own_connection.close()
+            if embedded is not None:
+                embedded.stop()
+
+
+def _exit_cause(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "stopped answering"
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
