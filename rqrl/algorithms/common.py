@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,9 +51,29 @@ class TrainResult:
         return {**asdict(self), "run_dir": str(self.run_dir)}
 
 
+EXTRAS = {"box2d": "box2d"}
+"""Words in gymnasium's missing-dependency message -> rqrl's extra that installs it."""
+
+
+def make_env(env_id: str) -> gymnasium.Env:
+    """``gymnasium.make(env_id)``; ConfigError in one line for an unknown id (with the nearest ids) or an env whose
+    dependency is missing (with the rqrl extra that installs it)."""
+    try:
+        return gymnasium.make(env_id)
+    except gymnasium.error.UnregisteredEnv as error:
+        close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `python -c 'import gymnasium; " \
+            "gymnasium.pprint_registry()'` lists them"
+        raise ConfigError(f"unknown env id {env_id!r} ({error}){hint}") from None
+    except gymnasium.error.DependencyNotInstalled as error:
+        extra = next((name for word, name in EXTRAS.items() if word in str(error).lower()), None)
+        fix = f"pip install 'rqrl[{extra}]'" if extra else "install the package gymnasium names"
+        raise ConfigError(f"env {env_id!r} needs a package that is not installed ({error}): {fix}") from None
+
+
 def env_spaces(env_id: str) -> tuple[int, int, float | None]:
     """Observation size, number of actions and reward threshold of a Gymnasium env."""
-    env = gymnasium.make(env_id)
+    env = make_env(env_id)
     try:
         obs_space, action_space = env.observation_space, env.action_space
         if not isinstance(obs_space, gymnasium.spaces.Box) or not isinstance(action_space, gymnasium.spaces.Discrete):
@@ -66,11 +87,32 @@ def env_spaces(env_id: str) -> tuple[int, int, float | None]:
 
 def make_flat_env(env_id: str) -> gymnasium.Env:
     """The env with observations flattened to a float32 vector (what the MLP expects)."""
-    env = gymnasium.make(env_id)
+    env = make_env(env_id)
     shape = env.observation_space.shape
     if shape is None or len(shape) != 1:  # None: a Dict or Tuple space
         env = gymnasium.wrappers.FlattenObservation(env)
     return env
+
+
+def check_device(flag: str, device: str) -> None:
+    """ConfigError in one line for a device torch cannot use here (``flag`` names the setting)."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise ConfigError(f"{flag} {device!r} is no torch device ({error}): use cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{flag} {device!r}: this torch ({torch.__version__}) sees no CUDA device; use {flag} cpu, "
+                          f"or a CUDA build of torch on a machine with a GPU")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ConfigError(f"{flag} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def check_workers(workers: int | None) -> None:
+    """ConfigError naming --workers unless it is None (the default) or an int >= 0."""
+    if workers is not None and not (isinstance(workers, int) and workers >= 0):
+        raise ConfigError(f"expected --workers >= 0 (0: only external `rqrl worker` processes), got {workers!r}")
 
 
 def write_config(run_dir: Path, config: Any, algo: str) -> None:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
-from rqrl.algorithms.common import TrainResult, check_resume, env_spaces, make_flat_env, write_config
+from rqrl.algorithms.common import TrainResult, check_device, check_resume, env_spaces, make_flat_env, write_config
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
@@ -143,130 +143,160 @@ def load_agent_checkpoint(path: str | Path, agent: Agent) -> dict[str, Any]:
 
 def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server: str | None = None) -> TrainResult:
     """Train until solved, the time or step budget ends, or Ctrl-C/SIGTERM; always leaves a checkpoint behind."""
+    check_device("--learner-device", config.learner_device)
+    check_device("--inference-device", config.inference_device)
     check_resume(config, "dqn")
-    obs_size, n_actions, threshold = env_spaces(config.env_id)
-    target_return = config.target_return if config.target_return is not None else threshold
-    torch.manual_seed(config.seed)
-    torch.set_num_threads(config.learner_threads)
-    if config.resume and config.run_name is None and Path(config.resume).is_dir():
-        config.run_name, config.run_dir = Path(config.resume).name, str(Path(config.resume).parent)
-    run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
-    run_dir = Path(config.run_dir) / run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_config(run_dir, dataclasses.replace(config, run_name=run_name), "dqn")
-    agent_config = AgentConfig(
-        state_shape=(obs_size,), action_space_size=n_actions, replay_capacity=config.replay_capacity,
-        batch_size=config.batch_size, target_update_steps=config.target_update_steps,
-        discount_factor=config.discount, use_distributional=config.distributional, v_min=config.v_min,
-        v_max=config.v_max, dueling=config.dueling, huber_loss=True, network_device=config.learner_device,
-        seed=config.seed)
-    network = functools.partial(QNetwork, obs_size, n_actions, config.hidden_size,
-                                agent_config.n_atoms if config.distributional else None, config.dueling)
-    agent = Agent(agent_config, network, functools.partial(torch.optim.Adam, lr=config.learning_rate))
-    before: dict[str, Any] = {"env_steps": 0, "train_steps": 0, "episodes": 0, "seconds": 0.0, "recent_returns": [],
-                              "best_mean_return": None, "weights_version": 0}
-    if config.resume:
-        before.update(load_agent_checkpoint(config.resume, agent))
-        log.warning("resumed from %s at %d env steps; the replay starts empty and refills to %d transitions",
-                    config.resume, before["env_steps"], config.minimum_buffer_size)
-    seed_config = Config(
-        n_step=config.n_step, epsilon=config.epsilon, actor_processes=config.actor_processes,
-        actor_threads=config.actor_threads, inference_servers=config.inference_servers,
-        broadcast_period=0.5, inference_batchsize=config.inference_batchsize,
-        inference_delay=config.inference_delay, inference_device=torch.device(config.inference_device),
-        minimum_buffer_size=config.minimum_buffer_size, max_train_frequency=config.max_train_frequency,
-        replay_ratio=config.replay_ratio,
-        redis_url=config.redis_url, run_name=run_name, secret=secret, seed=config.seed, redis_server=redis_server)
-    metrics = MetricsWriter(run_dir, METRIC_FIELDS, resume_step=before["env_steps"] if config.resume else None)
-    shown = Progress(f"DQN {config.env_id}", total=config.total_env_steps, initial=int(before["env_steps"]),
-                     enabled=config.progress, interval=config.progress_seconds)
-    best: list[float] = [before["best_mean_return"]] if before["best_mean_return"] is not None else []
-    started = last_checkpoint = time.monotonic()
-    # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
-    last_row = (before["env_steps"], before["train_steps"]) if config.resume else None
-
-    def env_steps(trainer: Trainer) -> int:
-        return int(before["env_steps"]) + trainer.stats.transitions_received
-
-    def recent_returns(trainer: Trainer) -> list[float]:
-        return [*before["recent_returns"], *trainer.stats.recent_returns][-100:]
-
-    def mean_return(trainer: Trainer) -> float | None:
-        returns = recent_returns(trainer)
-        return sum(returns) / len(returns) if returns else None
-
-    def counters(trainer: Trainer) -> dict[str, Any]:
-        stats = trainer.stats
-        return {"algo": "dqn", "env_id": config.env_id, "env_steps": env_steps(trainer),
-                "train_steps": int(before["train_steps"]) + stats.train_steps,
-                "episodes": int(before["episodes"]) + stats.episodes,
-                "seconds": float(before["seconds"]) + time.monotonic() - started,
-                "weights_version": int(before["weights_version"]) + stats.weights_version,
-                "recent_returns": recent_returns(trainer), "best_mean_return": best[0] if best else None}
-
-    def weights_metadata(trainer: Trainer) -> dict[str, object]:
-        return {"algo": "dqn", "env_id": config.env_id, "hidden_size": config.hidden_size,
-                "distributional": config.distributional, "dueling": config.dueling, "n_atoms": agent_config.n_atoms,
-                "v_min": config.v_min, "v_max": config.v_max,
-                "env_steps": env_steps(trainer), "mean_return": mean_return(trainer)}
-
-    def solved(trainer: Trainer) -> bool:
-        value = mean_return(trainer)
-        return (target_return is not None and value is not None and len(recent_returns(trainer)) == 100
-                and value >= target_return)
-
-    def progress(trainer: Trainer) -> None:
-        nonlocal last_checkpoint, last_row
-        stats, seconds, now = trainer.stats, time.monotonic() - started, counters(trainer)
-        if last_row != (now["env_steps"], now["train_steps"]):  # a row per state: none for a tick that saw nothing
-            last_row = (now["env_steps"], now["train_steps"])
-            metrics.write(now["env_steps"], {
-                "seconds": now["seconds"], "train_steps": now["train_steps"], "mean_return": mean_return(trainer),
-                "steps_per_second": stats.transitions_received / max(seconds, 1e-9), "episodes": now["episodes"],
-                "weights_version": now["weights_version"], "replay_size": agent.buffer_size()})
-            metrics.flush()  # once a second: metrics.csv can be followed while the run goes on
-        shown.update(now["env_steps"], mean_return=mean_return(trainer))
-        value = mean_return(trainer)
-        if value is not None and len(recent_returns(trainer)) >= 10 and (not best or value > best[0]):
-            best[:] = [value]
-            save_weights(run_dir / "best.safetensors", agent.model_instance.network.state_dict(),
-                         weights_metadata(trainer))
-        if time.monotonic() - last_checkpoint > config.checkpoint_seconds:
-            save_agent_checkpoint(run_dir / "checkpoint.safetensors", agent, counters(trainer))
-            last_checkpoint = time.monotonic()
-        if solved(trainer) or now["env_steps"] >= config.total_env_steps:
-            trainer.stop()
-
-    trainer = Trainer(agent, seed_config, functools.partial(make_flat_env, config.env_id), on_progress=progress)
+    run = _DqnRun(config)
+    trainer = Trainer(run.agent, run.seed_config(secret, redis_server), functools.partial(make_flat_env, config.env_id),
+                      on_progress=run.tick)
     stopped_by: str | None = None
     try:
         trainer.start(config.seconds)
         if trainer.stopped_from_outside:
             stopped_by = "rqrl stop"
-            log.warning("stopped by rqrl stop: writing a checkpoint; resume with --resume %s", run_dir)
+            log.warning("stopped by rqrl stop: writing a checkpoint; resume with --resume %s", run.run_dir)
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
-        log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, run_dir)
+        log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, run.run_dir)
     finally:
-        progress(trainer)  # the last row: the run's end state
-        shown.close()
-        save_weights(run_dir / "final.safetensors", agent.model_instance.network.state_dict(),
-                     weights_metadata(trainer))
-        save_agent_checkpoint(run_dir / "checkpoint.safetensors", agent, counters(trainer))
-        metrics.close()
+        run.close(trainer)
+    final = run.counters(trainer)
+    result = TrainResult(run_dir=run.run_dir, solved=run.solved(trainer), interrupted=stopped_by is not None,
+                         env_steps=final["env_steps"], updates=final["train_steps"], seconds=final["seconds"],
+                         mean_return=run.mean_return(trainer), best_mean_return=run.best, episodes=final["episodes"],
+                         stopped_by=stopped_by,
+                         budget="step" if final["env_steps"] >= config.total_env_steps else "time")
+    (run.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+    return result
+
+
+class _DqnRun:
+    """One DQN run's agent, run folder and bookkeeping; ``tick`` is the SEED trainer's progress callback (about
+    once a second): a metrics row, the progress line, best weights, checkpoints, and the stop once solved."""
+
+    def __init__(self, config: DqnConfig):
+        self.config = config
+        obs_size, n_actions, threshold = env_spaces(config.env_id)
+        self.target_return = config.target_return if config.target_return is not None else threshold
+        torch.manual_seed(config.seed)
+        torch.set_num_threads(config.learner_threads)
+        if config.resume and config.run_name is None and Path(config.resume).is_dir():
+            config.run_name, config.run_dir = Path(config.resume).name, str(Path(config.resume).parent)
+        self.run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
+        self.run_dir = Path(config.run_dir) / self.run_name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_config(self.run_dir, dataclasses.replace(config, run_name=self.run_name), "dqn")
+        self.agent_config = AgentConfig(
+            state_shape=(obs_size,), action_space_size=n_actions, replay_capacity=config.replay_capacity,
+            batch_size=config.batch_size, target_update_steps=config.target_update_steps,
+            discount_factor=config.discount, use_distributional=config.distributional, v_min=config.v_min,
+            v_max=config.v_max, dueling=config.dueling, huber_loss=True, network_device=config.learner_device,
+            seed=config.seed)
+        network = functools.partial(QNetwork, obs_size, n_actions, config.hidden_size,
+                                    self.agent_config.n_atoms if config.distributional else None, config.dueling)
+        self.agent = Agent(self.agent_config, network, functools.partial(torch.optim.Adam, lr=config.learning_rate))
+        self.before: dict[str, Any] = {"env_steps": 0, "train_steps": 0, "episodes": 0, "seconds": 0.0,
+                                       "recent_returns": [], "best_mean_return": None, "weights_version": 0}
+        if config.resume:
+            self.before.update(load_agent_checkpoint(config.resume, self.agent))
+            log.warning("resumed from %s at %d env steps; the replay starts empty and refills to %d transitions",
+                        config.resume, self.before["env_steps"], config.minimum_buffer_size)
+        self.best: float | None = self.before["best_mean_return"]
+        self.metrics = MetricsWriter(self.run_dir, METRIC_FIELDS,
+                                     resume_step=self.before["env_steps"] if config.resume else None)
+        self.shown = Progress(f"DQN {config.env_id}", total=config.total_env_steps,
+                              initial=int(self.before["env_steps"]), enabled=config.progress,
+                              interval=config.progress_seconds)
+        self.started = self.last_checkpoint = time.monotonic()
+        # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
+        self.last_row = (self.before["env_steps"], self.before["train_steps"]) if config.resume else None
+
+    def seed_config(self, secret: str | bytes | None, redis_server: str | None) -> Config:
+        """The SEED trainer's settings for this run."""
+        config = self.config
+        return Config(
+            n_step=config.n_step, epsilon=config.epsilon, actor_processes=config.actor_processes,
+            actor_threads=config.actor_threads, inference_servers=config.inference_servers,
+            broadcast_period=0.5, inference_batchsize=config.inference_batchsize,
+            inference_delay=config.inference_delay, inference_device=torch.device(config.inference_device),
+            minimum_buffer_size=config.minimum_buffer_size, max_train_frequency=config.max_train_frequency,
+            replay_ratio=config.replay_ratio, redis_url=config.redis_url, run_name=self.run_name, secret=secret,
+            seed=config.seed, redis_server=redis_server)
+
+    def env_steps(self, trainer: Trainer) -> int:
+        return int(self.before["env_steps"]) + trainer.stats.transitions_received
+
+    def recent_returns(self, trainer: Trainer) -> list[float]:
+        return [*self.before["recent_returns"], *trainer.stats.recent_returns][-100:]
+
+    def mean_return(self, trainer: Trainer) -> float | None:
+        returns = self.recent_returns(trainer)
+        return sum(returns) / len(returns) if returns else None
+
+    def solved(self, trainer: Trainer) -> bool:
+        value = self.mean_return(trainer)
+        return (self.target_return is not None and value is not None and len(self.recent_returns(trainer)) == 100
+                and value >= self.target_return)
+
+    def counters(self, trainer: Trainer) -> dict[str, Any]:
+        """The run's totals, earlier sessions of a resumed run included (what its checkpoint keeps)."""
+        stats, before = trainer.stats, self.before
+        return {"algo": "dqn", "env_id": self.config.env_id, "env_steps": self.env_steps(trainer),
+                "train_steps": int(before["train_steps"]) + stats.train_steps,
+                "episodes": int(before["episodes"]) + stats.episodes,
+                "seconds": float(before["seconds"]) + time.monotonic() - self.started,
+                "weights_version": int(before["weights_version"]) + stats.weights_version,
+                "recent_returns": self.recent_returns(trainer), "best_mean_return": self.best}
+
+    def weights_metadata(self, trainer: Trainer) -> dict[str, object]:
+        config = self.config
+        return {"algo": "dqn", "env_id": config.env_id, "hidden_size": config.hidden_size,
+                "distributional": config.distributional, "dueling": config.dueling,
+                "n_atoms": self.agent_config.n_atoms, "v_min": config.v_min, "v_max": config.v_max,
+                "env_steps": self.env_steps(trainer), "mean_return": self.mean_return(trainer)}
+
+    def tick(self, trainer: Trainer) -> None:
+        """The trainer's progress callback: write what changed, save, and stop once solved or out of steps."""
+        now = self.counters(trainer)
+        self.write_row(trainer, now)
+        self.shown.update(now["env_steps"], mean_return=self.mean_return(trainer))
+        value = self.mean_return(trainer)
+        if value is not None and len(self.recent_returns(trainer)) >= 10 and (self.best is None or value > self.best):
+            self.best = value
+            save_weights(self.run_dir / "best.safetensors", self.agent.model_instance.network.state_dict(),
+                         self.weights_metadata(trainer))
+        if time.monotonic() - self.last_checkpoint > self.config.checkpoint_seconds:
+            save_agent_checkpoint(self.run_dir / "checkpoint.safetensors", self.agent, self.counters(trainer))
+            self.last_checkpoint = time.monotonic()
+        if self.solved(trainer) or now["env_steps"] >= self.config.total_env_steps:
+            trainer.stop()
+
+    def write_row(self, trainer: Trainer, now: dict[str, Any]) -> None:
+        """A metrics row per state: none for a tick that saw nothing new."""
+        if self.last_row == (now["env_steps"], now["train_steps"]):
+            return
+        self.last_row = (now["env_steps"], now["train_steps"])
+        seconds = time.monotonic() - self.started
+        self.metrics.write(now["env_steps"], {
+            "seconds": now["seconds"], "train_steps": now["train_steps"], "mean_return": self.mean_return(trainer),
+            "steps_per_second": trainer.stats.transitions_received / max(seconds, 1e-9),
+            "episodes": now["episodes"], "weights_version": now["weights_version"],
+            "replay_size": self.agent.buffer_size()})
+        self.metrics.flush()  # once a second: metrics.csv can be followed while the run goes on
+
+    def close(self, trainer: Trainer) -> None:
+        """The run's end state on disk: the last row, final weights, checkpoint, metrics and plot."""
+        self.tick(trainer)
+        self.shown.close()
+        save_weights(self.run_dir / "final.safetensors", self.agent.model_instance.network.state_dict(),
+                     self.weights_metadata(trainer))
+        save_agent_checkpoint(self.run_dir / "checkpoint.safetensors", self.agent, self.counters(trainer))
+        self.metrics.close()
         try:
-            plot_learning_curve(run_dir / "metrics.csv", run_dir / "learning_curve.png", target=target_return,
-                                title=f"DQN (SEED) on {config.env_id}")
+            plot_learning_curve(self.run_dir / "metrics.csv", self.run_dir / "learning_curve.png",
+                                target=self.target_return, title=f"DQN (SEED) on {self.config.env_id}")
         except Exception:  # a missing plot must not lose the run's other outputs
             log.exception("could not plot the learning curve")
-    final = counters(trainer)
-    result = TrainResult(run_dir=run_dir, solved=solved(trainer), interrupted=stopped_by is not None,
-                         env_steps=final["env_steps"], updates=final["train_steps"], seconds=final["seconds"],
-                         mean_return=mean_return(trainer), best_mean_return=best[0] if best else None,
-                         episodes=final["episodes"], stopped_by=stopped_by,
-                         budget="step" if final["env_steps"] >= config.total_env_steps else "time")
-    (run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
-    return result
 
 
 def weights_file(path: str | Path) -> Path:

@@ -32,7 +32,15 @@ import torch
 from torch import nn
 
 from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
-from rqrl.algorithms.common import TrainResult, check_resume, env_spaces, make_flat_env, write_config
+from rqrl.algorithms.common import (
+    TrainResult,
+    check_device,
+    check_resume,
+    check_workers,
+    env_spaces,
+    make_flat_env,
+    write_config,
+)
 from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
 from rqrl.engine.observations import TensorObs, map_tree
 from rqrl.engine.process import Terminated
@@ -98,6 +106,7 @@ class ImpalaConfig:
         "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
+        check_workers(self.workers)
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
                     "learner_threads", "progress_seconds",
                     "learner_timeout")
@@ -286,6 +295,7 @@ class Learner:
     """The training loop's state: model, optimizer, counters, recent returns, run folder."""
 
     def __init__(self, config: ImpalaConfig):
+        check_device("--learner-device", config.learner_device)
         check_resume(config, "impala")
         self.config = config
         obs_size, n_actions, threshold = env_spaces(config.env_id)
@@ -374,65 +384,11 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
     learner = Learner(config)
     actors = actors if actors is not None else make_actors(config, learner.model, secret=secret,
                                                            redis_server=redis_server)
-    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
-                            resume_step=learner.env_steps if config.resume else None)
-    progress = Progress(f"IMPALA {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
-                        enabled=config.progress, interval=config.progress_seconds)
-    started, last_checkpoint = time.monotonic(), time.monotonic()
+    loop = _TrainingLoop(learner, actors)
     stopped_by: str | None = None
-    bottleneck = Bottleneck()
     try:
         with actors:
-            actors.broadcast_updated_policy(learner.model.state_dict())
-            step_started = time.monotonic()
-            while learner.env_steps < config.total_env_steps and not learner.solved:
-                record, queue_size, _, dequeue_seconds = actors.collect_outputs(str(learner.device))
-                learner_version = actors.policy_version
-                lags = (learner_version - record.policy_version).float()
-                learner.env_steps += record.n_steps * record.batch_size
-                learner.episodes += len(record.episode_returns)
-                learner.recent_returns.extend(record.episode_returns.tolist())
-                workers = _workers_alive(actors)
-                progress.update(learner.env_steps, mean_return=learner.mean_return, lag=float(lags.mean()),
-                                lag_max=float(lags.max()), queue=queue_size, queue_bound=_queue_bound(actors),
-                                workers=workers)
-                fresh = drop_stale(record, learner_version, config.max_policy_lag)
-                dropped = record.batch_size - (fresh.batch_size if fresh is not None else 0)
-                if fresh is None:
-                    continue
-                update_started = time.perf_counter()
-                terms = learner.update(fresh)
-                actors.broadcast_updated_policy(learner.model.state_dict())
-                update_seconds = time.perf_counter() - update_started
-                seconds = learner.elapsed_before + time.monotonic() - started
-                trained_lag = (learner_version - fresh.policy_version).float()
-                metrics.write(learner.env_steps, {
-                    "seconds": seconds, "updates": learner.updates,
-                    "steps_per_second": learner.env_steps / max(seconds, 1e-9), "mean_return": learner.mean_return,
-                    "episodes": learner.episodes, "policy_lag_mean": float(trained_lag.mean()),
-                    "policy_lag_max": float(trained_lag.max()), "queue_size": queue_size,
-                    "policy_loss": terms.policy, "value_loss": terms.value, "entropy": terms.entropy,
-                    "mean_rho": terms.mean_rho, "dropped": dropped,
-                    "steps_per_second_10s": progress.throughput.rate(), "policy_lag_min": float(trained_lag.min()),
-                    "workers_alive": workers, "records_rejected": _records_rejected(actors),
-                    "dequeue_seconds": dequeue_seconds, "update_seconds": update_seconds,
-                })
-                if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
-                        learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
-                    learner.best_mean_return = learner.mean_return
-                    learner.save_weights("best")
-                if time.monotonic() - last_checkpoint > config.checkpoint_seconds:
-                    learner.checkpoint(seconds)
-                    metrics.flush()
-                    last_checkpoint = time.monotonic()
-                if learner.updates % 100 == 0:  # epochs of 100 updates keep the actors' statistics bounded
-                    actors.get_epoch_stats_aggregator().reduce()
-                now = time.monotonic()
-                bound = _queue_bound(actors)
-                # waiting: the collect's idle time where the actors measure it, not its popping and decoding
-                waited = dequeue_seconds if actors.last_wait_seconds is None else actors.last_wait_seconds
-                bottleneck.add(waited, now - step_started, bound is not None and queue_size >= bound)
-                step_started = now
+            loop.run()
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)
@@ -440,19 +396,108 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
         stopped_by = "rqrl stop"
         log.warning("%s: writing a checkpoint; resume with --resume %s", error, learner.run_dir)
     finally:
-        progress.close()
-        seconds = learner.elapsed_before + time.monotonic() - started
-        learner.checkpoint(seconds)
-        learner.save_weights("final")
-        metrics.close()
-        _plot(learner)
+        seconds = loop.close()
     result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=stopped_by is not None,
                          env_steps=learner.env_steps, updates=learner.updates, seconds=seconds,
                          mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
-                         episodes=learner.episodes, stopped_by=stopped_by, bottleneck=bottleneck.verdict(),
-                         bottleneck_detail=bottleneck.explain())
+                         episodes=learner.episodes, stopped_by=stopped_by, bottleneck=loop.bottleneck.verdict(),
+                         bottleneck_detail=loop.bottleneck.explain())
     (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
+
+
+class _TrainingLoop:
+    """IMPALA's loop: collect a batch, update, broadcast, and write what happened (metrics, progress, best
+    weights, checkpoints, the bottleneck's timings)."""
+
+    def __init__(self, learner: Learner, actors: DistributedActors):
+        config = self.config = learner.config
+        self.learner, self.actors = learner, actors
+        self.metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
+                                     resume_step=learner.env_steps if config.resume else None)
+        self.progress = Progress(f"IMPALA {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
+                                 enabled=config.progress, interval=config.progress_seconds)
+        self.started = self.last_checkpoint = self.step_started = time.monotonic()
+        self.bottleneck = Bottleneck()
+
+    @property
+    def seconds(self) -> float:
+        """Training time of the run, earlier sessions of a resumed run included."""
+        return self.learner.elapsed_before + time.monotonic() - self.started
+
+    def run(self) -> None:
+        learner, actors = self.learner, self.actors
+        actors.broadcast_updated_policy(learner.model.state_dict())
+        self.step_started = time.monotonic()
+        while learner.env_steps < self.config.total_env_steps and not learner.solved:
+            record, queue_size, _, dequeue_seconds = actors.collect_outputs(str(learner.device))
+            self.step(record, queue_size, dequeue_seconds)
+
+    def step(self, record: BatchedRecord, queue_size: int, dequeue_seconds: float) -> None:
+        """Count a collected batch, train on what is fresh enough, and write it down."""
+        learner, actors = self.learner, self.actors
+        learner_version = actors.policy_version
+        lags = (learner_version - record.policy_version).float()
+        learner.env_steps += record.n_steps * record.batch_size
+        learner.episodes += len(record.episode_returns)
+        learner.recent_returns.extend(record.episode_returns.tolist())
+        workers = _workers_alive(actors)
+        self.progress.update(learner.env_steps, mean_return=learner.mean_return, lag=float(lags.mean()),
+                             lag_max=float(lags.max()), queue=queue_size, queue_bound=_queue_bound(actors),
+                             workers=workers)
+        fresh = drop_stale(record, learner_version, self.config.max_policy_lag)
+        if fresh is None:
+            return
+        update_started = time.perf_counter()
+        terms = learner.update(fresh)
+        actors.broadcast_updated_policy(learner.model.state_dict())
+        update_seconds = time.perf_counter() - update_started
+        trained_lag = (learner_version - fresh.policy_version).float()
+        self.metrics.write(learner.env_steps, {
+            "seconds": self.seconds, "updates": learner.updates,
+            "steps_per_second": learner.env_steps / max(self.seconds, 1e-9), "mean_return": learner.mean_return,
+            "episodes": learner.episodes, "policy_lag_mean": float(trained_lag.mean()),
+            "policy_lag_max": float(trained_lag.max()), "queue_size": queue_size,
+            "policy_loss": terms.policy, "value_loss": terms.value, "entropy": terms.entropy,
+            "mean_rho": terms.mean_rho, "dropped": record.batch_size - fresh.batch_size,
+            "steps_per_second_10s": self.progress.throughput.rate(), "policy_lag_min": float(trained_lag.min()),
+            "workers_alive": workers, "records_rejected": _records_rejected(actors),
+            "dequeue_seconds": dequeue_seconds, "update_seconds": update_seconds,
+        })
+        self.save()
+        self.time_step(queue_size, dequeue_seconds)
+
+    def save(self) -> None:
+        """The best weights when the mean return improved; a checkpoint every checkpoint_seconds."""
+        learner = self.learner
+        if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
+                learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
+            learner.best_mean_return = learner.mean_return
+            learner.save_weights("best")
+        if time.monotonic() - self.last_checkpoint > self.config.checkpoint_seconds:
+            learner.checkpoint(self.seconds)
+            self.metrics.flush()
+            self.last_checkpoint = time.monotonic()
+        if learner.updates % 100 == 0:  # epochs of 100 updates keep the actors' statistics bounded
+            self.actors.get_epoch_stats_aggregator().reduce()
+
+    def time_step(self, queue_size: int, dequeue_seconds: float) -> None:
+        """Feed the bottleneck: how long the learner waited for this batch, and whether the queue was full."""
+        now, bound = time.monotonic(), _queue_bound(self.actors)
+        # waiting: the collect's idle time where the actors measure it, not its popping and decoding
+        waited = dequeue_seconds if self.actors.last_wait_seconds is None else self.actors.last_wait_seconds
+        self.bottleneck.add(waited, now - self.step_started, bound is not None and queue_size >= bound)
+        self.step_started = now
+
+    def close(self) -> float:
+        """The run's end state on disk (checkpoint, final weights, metrics, plot); returns its training time."""
+        self.progress.close()
+        seconds = self.seconds
+        self.learner.checkpoint(seconds)
+        self.learner.save_weights("final")
+        self.metrics.close()
+        _plot(self.learner)
+        return seconds
 
 
 def _plot(learner: Learner) -> None:

@@ -34,7 +34,15 @@ import torch
 from torch import nn
 
 from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, save_checkpoint, save_weights
-from rqrl.algorithms.common import TrainResult, check_resume, env_spaces, make_flat_env, write_config
+from rqrl.algorithms.common import (
+    TrainResult,
+    check_device,
+    check_resume,
+    check_workers,
+    env_spaces,
+    make_flat_env,
+    write_config,
+)
 from rqrl.algorithms.impala import ActorCritic
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
 from rqrl.engine.process import Terminated
@@ -88,6 +96,7 @@ class PpoConfig:
         "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
+        check_workers(self.workers)
         for name in ("total_env_steps", "n_workers", "num_samples", "epochs", "minibatch_size", "hidden_size",
                      "learner_threads"):
             value = getattr(self, name)
@@ -187,6 +196,7 @@ class PpoLearner:
     """Model, optimizer, counters, recent returns and the run folder of one PPO run."""
 
     def __init__(self, config: PpoConfig):
+        check_device("--learner-device", config.learner_device)
         check_resume(config, "ppo")
         self.config = config
         obs_size, n_actions, threshold = env_spaces(config.env_id)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from rqrl.cli.train import INTERRUPTED_EXIT_CODES
-from rqrl.engine.connection import redact_url
+from rqrl.engine.connection import check_redis_url, redact_url
 from rqrl.engine.keys import DEFAULT_QUEUE
 
 if TYPE_CHECKING:
@@ -38,6 +38,16 @@ def secret_from_env() -> str | None:
 def redis_server_from_env() -> str | None:
     """The redis-server binary for an embedded Redis that RQRL_REDIS_SERVER names, if set."""
     return os.environ.get("RQRL_REDIS_SERVER") or None
+
+
+def _redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --redis-url that is a Redis URL, else a one-line usage error saying what one looks like."""
+    from rqrl.errors import ConfigError
+
+    try:
+        return None if value is None else check_redis_url(value)
+    except ConfigError as error:
+        raise click.BadParameter(str(error), ctx, param) from None
 
 
 class _RqrlGroup(click.Group):
@@ -77,7 +87,7 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP, callback=_redis_url)
 @click.option("--queue", "queues", multiple=True, default=[DEFAULT_QUEUE], show_default=True,
               help="RQ queue(s) to serve, in priority order (env: RQRL_QUEUE).", envvar="RQRL_QUEUE")
 @click.option("--name", default=None, help="Worker name shown in rq-dashboard (default: host.pid.random).")
@@ -110,7 +120,7 @@ def worker(redis_url: str, queues: tuple[str, ...], name: str | None, burst: boo
 
 @main.command()
 @click.argument("run_name")
-@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP, callback=_redis_url)
 @click.option("--wait", default=60.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait for the run's learner to write its checkpoint and remove the run's keys.")
 def stop(run_name: str, redis_url: str, wait: float) -> None:
@@ -132,11 +142,7 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
     try:
         keys = RunKeys(run_name)
         connection = redis.Redis.from_url(redis_url)
-        raw_config, deadline, seed_settings = connection.mget([keys.config, keys.learner_deadline,
-                                                               keys.seed("settings")])
-        if raw_config is None and seed_settings is not None:  # a SEED trainer's run (rqrl train dqn)
-            _stop_seed_run(connection, keys, run_name, wait)
-            return
+        raw_config, deadline = connection.mget([keys.config, keys.learner_deadline])
         if raw_config is None:
             raise click.ClickException(f"no run {run_name!r} in the Redis at {redact_url(redis_url)} (already "
                                        f"stopped, or another Redis or database?)")
@@ -158,23 +164,8 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
     click.echo(f"run {run_name}: stopped by its learner (checkpoint written, keys removed)")
 
 
-def _stop_seed_run(connection: Any, keys: Any, run_name: str, wait: float) -> None:
-    """Set a SEED run's stop flag and wait for its trainer to end the run (its jobs end with the flag)."""
-    connection.set(keys.seed("stopped"), 1)
-    click.echo(f"run {run_name} (SEED trainer): stop requested; waiting up to {wait:g} s for its trainer to finish")
-    deadline_at = time.monotonic() + wait
-    while connection.exists(keys.seed("settings")):
-        if time.monotonic() > deadline_at:
-            raise click.ClickException(
-                f"run {run_name}: its trainer has not finished within {wait:g} s (raise --wait). Its actor and "
-                f"server jobs have stopped; if the trainer is gone, the run's keys rqrl:{run_name}:* stay until "
-                f"deleted")
-        time.sleep(0.2)
-    click.echo(f"run {run_name}: stopped by its trainer (checkpoint written, keys removed)")
-
-
 @main.command()
-@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP, callback=_redis_url)
 @click.option("-b", "--bind", default="127.0.0.1", show_default=True,
               help="Address to listen on. 0.0.0.0 opens it to the network: set --username and --password, and put "
                    "TLS in front (the compose file binds 0.0.0.0 inside its container and publishes the port on "
@@ -223,7 +214,7 @@ def dashboard(redis_url: str, bind: str, port: int, url_prefix: str, username: s
 
 
 @main.command()
-@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP, callback=_redis_url)
 @click.option("--worker", "worker_prefix", is_flag=False, flag_value="", default=None,
               help="Check that a worker of this host (default names: rqrl.HOSTNAME.*; or give a name prefix) sent "
                    "a heartbeat in the last 20 s.")
@@ -254,7 +245,7 @@ def health(redis_url: str, worker_prefix: str | None, run_name: str | None) -> N
 
 
 @main.command()
-@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP)
+@click.option("--redis-url", envvar="REDIS_URL", required=True, help=REDIS_URL_HELP, callback=_redis_url)
 @click.option("--run", "run_name", default=None, help="Show only this run (default: every run on the Redis).")
 @click.option("--watch", is_flag=False, flag_value=2.0, default=None, type=click.FloatRange(min=0.5),
               help="Refresh every WATCH seconds (default 2) until Ctrl-C.")
@@ -272,9 +263,13 @@ def status(redis_url: str, run_name: str | None, watch: float | None) -> None:
     try:
         while True:
             try:
-                screen = format_status(read_status(connection, run_name))
+                runs = read_status(connection, run_name)
             except (redis.RedisError, RqrlError) as error:
                 raise click.ClickException(f"cannot read the status: {error}") from error
+            if run_name is not None and not runs and watch is None:
+                raise click.ClickException(f"no run {run_name!r} in the Redis at {redact_url(redis_url)} (stopped "
+                                           f"already, or another Redis or database?); `rqrl status` lists every run")
+            screen = format_status(runs)
             if watch is not None and terminal:
                 click.clear()
             click.echo(screen)
@@ -331,7 +326,7 @@ def _demo_policy(obs_size: int, n_actions: int) -> torch.nn.Sequential:
 @click.option("--rollout-steps", default=128, show_default=True, help="Steps per rollout.")
 @click.option("--batch-size", default=8, show_default=True, help="Rollouts per collect_outputs batch.")
 @click.option("--seconds", default=20.0, show_default=True, help="How long to collect.")
-@click.option("--redis-url", envvar="REDIS_URL", default=None,
+@click.option("--redis-url", envvar="REDIS_URL", default=None, callback=_redis_url,
               help="Redis to use (env: REDIS_URL); default: an embedded private redis-server.")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Show progress on stderr: a live bar on a terminal, else a plain line every --progress-seconds; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import ssl
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -18,7 +19,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from rqrl.errors import RedisRefusedError, RedisUnavailableError
+from rqrl.errors import ConfigError, RedisRefusedError, RedisUnavailableError
 
 _T = TypeVar("_T")
 
@@ -62,8 +63,49 @@ def redact_url(url: str | None) -> str | None:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+FIRST_CONTACT_SECONDS = 5.0
+"""How long a run that starts waits for its Redis to answer before it says nothing does."""
+
+
+def check_redis_url(url: str) -> str:
+    """``url`` if it is a Redis URL, else ConfigError saying what one looks like."""
+    scheme = urllib.parse.urlsplit(url).scheme if "://" in url else ""
+    if scheme not in REDIS_SCHEMES:
+        what = f"the scheme {scheme}://" if scheme else "no scheme"
+        raise ConfigError(f"Redis URL {redact_url(url)!r} has {what}: use redis://HOST:6379/0 (rediss:// for TLS) or "
+                          f"unix:///path/to/redis.sock")
+    return url
+
+
+def first_contact(url: str, seconds: float = FIRST_CONTACT_SECONDS) -> None:
+    """Ping ``url`` for up to ``seconds``: a run that starts against a Redis where nothing answers fails now, in one
+    line, rather than after its outage window. Refusals (password, ACL, TLS) are left to the caller's checks."""
+    probe = redis.Redis.from_url(check_redis_url(url), socket_connect_timeout=min(seconds, 2.0),
+                                 socket_timeout=min(seconds, 2.0))
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            try:
+                probe.ping()
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as error:
+                if refused_login(error):
+                    return  # it answered, with a refusal the caller's checks name
+                if time.monotonic() > deadline:
+                    raise RedisUnavailableError(
+                        f"nothing answers at Redis {redact_url(url)} ({error}): start redis-server there, or check "
+                        f"the host, port or socket path; without --redis-url rqrl starts a private Redis") from error
+                time.sleep(0.25)
+            except redis.RedisError:
+                return  # it answered: whatever it said is the caller's to report
+    finally:
+        probe.close()
+
+
 def connect(url: str, outage_seconds: float = DEFAULT_OUTAGE_SECONDS) -> redis.Redis:
     """A client for ``url`` that retries through outages of up to about ``outage_seconds``."""
+    check_redis_url(url)
     retries = max(1, math.ceil(outage_seconds / _BACKOFF_CAP_SECONDS))
     retry = _OutageRetry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
     return redis.Redis.from_url(url, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],

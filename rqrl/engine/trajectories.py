@@ -18,6 +18,7 @@ the learner process is at-least-once, never lossy.
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 import weakref
@@ -167,8 +168,15 @@ class Popped:
     head: int
 
 
-PUSHED, FULL, DUPLICATE, MINE, NOT_HOLDER = 1, 0, 2, 3, 4
-LOST_REPLY = -1  # SentPush.reply: no reply came (the connection failed); push again to learn the outcome
+class QueuePush(enum.IntEnum):
+    """What the out-of-sync queue's push script answers (and LOST_REPLY: no reply came, push again to learn it)."""
+
+    FULL = 0
+    PUSHED = 1
+    DUPLICATE = 2
+    MINE = 3
+    NOT_HOLDER = 4
+    LOST_REPLY = -1
 
 
 class SentPush:
@@ -179,19 +187,19 @@ class SentPush:
         self.rollout, self.token, self.lease = rollout, token, lease
         self._sent = sent
 
-    def reply(self) -> int:
-        """The push script's result (PUSHED, FULL, ...), or LOST_REPLY when no reply came or the transaction
-        aborted while queuing; the connection always goes back to its pool. An error the commands met inside the
+    def reply(self) -> QueuePush:
+        """The push script's result (a QueuePush), or LOST_REPLY when no reply came or the transaction aborted
+        while queuing; the connection always goes back to its pool. An error the commands met inside the
         transaction (a key of the wrong type, say) is raised, as ``try_push`` raises it."""
         replies = self._sent.read(4)  # MULTI's OK, QUEUED for RPUSH and EVAL, then EXEC's replies
         if replies is None or any(isinstance(reply, Exception) for reply in replies) or not isinstance(
                 replies[3], list):
             log.debug("the reply to a sent push was lost (%s); pushing it again", replies)
-            return LOST_REPLY
+            return QueuePush.LOST_REPLY
         for reply in replies[3]:
             if isinstance(reply, Exception):
                 raise reply
-        return int(replies[3][1])
+        return QueuePush(int(replies[3][1]))
 
     def abandon(self) -> None:
         """Close the connection without reading the reply (a job that ends before it needs the outcome)."""
@@ -239,8 +247,8 @@ class TrajectoryQueue:
         return [*keys, lease[0]], lease[1]
 
     def try_push(self, rollouts: Sequence[PendingRollout], token: str = "",
-                 lease: tuple[str, str] | None = None) -> list[int]:
-        """Push what fits, in order, in one atomic call; returns PUSHED, FULL, DUPLICATE or MINE per
+                 lease: tuple[str, str] | None = None) -> list[QueuePush]:
+        """Push what fits, in order, in one atomic call; returns PUSHED, FULL, DUPLICATE or MINE (QueuePush) per
         entry (MINE: pushed already under the same non-empty ``token``), or NOT_HOLDER for all if
         ``lease`` = (lease key, holder) is given and the key does not hold that holder."""
         if not rollouts:
@@ -252,7 +260,7 @@ class TrajectoryQueue:
                 pipe.eval(_PUSH_BOUNDED, len(keys), *keys, self.bound, token, holder, rollout.stream_id,
                           rollout.rollout_id)
             replies = pipe.execute()
-        return [int(result) for result in replies[1::2]]
+        return [QueuePush(int(result)) for result in replies[1::2]]
 
     def send(self, rollout: PendingRollout, token: str, lease: tuple[str, str] | None = None) -> SentPush | None:
         """Send the push of one entry without waiting for Redis's reply, so the worker steps its next rollout
@@ -272,14 +280,14 @@ class TrajectoryQueue:
         """The outcome of a ``send``: its reply if it pushed the entry; otherwise (queue full, a duplicate, a lost
         reply) ``push`` again, which takes a resent entry this token pushed already as pushed."""
         result = sent.reply()
-        if result in (PUSHED, MINE):
+        if result in (QueuePush.PUSHED, QueuePush.MINE):
             self._impossible_markers([sent.rollout], [])  # the stream is fine: forget its duplicate streak
             return PushReport(0.0, ())
-        if result == NOT_HOLDER:
+        if result == QueuePush.NOT_HOLDER:
             assert sent.lease is not None
             raise _lease_lost(sent.lease)
         return self.push([sent.rollout], is_stopped, on_wait, token=sent.token, lease=sent.lease,
-                         found_full=result == FULL)
+                         found_full=result == QueuePush.FULL)
 
     def push(
         self,
@@ -318,13 +326,14 @@ class TrajectoryQueue:
                 room = self.bound - self.size()
             sent, rest = pending[:room], pending[room:]
             results = self.try_push(sent, token, lease) if chunks == 1 else self._try_push_chunked(sent, token, lease)
-            if NOT_HOLDER in results:
+            if QueuePush.NOT_HOLDER in results:
                 assert lease is not None
                 raise _lease_lost(lease)
-            refused = [rollout for rollout, result in zip(sent, results, strict=True) if result == DUPLICATE]
+            refused = [rollout for rollout, result in zip(sent, results, strict=True) if result == QueuePush.DUPLICATE]
             retry = self._impossible_markers(sent, refused)
             duplicates += [rollout for rollout in refused if rollout not in retry]
-            pending = [rollout for rollout, result in zip(sent, results, strict=True) if result == FULL] + retry + rest
+            full = [rollout for rollout, result in zip(sent, results, strict=True) if result == QueuePush.FULL]
+            pending = full + retry + rest
             if not pending:
                 break
             room = len(pending) if retry else self.bound - self.size()
@@ -367,10 +376,10 @@ class TrajectoryQueue:
         return 1 if total <= limit else 2
 
     def _try_push_chunked(self, rollouts: Sequence[PendingRollout], token: str,
-                          lease: tuple[str, str] | None) -> list[int]:
+                          lease: tuple[str, str] | None) -> list[QueuePush]:
         """try_push in calls of at most the server's value limit each (one rollout per actor per call set)."""
         limit, size = self._value_limit(), 0
-        results: list[int] = []
+        results: list[QueuePush] = []
         chunk: list[PendingRollout] = []
         for rollout in rollouts:
             if chunk and size + len(rollout.payload) > limit:

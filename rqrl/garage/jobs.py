@@ -43,14 +43,10 @@ from rqrl.garage.episodes import EpisodeBatch, encode_episodes
 from rqrl.garage.lockstep import Lockstep, lockstep_ready
 from rqrl.garage.store import (
     AGENT,
-    DUPLICATE,
     ENV,
     EXACT,
-    LEASE_LOST,
-    PUSHED,
-    STALE,
-    STOPPED,
     ChainEntry,
+    EpisodePush,
     SamplerCall,
     SamplerStore,
     decode_update,
@@ -291,12 +287,12 @@ class SamplerGroupJob(GroupJob):
         blob = sign(encode_episodes(batch, {"worker": str(w), "episode": str(k), "version": str(self.version)}),
                     self.context.records_key, RECORD_MAGIC)
         result = self.store.push(self.version, self.group_id, w, k, length, blob, self.held.holder)
-        if result in (STALE, STOPPED):
-            return {**self.counts(), "stale": result == STALE, "stopped": result == STOPPED}
-        if result == LEASE_LOST:
+        if result in (EpisodePush.STALE, EpisodePush.STOPPED):
+            return {**self.counts(), "stale": result == EpisodePush.STALE, "stopped": result == EpisodePush.STOPPED}
+        if result == EpisodePush.LEASE_LOST:
             raise LeaseLostError(f"sampler group {self.group_id} was taken over by another job")
-        self.pushed += result == PUSHED
-        if result not in (PUSHED, DUPLICATE):
+        self.pushed += result == EpisodePush.PUSHED
+        if result not in (EpisodePush.PUSHED, EpisodePush.DUPLICATE):
             raise RecordError(f"the episode push script answered {result}")
         self.next_k[w], self.steps[w] = k + 1, self.steps[w] + length
         self.held.touch()

@@ -37,7 +37,7 @@ from rq import Queue
 from rq.job import Job
 
 from rqrl.engine.codec import RECORD_MAGIC, records_key, verify, weights_key
-from rqrl.engine.connection import connect, redis_errors
+from rqrl.engine.connection import connect, first_contact, redis_errors
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import LocalWorkers
 from rqrl.engine.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
@@ -229,6 +229,8 @@ class MultiprocessingSampler:
         local = LocalWorkers(options.start_method, options.redis_server)
         if embedded:
             url = local.start_redis()
+        elif self._injected is None:
+            first_contact(url or "")
         connection = self._injected if self._injected is not None else connect(url or "", options.redis_outage_seconds)
         config = RunConfig(
             run_name=options.run_name or f"sampler-{uuid.uuid4().hex[:8]}", run_id=uuid.uuid4().hex,

@@ -16,6 +16,7 @@ replaced the old one, then the updates stacked on it (a ``SetTaskUpdate`` supers
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,8 +52,14 @@ REPLACE, OVERRIDE, STACK = "replace", "override", "stack"
 ChainEntry = tuple[int, int, str]
 """(version, scope, kind): scope -1 is the update every worker got, else the worker's own."""
 
-PUSHED, DUPLICATE, STALE, STOPPED, LEASE_LOST = 1, 0, -1, -2, -3
-"""What the push script answers."""
+class EpisodePush(enum.IntEnum):
+    """What the sampler's episode push script answers."""
+
+    DUPLICATE = 0
+    PUSHED = 1
+    STALE = -1
+    STOPPED = -2
+    LEASE_LOST = -3
 
 # KEYS: version, done:{v}, stopped, have:{v}, episodes:{v}, next:{v}, stale, lease:{group}
 # ARGV: v, worker, episode index, episode length, blob, lease holder
@@ -279,10 +286,10 @@ class SamplerStore:
         return list(self.connection.mget(keys)) if keys else []  # type: ignore[arg-type]
 
     def push(self, version: int, group_id: int, worker: int, episode: int, length: int, blob: bytes,
-             holder: str) -> int:
+             holder: str) -> EpisodePush:
         """Push one episode; PUSHED, DUPLICATE (a re-run's), STALE (the call is over), STOPPED or LEASE_LOST."""
         keys = self.keys
-        return int(self._push(
+        return EpisodePush(self._push(
             keys=[keys.sampler_version, keys.sampler_done(version), keys.stopped, keys.sampler_have(version),
                   keys.sampler_episodes(version), keys.sampler_next(version), keys.sampler_stale,
                   keys.lease(group_id)],

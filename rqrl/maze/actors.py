@@ -34,7 +34,7 @@ import torch
 from rq import Queue
 
 from rqrl.engine.codec import records_key, weights_key
-from rqrl.engine.connection import connect, redis_errors
+from rqrl.engine.connection import connect, first_contact, redis_errors
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import LocalWorkers, multiprocessing_context
 from rqrl.engine.observations import stack_obs, to_array, to_tensor
@@ -262,6 +262,8 @@ class RedisDistributedActors(DistributedActors):
             if self.embedded:
                 self.redis_url = self.local_workers.start_redis()
             assert self.redis_url, "without an injected connection a run has a redis_url or an embedded Redis"
+            if not self.embedded:
+                first_contact(self.redis_url)
             self.connection = connect(self.redis_url, self.options.redis_outage_seconds)
         return self.connection
 

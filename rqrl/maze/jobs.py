@@ -40,6 +40,7 @@ from rqrl.engine.run_config import RunConfig
 from rqrl.engine.trajectories import PendingRollout, PushReport, SentPush, TrajectoryQueue
 from rqrl.engine.weights import SentFetch, WeightStore
 from rqrl.errors import (
+    ForbiddenJobError,
     RunStoppedError,
     WorkerUnfitError,
 )
@@ -159,6 +160,9 @@ class ActorGroupJob(GroupJob):
         """Sent after a rollout, read before the next one."""
 
     def check_arguments(self) -> None:
+        kind = self.config.extra.get("kind")
+        if kind is not None:
+            raise ForbiddenJobError(f"refusing an actor-group job for run {self.run_name!r}, a {kind} run")
         check_group_arguments(self.config, self.group_id, self.position, least=0, what="rollout")
 
     def counts(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ index, the thread's index and how many times that thread was replaced.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import sys
@@ -40,8 +41,21 @@ a thread woken by its answer waits less for the GIL (measured: 1.3x the env step
 TRANSITIONS_PER_MESSAGE = 16
 """An actor thread sends its transitions in messages of this many (or fewer, at an episode's end)."""
 
-# KEYS: transitions list, stopped flag, stats hash; ARGV: bound, message, transitions in it, "1" to drop when full
-# returns 1 pushed, 0 full (wait and retry), 2 full and dropped (counted), -1 the run stopped
+
+
+class TransitionPush(enum.IntEnum):
+    """What the transitions' push script answers."""
+
+    FULL = 0
+    """Wait and push again."""
+    PUSHED = 1
+    DROPPED = 2
+    """Full, and dropped (counted in the run's stats)."""
+    STOPPED = -1
+
+
+# KEYS: transitions list, stopped flag, stats hash; ARGV: bound, message, transitions in it, "1" to drop when full;
+# returns a TransitionPush
 _BOUNDED_PUSH = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[1]) then
@@ -83,15 +97,15 @@ class TransitionSender:
     def send(self, message: bytes, count: int, stop: threading.Event | None = None) -> bool:
         """Push one message of ``count`` transitions; False if it was dropped (the list was full and
         ``drop_when_full``). RunStoppedError if the run stops while it waits."""
-        keys = [self.run.keys.seed("transitions"), self.run.keys.seed("stopped"), self.run.keys.seed("stats")]
+        keys = [self.run.keys.seed("transitions"), self.run.keys.stopped, self.run.keys.seed("stats")]
         pause = 0.005
         while True:
-            result = self._push(keys=keys, args=[self.bound, message, count, int(self.drop_when_full)])
-            if result == 1:
+            result = TransitionPush(self._push(keys=keys, args=[self.bound, message, count, int(self.drop_when_full)]))
+            if result == TransitionPush.PUSHED:
                 return True
-            if result == 2:
+            if result == TransitionPush.DROPPED:
                 return False
-            if result == -1 or (stop is not None and stop.is_set()):
+            if result == TransitionPush.STOPPED or (stop is not None and stop.is_set()):
                 raise RunStoppedError(f"run {self.run.keys.run_name} stopped while transitions waited to be sent")
             time.sleep(pause)
             pause = min(0.1, pause * 2)

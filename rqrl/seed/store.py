@@ -29,7 +29,8 @@ from rqrl.engine.codec import (
     sign,
     verify,
 )
-from rqrl.engine.keys import RunKeys
+from rqrl.engine.keys import DEFAULT_QUEUE, RunKeys
+from rqrl.engine.run_config import RunConfig, split_actors
 from rqrl.errors import ConfigError, RecordError
 
 EVENTS_KEPT = 1000
@@ -44,6 +45,31 @@ def seal(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str], key: byt
 def unseal(blob: bytes, key: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Inverse of seal; SignatureError or RecordError for anything not sealed under ``key``."""
     return decode_arrays(verify(blob, key, RECORD_MAGIC))
+
+
+LEARNER_TIMEOUT = 60.0
+"""Seconds after the trainer's last heartbeat that ``rqrl health --run`` calls it dead and ``rqrl stop`` cleans
+the run up itself."""
+SEED_KIND = "seed-trainer"
+"""``RunConfig.extra["kind"]`` of a SEED trainer's run."""
+
+
+@dataclass(frozen=True)
+class SeedRecord:
+    """What a SEED run's record says: its queue (None: local processes) and how many actors it runs."""
+
+    queue_name: str | None
+    actor_processes: int
+    actor_threads: int
+
+    def run_config(self, run_name: str) -> RunConfig:
+        """The run record, with one group per actor process of ``actor_threads`` actors."""
+        n_actors = self.actor_processes * self.actor_threads
+        return RunConfig(
+            run_name=run_name, run_id=run_name, queue_name=self.queue_name or DEFAULT_QUEUE, n_rollout_steps=1,
+            n_actors=n_actors, batch_size=1, queue_bound=1, actor_env_seeds=[0] * n_actors,
+            actor_agent_seeds=[0] * n_actors, actor_groups=split_actors(n_actors, self.actor_threads),
+            extra={"kind": SEED_KIND, "actors": "jobs" if self.queue_name else "processes"})
 
 
 @dataclass(frozen=True)
@@ -89,10 +115,22 @@ class SeedRun:
         return loads_object(blob, self.secret)
 
     def stopped(self) -> bool:
-        return bool(self.connection.exists(self.keys.seed("stopped")))
+        """Whether the run's stop flag is set: by its trainer as it shuts down, or by ``rqrl stop RUN``."""
+        return bool(self.connection.exists(self.keys.stopped))
 
     def stop(self) -> None:
-        self.connection.set(self.keys.seed("stopped"), 1)
+        self.connection.set(self.keys.stopped, 1)
+
+    def record(self, config: SeedRecord) -> None:
+        """The run's record that every family writes (``rqrl status``, ``health --run`` and ``stop`` read it)."""
+        self.connection.set(self.keys.config, config.run_config(self.keys.run_name).to_json())
+
+    def check_in(self, facts: Mapping[str, float]) -> None:
+        """The trainer's heartbeat, as every learner's: its deadline LEARNER_TIMEOUT on, and its figures."""
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.learner_deadline, f"{time.time() + LEARNER_TIMEOUT:.3f}")
+            pipe.hset(self.keys.learner, mapping={name: repr(float(value)) for name, value in facts.items()})
+            pipe.execute()
 
     def report(self, kind: str, **fields: Any) -> None:
         """Append an event (JSON) for the trainer to log; the list keeps the newest EVENTS_KEPT."""

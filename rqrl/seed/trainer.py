@@ -32,7 +32,7 @@ from typing import Any
 import gymnasium
 
 from rqrl.engine.codec import secret_from_environment, weights_key
-from rqrl.engine.connection import connect
+from rqrl.engine.connection import connect, first_contact
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.process import stop_processes
@@ -44,7 +44,7 @@ from rqrl.seed.agent import Agent, build_model
 from rqrl.seed.config import Config, check_against_replay
 from rqrl.seed.inference import run_server_process
 from rqrl.seed.jobs import JobFleet
-from rqrl.seed.store import SeedRun
+from rqrl.seed.store import LEARNER_TIMEOUT, SeedRecord, SeedRun
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,8 @@ class Trainer:
         given_url = config.redis_url or environment_url
         embedded = EmbeddedRedis(config.redis_server).start() if not given_url else None
         url = embedded.url if embedded is not None else str(given_url)
+        if config.connection is None and embedded is None:
+            first_contact(url)
         connection = config.connection if config.connection is not None else connect(url)
         secret = config.secret or (secrets.token_hex(32) if embedded is not None else None)
         if not secret and environment_url:
@@ -134,11 +136,13 @@ class Trainer:
                                   "set (the workers' RQRL_SECRET)")
             self.run_name = config.run_name or f"seed-{uuid.uuid4().hex[:8]}"
             run = SeedRun(connection, RunKeys(self.run_name), secret)
-            if connection.exists(run.keys.seed("settings")):
+            if connection.exists(run.keys.seed("settings"), run.keys.config):
                 run = None
                 raise ConfigError(f"run {self.run_name!r} is running in this Redis already; pick another run_name")
             run.write(self._settings(), functools.partial(build_model, self.agent.config, self.agent.network_factory),
                       self.environment)
+            run.record(SeedRecord(config.queue_name, config.actor_processes, config.actor_threads))
+            run.check_in(self._facts())
             weights = WeightStore(connection, run.keys, weights_key(secret, self.run_name))
             self.stats.weights_version = weights.publish(self.agent.model_instance.state_dict())
             context = multiprocessing_context(config.start_method)
@@ -194,6 +198,7 @@ class Trainer:
                     self.stopped_from_outside = True
                     break
                 self._supervise(run)
+                run.check_in(self._facts())
                 next_check = now + SUPERVISE_SECONDS
             if config.drop_when_full and now >= next_drop_check:
                 self._report_drops(run)
@@ -203,6 +208,13 @@ class Trainer:
                 next_progress = now + self.progress_seconds
             if not received and not trained:
                 time.sleep(max(0.0, min(0.005, deadline - time.monotonic())))
+
+    def _facts(self) -> dict[str, float]:
+        """What ``rqrl status`` shows of this trainer."""
+        stats = self.stats
+        return {"beat": time.time(), "learner_timeout": LEARNER_TIMEOUT, "policy_version": stats.weights_version,
+                "env_steps": stats.transitions_received, "train_steps": stats.train_steps,
+                "episodes": stats.episodes, "records_rejected": stats.messages_rejected}
 
     def _may_train(self) -> bool:
         """Whether one more train step keeps the samples trained on within replay_ratio per transition received."""

@@ -121,16 +121,28 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
     assert states == sorted(set(states)), f"metrics.csv went back in history after --resume: {states}"
 
 
-def test_rqrl_stop_ends_a_dqn_run(tmp_path, connection, redis_url):
+def test_a_dqn_run_is_seen_by_status_and_health_and_ended_by_rqrl_stop(tmp_path, connection, redis_url):
     run = tmp_path / "dqn-stopped"
     command = [sys.executable, "-m", "rqrl", "train", "dqn", "--env", TRIVIAL_ENV, "--seconds", "600",
                "--minimum-buffer-size", "100", "--target-return", "1000", "--redis-url", redis_url,
                "--run-dir", str(tmp_path), "--run-name", "dqn-stopped", "--progress-seconds", "0.5"]
     learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    stop, stdout, stderr = stop_from_outside(learner, "dqn-stopped", redis_url,
-                                             lambda: learner.poll() is not None or trained(run), "training to start")
-    assert stop.returncode == 0 and "stopped by its trainer" in stop.stdout, stop.stdout + stop.stderr
+
+    def trained_and_seen() -> bool:
+        if learner.poll() is not None:
+            return True
+        if not trained(run):
+            return False
+        status = run_rqrl("status", "--run", "dqn-stopped", "--redis-url", redis_url)
+        health = run_rqrl("health", "--run", "dqn-stopped", "--redis-url", redis_url)
+        assert status.returncode == 0 and "dqn-stopped" in status.stdout, status.stdout + status.stderr
+        assert health.returncode == 0 and "is alive" in health.stdout, health.stdout + health.stderr
+        return True
+
+    stop, stdout, stderr = stop_from_outside(learner, "dqn-stopped", redis_url, trained_and_seen,
+                                             "training to start, seen by rqrl status and health")
+    assert stop.returncode == 0 and "stopped by its learner" in stop.stdout, stop.stdout + stop.stderr
     assert learner.returncode == 0, stderr[-3000:]
     assert "stopped by rqrl stop" in stderr, stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())

@@ -20,9 +20,10 @@ def test_start_against_a_closed_port_raises_redis_unavailable(run_name):
     url = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
     actors = redis_actors(url, run_name, redis_outage_seconds=0.2)
     started = time.monotonic()
-    with pytest.raises(RedisUnavailableError, match=f"Redis at {url} stayed unreachable") as raised:
+    with pytest.raises(RedisUnavailableError, match=f"nothing answers at Redis {url} .*start redis-server there") \
+            as raised:
         actors.start()
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 15, "a start against nothing waited for more than its first contact"
     assert isinstance(raised.value.__cause__, redis.ConnectionError)
     actors.stop()  # nothing was started: nothing to fail on
 

@@ -21,3 +21,14 @@ def test_health_of_a_worker_that_is_not_there_fails_with_why(redis_url, connecti
     result = invoke("health", "--redis-url", redis_url, "--worker", "nobody")
     assert result.exit_code == 1
     assert "no RQ worker named nobody* is registered" in result.stdout + result.stderr
+
+
+def test_status_of_a_run_that_is_not_there_fails_and_says_so(redis_url, connection):
+    result = invoke("status", "--run", "nosuchrun", "--redis-url", redis_url)
+    assert result.exit_code == 1 and "no run 'nosuchrun'" in result.stderr
+
+
+def test_a_redis_url_without_a_scheme_is_a_usage_error(redis_url):
+    for command in (("status",), ("stop", "x"), ("health", "--worker")):
+        result = invoke(*command, "--redis-url", "localhost:6379")
+        assert result.exit_code == 2 and "has no scheme: use redis://HOST:6379/0" in result.stderr, command

@@ -10,7 +10,8 @@ import time
 import pytest
 import redis
 
-from rqrl import RedisUnavailableError
+from rqrl import ConfigError, RedisUnavailableError
+from rqrl.engine.connection import check_redis_url, connect, first_contact
 from tests.factories import redis_actors
 from tests.redis_servers import RedisServer
 
@@ -40,3 +41,17 @@ def test_a_redis_that_stays_away_ends_the_run_with_a_clear_error(restartable, ru
     assert isinstance(raised.value.__cause__, redis.ConnectionError)
     with pytest.raises(RedisUnavailableError):
         actors.queue_size()
+
+
+def test_first_contact_returns_once_redis_answers(redis_url):
+    started = time.monotonic()
+    first_contact(redis_url, seconds=5)
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize(("url", "said"), [("localhost:6379", "no scheme"), ("http://localhost:6379", "the scheme http://"),
+                                           ("", "no scheme")])
+def test_a_url_that_is_no_redis_url_says_what_one_looks_like(url, said):
+    with pytest.raises(ConfigError, match=f"has {said}.*use redis://HOST:6379/0"):
+        connect(url)
+    assert check_redis_url("rediss://:pw@host:6380/1") == "rediss://:pw@host:6380/1"

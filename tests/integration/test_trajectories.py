@@ -10,17 +10,15 @@ import redis
 
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.trajectories import (
-    DUPLICATE,
-    FULL,
-    MINE,
-    NOT_HOLDER,
-    PUSHED,
     PendingRollout,
     QueueIndicesLost,
+    QueuePush,
     TrajectoryQueue,
 )
 from rqrl.errors import ConfigError, LeaseLostError, RunStoppedError
 from tests.polling import wait_until
+
+PUSHED, FULL, DUPLICATE = QueuePush.PUSHED, QueuePush.FULL, QueuePush.DUPLICATE
 
 
 def rollout(actor_id: int, rollout_id: int) -> PendingRollout:
@@ -33,18 +31,18 @@ def never_stopped() -> bool:
 
 def test_try_push_respects_the_bound(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=3)
-    assert queue.try_push([rollout(0, 0), rollout(1, 0)]) == [PUSHED, PUSHED]
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)]) == [QueuePush.PUSHED, QueuePush.PUSHED]
     assert queue.try_push([rollout(2, 0), rollout(3, 0), rollout(4, 0)]) == [PUSHED, FULL, FULL]
     assert queue.size() == 3
-    assert queue.try_push([rollout(3, 0)]) == [FULL]
+    assert queue.try_push([rollout(3, 0)]) == [QueuePush.FULL]
     assert connection.llen(RunKeys(run_name).trajectories) == 3
 
 
 def test_a_full_push_leaves_no_marker_so_it_can_be_retried(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
-    assert queue.try_push([rollout(0, 0), rollout(1, 0)]) == [PUSHED, FULL]
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)]) == [QueuePush.PUSHED, QueuePush.FULL]
     assert queue.pop_available(1) == [b"a0-r0"]
-    assert queue.try_push([rollout(1, 0)]) == [PUSHED]
+    assert queue.try_push([rollout(1, 0)]) == [QueuePush.PUSHED]
     assert queue.pop_available(5) == [b"a1-r0"]
 
 
@@ -56,8 +54,8 @@ def test_empty_try_push_does_nothing(connection, run_name):
 
 def test_duplicates_are_delivered_once(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10)
-    assert queue.try_push([rollout(0, 5)]) == [PUSHED]
-    assert queue.try_push([rollout(0, 5)]) == [DUPLICATE]
+    assert queue.try_push([rollout(0, 5)]) == [QueuePush.PUSHED]
+    assert queue.try_push([rollout(0, 5)]) == [QueuePush.DUPLICATE]
     assert queue.try_push([rollout(0, 6), rollout(0, 6), rollout(1, 5)]) == [PUSHED, DUPLICATE, PUSHED]
     assert queue.push([rollout(0, 5), rollout(1, 5)], never_stopped).duplicates == (rollout(0, 5), rollout(1, 5))
     assert queue.pop_available(10) == [b"a0-r5", b"a0-r6", b"a1-r5"]
@@ -68,8 +66,8 @@ def test_a_duplicate_stays_refused_after_the_original_was_consumed(connection, r
     queue = TrajectoryQueue(connection, keys, bound=2)
     queue.try_push([rollout(2, 9)])
     assert queue.pop_available(1) == [b"a2-r9"]
-    assert queue.try_push([rollout(2, 9)]) == [DUPLICATE]
-    assert queue.try_push([rollout(2, 3)]) == [DUPLICATE]  # older than what the actor already pushed
+    assert queue.try_push([rollout(2, 9)]) == [QueuePush.DUPLICATE]
+    assert queue.try_push([rollout(2, 3)]) == [QueuePush.DUPLICATE]  # older than what the actor already pushed
     assert queue.size() == 0
     assert connection.hgetall(keys.pushed_rollouts) == {b"2": b"9"}  # one field per actor, whatever the count
 
@@ -87,8 +85,8 @@ def test_a_duplicate_of_a_full_queue_is_not_waited_for(connection, run_name):
 def test_runs_have_separate_queues_and_markers(connection):
     first = TrajectoryQueue(connection, RunKeys("run-a"), bound=1)
     second = TrajectoryQueue(connection, RunKeys("run-b"), bound=1)
-    assert first.try_push([rollout(0, 0)]) == [PUSHED]
-    assert second.try_push([rollout(0, 0)]) == [PUSHED]
+    assert first.try_push([rollout(0, 0)]) == [QueuePush.PUSHED]
+    assert second.try_push([rollout(0, 0)]) == [QueuePush.PUSHED]
     assert first.pop_available(2) == second.pop_available(2) == [b"a0-r0"]
 
 
@@ -254,16 +252,16 @@ def test_a_pop_whose_reply_was_lost_is_found_again_by_its_index(connection, run_
 
 def test_a_retried_push_is_mine_and_a_recomputed_rollout_is_a_duplicate(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10)
-    assert queue.try_push([rollout(0, 0), rollout(1, 0)], token="job-a") == [PUSHED, PUSHED]
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)], token="job-a") == [QueuePush.PUSHED, QueuePush.PUSHED]
     # the same job's command again (redis-py retried it after a lost reply): not another job's rollout
-    assert queue.try_push([rollout(0, 0), rollout(1, 0)], token="job-a") == [MINE, MINE]
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)], token="job-a") == [QueuePush.MINE, QueuePush.MINE]
     report = queue.push([rollout(0, 0)], never_stopped, token="job-a")
     assert report.duplicates == ()
     # a re-run job recomputing what job-a delivered
-    assert queue.try_push([rollout(0, 0)], token="job-b") == [DUPLICATE]
+    assert queue.try_push([rollout(0, 0)], token="job-b") == [QueuePush.DUPLICATE]
     assert queue.push([rollout(1, 0)], never_stopped, token="job-b").duplicates == (rollout(1, 0),)
-    assert queue.try_push([rollout(0, 1)], token="job-b") == [PUSHED]
-    assert queue.try_push([rollout(0, 1)], token="job-a") == [DUPLICATE]
+    assert queue.try_push([rollout(0, 1)], token="job-b") == [QueuePush.PUSHED]
+    assert queue.try_push([rollout(0, 1)], token="job-a") == [QueuePush.DUPLICATE]
     assert queue.try_push([rollout(0, 0)], token="job-b") == [DUPLICATE]  # older than its highest: not a retry
     assert queue.size() == 3
 
@@ -295,11 +293,11 @@ def test_a_fenced_push_goes_through_only_while_the_pusher_holds_the_lease(connec
     keys = RunKeys(run_name)
     queue = TrajectoryQueue(connection, keys, bound=10)
     lease = (keys.lease(0), "job-a#1")
-    assert queue.try_push([rollout(0, 0)], lease=lease) == [NOT_HOLDER], "no lease at all (a restarted Redis)"
+    assert queue.try_push([rollout(0, 0)], lease=lease) == [QueuePush.NOT_HOLDER], "no lease at all (a restarted Redis)"
     connection.set(keys.lease(0), "job-a#1", px=5_000)
-    assert queue.try_push([rollout(0, 0), rollout(1, 0)], lease=lease) == [PUSHED, PUSHED]
+    assert queue.try_push([rollout(0, 0), rollout(1, 0)], lease=lease) == [QueuePush.PUSHED, QueuePush.PUSHED]
     connection.set(keys.lease(0), "job-a#2", px=5_000)  # the same job id, run again: another holder
-    assert queue.try_push([rollout(0, 1)], lease=lease) == [NOT_HOLDER]
+    assert queue.try_push([rollout(0, 1)], lease=lease) == [QueuePush.NOT_HOLDER]
     with pytest.raises(LeaseLostError, match="no longer names job-a#1"):
         queue.push([rollout(0, 1)], never_stopped, lease=lease)
     assert queue.pop_available(10) == [b"a0-r0", b"a1-r0"], "a refused push leaves nothing behind"
@@ -310,7 +308,7 @@ def test_a_marker_that_is_not_a_number_is_overwritten(connection, run_name):
     keys = RunKeys(run_name)
     queue = TrajectoryQueue(connection, keys, bound=10)
     connection.hset(keys.pushed_rollouts, "0", "abc")
-    assert queue.try_push([rollout(0, 3)]) == [PUSHED]
+    assert queue.try_push([rollout(0, 3)]) == [QueuePush.PUSHED]
     assert connection.hget(keys.pushed_rollouts, "0") == b"3"
 
 
@@ -456,7 +454,7 @@ def test_a_sent_push_whose_reply_is_lost_is_pushed_again_without_a_copy(connecti
         sent.abandon()  # the reply is never read: finish must find out again
     else:  # the server drops the connection before the reply is read (a restart, a network cut)
         connection.client_kill_filter(_type="normal", skipme=True)
-    assert queue.finish(sent, never_stopped).duplicates == ()  # MINE: this token pushed it already
+    assert queue.finish(sent, never_stopped).duplicates == ()  # QueuePush.MINE: this token pushed it already
     assert queue.pop_available(4) == [b"a0-r0"]
     assert not connection.connection_pool._in_use_connections, "the sent push's connection went back to the pool"
 
@@ -464,7 +462,7 @@ def test_a_sent_push_whose_reply_is_lost_is_pushed_again_without_a_copy(connecti
 @pytest.mark.timeout(60)
 def test_a_sent_push_into_a_full_queue_waits_for_room_and_is_delivered_once(connection, redis_url, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
-    assert queue.try_push([rollout(0, 0)]) == [PUSHED]
+    assert queue.try_push([rollout(0, 0)]) == [QueuePush.PUSHED]
     sent = queue.send(rollout(1, 0), token="job-b")
     assert sent is not None
     consumer = TrajectoryQueue(redis.Redis.from_url(redis_url), RunKeys(run_name), bound=1)
@@ -482,7 +480,7 @@ def test_a_sent_push_into_a_full_queue_waits_for_room_and_is_delivered_once(conn
 
 def test_a_sent_push_into_a_full_queue_gives_up_when_the_run_stops(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
-    assert queue.try_push([rollout(0, 0)]) == [PUSHED]
+    assert queue.try_push([rollout(0, 0)]) == [QueuePush.PUSHED]
     sent = queue.send(rollout(1, 0), token="job-b")
     assert sent is not None
     with pytest.raises(RunStoppedError):
@@ -505,7 +503,7 @@ def test_an_error_inside_a_sent_push_is_raised_and_not_pushed_again(connection, 
 def test_a_sent_duplicate_is_reported_and_a_sent_push_without_the_lease_raises(connection, run_name):
     keys = RunKeys(run_name)
     queue = TrajectoryQueue(connection, keys, bound=4)
-    assert queue.try_push([rollout(0, 0)]) == [PUSHED]
+    assert queue.try_push([rollout(0, 0)]) == [QueuePush.PUSHED]
     sent = queue.send(rollout(0, 0), token="job-b")
     assert sent is not None
     assert queue.finish(sent, never_stopped).duplicates == (rollout(0, 0),)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from rqrl.algorithms.common import check_resume, recorded_settings, write_config
+from rqrl.algorithms.common import check_device, check_resume, env_spaces, recorded_settings, write_config
 from rqrl.algorithms.dqn import DqnConfig
 from rqrl.algorithms.impala import ImpalaConfig
 from rqrl.algorithms.ppo import PpoConfig
@@ -55,3 +56,35 @@ def test_dqn_keeps_its_heads_on_resume_and_the_same_settings_pass(tmp_path):
     with pytest.raises(ConfigError, match="--dueling False"):
         check_resume(DqnConfig(resume=str(folder / "checkpoint.safetensors")), "dqn")
     check_resume(DqnConfig(resume=str(folder), dueling=True, learning_rate=5e-4), "dqn")  # the rest may change
+
+
+def test_an_unknown_env_id_is_one_line_with_the_nearest_ids():
+    with pytest.raises(ConfigError, match=r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"):
+        env_spaces("CartPol-v1")
+
+
+def test_an_env_whose_dependency_is_missing_names_rqrls_extra():
+    try:
+        import Box2D  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("Box2D is installed here, so LunarLander builds")
+    with pytest.raises(ConfigError, match=r"pip install 'rqrl\[box2d\]'"):
+        env_spaces("LunarLander-v3")
+
+
+def test_a_cuda_device_without_cuda_is_one_line_naming_the_flag():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match="--learner-device 'cuda': this torch .* sees no CUDA device"):
+        check_device("--learner-device", "cuda")
+    with pytest.raises(ConfigError, match="is no torch device"):
+        check_device("--learner-device", "gpu")
+    check_device("--learner-device", "cpu")
+
+
+def test_negative_workers_name_the_flag():
+    for config_class in (ImpalaConfig, PpoConfig):
+        with pytest.raises(ConfigError, match="expected --workers >= 0"):
+            config_class(workers=-1)
