@@ -18,6 +18,7 @@
     ├── CollectTimeoutError                nothing arrived within the timeout
     │   └── NoWorkersError                 ... because no worker is alive
     ├── RunStoppedError                    the run was stopped while waiting
+    ├── ProcessesDiedError                 a trainer's actor or server processes kept dying at start
     ├── LeaseLostError                     another job took over a job's actor group (workers only)
     ├── CheckpointError                    a checkpoint or weights file is missing, corrupted or foreign
     ├── RedisUnavailableError              Redis stayed unreachable past the outage deadline
@@ -121,6 +122,11 @@ class NoWorkersError(CollectTimeoutError):
 
 class RunStoppedError(RqrlError):
     """The run was stopped (or never started) while an operation waited on it."""
+
+
+class ProcessesDiedError(RqrlError):
+    """The SEED trainer's actor or server processes (or jobs) kept dying before the first transition arrived: the
+    run cannot start, and the message names the process, how it ended, and the usual causes."""
 
 
 class RedisUnavailableError(RqrlError):

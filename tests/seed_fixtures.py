@@ -87,3 +87,13 @@ class SlowAgent(Agent):
         self.block_until = None
         time.sleep(self.seconds)
         return super().train_step()
+
+
+def mlp_failing_in_children():
+    """The agent's network in the learner's process; in any other process (an inference server) it raises, as a
+    factory whose code does not work there would: the server dies at each start."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        raise RuntimeError("this network cannot be built in a child process")
+    return mlp()

@@ -66,8 +66,9 @@ class DqnConfig:
     minimum_buffer_size: int = field(default=1000, metadata={"help": "Transitions before training starts."})
     target_update_steps: int = field(default=100, metadata={"help": "Train steps between target-network copies."})
     max_train_frequency: float = field(default=-1, metadata={"help": "Most train steps per second; <= 0: no limit."})
-    replay_ratio: float = field(default=-1, metadata={
-        "help": "Most transitions sampled for training per transition received; <= 0: no limit."})
+    replay_ratio: float = field(default=4.0, metadata={
+        "help": "Most transitions sampled for training per transition received; <= 0: no limit (the learner then "
+                "trains as fast as its CPU allows, and replays each transition more the slower the actors are)."})
     distributional: bool = field(default=False, metadata={"help": "C51 distributional head."})
     dueling: bool = field(default=False, metadata={"help": "Dueling head."})
     v_min: float = field(default=0.0, metadata={"help": "Smallest return of the distributional support."})
@@ -166,7 +167,8 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
                          mean_return=run.mean_return(trainer), best_mean_return=run.best, episodes=final["episodes"],
                          stopped_by=stopped_by,
                          budget="step" if final["env_steps"] >= config.total_env_steps else "time")
-    (run.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+    if run.metrics is not None:  # the run started
+        (run.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
 
 
@@ -184,8 +186,6 @@ class _DqnRun:
             config.run_name, config.run_dir = Path(config.resume).name, str(Path(config.resume).parent)
         self.run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / self.run_name
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(self.run_dir, dataclasses.replace(config, run_name=self.run_name), "dqn")
         self.agent_config = AgentConfig(
             state_shape=(obs_size,), action_space_size=n_actions, replay_capacity=config.replay_capacity,
             batch_size=config.batch_size, target_update_steps=config.target_update_steps,
@@ -202,8 +202,8 @@ class _DqnRun:
             log.warning("resumed from %s at %d env steps; the replay starts empty and refills to %d transitions",
                         config.resume, self.before["env_steps"], config.minimum_buffer_size)
         self.best: float | None = self.before["best_mean_return"]
-        self.metrics = MetricsWriter(self.run_dir, METRIC_FIELDS,
-                                     resume_step=self.before["env_steps"] if config.resume else None)
+        self.metrics: MetricsWriter | None = None
+        """Made with the run folder at the first tick: a launch that fails leaves no folder."""
         self.shown = Progress(f"DQN {config.env_id}", total=config.total_env_steps,
                               initial=int(self.before["env_steps"]), enabled=config.progress,
                               interval=config.progress_seconds)
@@ -257,6 +257,9 @@ class _DqnRun:
 
     def tick(self, trainer: Trainer) -> None:
         """The trainer's progress callback: write what changed, save, and stop once solved or out of steps."""
+        if self.metrics is None:
+            self.open_run_folder()
+            self.shown.announce_redis(self.run_name, trainer.redis_url)
         now = self.counters(trainer)
         self.write_row(trainer, now)
         self.shown.update(now["env_steps"], mean_return=self.mean_return(trainer))
@@ -271,9 +274,16 @@ class _DqnRun:
         if self.solved(trainer) or now["env_steps"] >= self.config.total_env_steps:
             trainer.stop()
 
+    def open_run_folder(self) -> None:
+        """The run folder, its config.json and metrics, once the trainer runs."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_config(self.run_dir, dataclasses.replace(self.config, run_name=self.run_name), "dqn")
+        self.metrics = MetricsWriter(self.run_dir, METRIC_FIELDS,
+                                     resume_step=self.before["env_steps"] if self.config.resume else None)
+
     def write_row(self, trainer: Trainer, now: dict[str, Any]) -> None:
         """A metrics row per state: none for a tick that saw nothing new."""
-        if self.last_row == (now["env_steps"], now["train_steps"]):
+        if self.last_row == (now["env_steps"], now["train_steps"]) or self.metrics is None:
             return
         self.last_row = (now["env_steps"], now["train_steps"])
         seconds = time.monotonic() - self.started
@@ -286,12 +296,16 @@ class _DqnRun:
 
     def close(self, trainer: Trainer) -> None:
         """The run's end state on disk: the last row, final weights, checkpoint, metrics and plot."""
-        self.tick(trainer)
+        if self.metrics is None and not trainer.stats.weights_version:  # the trainer never started: no folder,
+            self.shown.close()  # no untrained weights for evaluate or --resume
+            return
+        self.tick(trainer)  # the last row (and the folder, if it ended before its first tick)
         self.shown.close()
         save_weights(self.run_dir / "final.safetensors", self.agent.model_instance.network.state_dict(),
                      self.weights_metadata(trainer))
         save_agent_checkpoint(self.run_dir / "checkpoint.safetensors", self.agent, self.counters(trainer))
-        self.metrics.close()
+        if self.metrics is not None:  # tick() made it
+            self.metrics.close()
         try:
             plot_learning_curve(self.run_dir / "metrics.csv", self.run_dir / "learning_curve.png",
                                 target=self.target_return, title=f"DQN (SEED) on {self.config.env_id}")

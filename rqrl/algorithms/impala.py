@@ -317,8 +317,11 @@ class Learner:
         if config.run_name is None:
             config.run_name = f"impala-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / config.run_name
+
+    def open_run_folder(self) -> None:
+        """The run folder and its config.json, once the run has started: a launch that fails leaves none."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(self.run_dir, config, "impala")
+        write_config(self.run_dir, self.config, "impala")
 
     def _resume(self, path: Path) -> None:
         checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path
@@ -402,7 +405,8 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
                          mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
                          episodes=learner.episodes, stopped_by=stopped_by, bottleneck=loop.bottleneck.verdict(),
                          bottleneck_detail=loop.bottleneck.explain())
-    (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+    if loop.metrics is not None:
+        (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
 
 
@@ -413,8 +417,8 @@ class _TrainingLoop:
     def __init__(self, learner: Learner, actors: DistributedActors):
         config = self.config = learner.config
         self.learner, self.actors = learner, actors
-        self.metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
-                                     resume_step=learner.env_steps if config.resume else None)
+        self.metrics: MetricsWriter | None = None
+        """Made once the run has started (run())."""
         self.progress = Progress(f"IMPALA {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
                                  enabled=config.progress, interval=config.progress_seconds)
         self.started = self.last_checkpoint = self.step_started = time.monotonic()
@@ -428,6 +432,10 @@ class _TrainingLoop:
     def run(self) -> None:
         learner, actors = self.learner, self.actors
         actors.broadcast_updated_policy(learner.model.state_dict())
+        learner.open_run_folder()
+        self.metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
+                                     resume_step=learner.env_steps if self.config.resume else None)
+        self.progress.announce_redis(str(self.config.run_name), getattr(actors, "redis_url", None))
         self.step_started = time.monotonic()
         while learner.env_steps < self.config.total_env_steps and not learner.solved:
             record, queue_size, _, dequeue_seconds = actors.collect_outputs(str(learner.device))
@@ -453,6 +461,7 @@ class _TrainingLoop:
         actors.broadcast_updated_policy(learner.model.state_dict())
         update_seconds = time.perf_counter() - update_started
         trained_lag = (learner_version - fresh.policy_version).float()
+        assert self.metrics is not None, "run() made it"
         self.metrics.write(learner.env_steps, {
             "seconds": self.seconds, "updates": learner.updates,
             "steps_per_second": learner.env_steps / max(self.seconds, 1e-9), "mean_return": learner.mean_return,
@@ -474,7 +483,7 @@ class _TrainingLoop:
                 learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
             learner.best_mean_return = learner.mean_return
             learner.save_weights("best")
-        if time.monotonic() - self.last_checkpoint > self.config.checkpoint_seconds:
+        if time.monotonic() - self.last_checkpoint > self.config.checkpoint_seconds and self.metrics is not None:
             learner.checkpoint(self.seconds)
             self.metrics.flush()
             self.last_checkpoint = time.monotonic()
@@ -493,6 +502,8 @@ class _TrainingLoop:
         """The run's end state on disk (checkpoint, final weights, metrics, plot); returns its training time."""
         self.progress.close()
         seconds = self.seconds
+        if self.metrics is None:  # the run never started: no folder, no untrained weights for evaluate or --resume
+            return seconds
         self.learner.checkpoint(seconds)
         self.learner.save_weights("final")
         self.metrics.close()

@@ -216,8 +216,11 @@ class PpoLearner:
         if config.run_name is None:
             config.run_name = f"ppo-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / config.run_name
+
+    def open_run_folder(self) -> None:
+        """The run folder and its config.json, once the run has started: a launch that fails leaves none."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(self.run_dir, config, "ppo")
+        write_config(self.run_dir, self.config, "ppo")
 
     def _resume(self, path: Path) -> None:
         checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path
@@ -293,13 +296,18 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     learner = PpoLearner(config)
     sampler = sampler if sampler is not None else make_sampler(config, learner.model, secret=secret,
                                                                redis_server=redis_server)
-    metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS, resume_step=learner.env_steps if config.resume else None)
+    metrics: MetricsWriter | None = None  # made once the sampler has started
     progress = Progress(f"PPO {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
                         enabled=config.progress, interval=config.progress_seconds)
     started, last_checkpoint = time.monotonic(), time.monotonic()
     stopped_by: str | None = None
     try:
         with sampler:
+            getattr(sampler, "start_worker", lambda: None)()  # garage's: start now, so the Redis URL is known
+            progress.announce_redis(str(config.run_name), getattr(sampler, "redis_url", None))
+            learner.open_run_folder()
+            metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
+                                    resume_step=learner.env_steps if config.resume else None)
             while learner.env_steps < config.total_env_steps and not learner.solved:
                 batch = sampler.obtain_samples(learner.updates, config.num_samples, learner.cpu_state_dict())
                 learner.env_steps += int(batch.lengths.sum())
@@ -332,17 +340,24 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     finally:
         progress.close()
         seconds = learner.elapsed_before + time.monotonic() - started
-        learner.checkpoint(seconds)
-        learner.save_weights("final")
-        metrics.close()
-        try:
-            plot_learning_curve(learner.run_dir / "metrics.csv", learner.run_dir / "learning_curve.png",
-                                target=learner.target_return, title=f"PPO on {config.env_id}")
-        except Exception:  # a missing plot must not lose the run's other outputs
-            log.exception("could not plot the learning curve")
+        if metrics is not None:  # else the run never started: no folder, no untrained weights
+            _close_run_folder(learner, metrics, seconds)
     result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=stopped_by is not None,
                          env_steps=learner.env_steps, updates=learner.updates, seconds=seconds,
                          mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
                          episodes=learner.episodes, stopped_by=stopped_by)
-    (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+    if metrics is not None:
+        (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
+
+
+def _close_run_folder(learner: PpoLearner, metrics: MetricsWriter, seconds: float) -> None:
+    """The run's end state on disk: checkpoint, final weights, metrics and the learning curve."""
+    learner.checkpoint(seconds)
+    learner.save_weights("final")
+    metrics.close()
+    try:
+        plot_learning_curve(learner.run_dir / "metrics.csv", learner.run_dir / "learning_curve.png",
+                            target=learner.target_return, title=f"PPO on {learner.config.env_id}")
+    except Exception:  # a missing plot must not lose the run's other outputs
+        log.exception("could not plot the learning curve")

@@ -122,6 +122,22 @@ class Progress:
             self._last_shown = now
             self._write_pending()
 
+    def note(self, text: str) -> None:
+        """A line for the person watching (above the bar on a terminal), shown even without progress."""
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def announce_redis(self, run_name: str, redis_url: str | None) -> None:
+        """Say where the run's Redis is, so `rqrl status` and `rqrl stop` can reach it from another shell."""
+        from rqrl.engine.connection import redact_url
+
+        if redis_url:
+            self.note(f"run {run_name} on Redis {redact_url(redis_url)}: rqrl status --redis-url "
+                      f"{redact_url(redis_url)} --run {run_name}")
+
     def line(self, env_steps: int, figures: list[str], now: float) -> str:
         """One plain progress line."""
         if self.total:

@@ -493,8 +493,9 @@ class MultiprocessingSampler:
         from tqdm import tqdm
 
         total, unit = (count, "step") if mode == SAMPLES else (count * self.n_workers, "episode")
-        with tqdm(total=total, unit=unit, desc="Sampling", leave=False, dynamic_ncols=True) as bar:
-            yield bar
+        # disable=None: a live bar on a terminal only, never carriage-return fragments in a file or a pipe
+        with tqdm(total=total, unit=unit, desc="Sampling", leave=False, dynamic_ncols=True, disable=None) as bar:
+            yield _ClampedBar(bar)
 
 
 RQSampler = MultiprocessingSampler
@@ -504,6 +505,16 @@ RQSampler = MultiprocessingSampler
 class _NoBar:
     def update(self, n: int) -> None:
         """No progress display."""
+
+
+class _ClampedBar:
+    """A tqdm bar that stops at its total: a call's last episodes may bring more steps than it needs."""
+
+    def __init__(self, bar: Any):
+        self.bar = bar
+
+    def update(self, n: int) -> None:
+        self.bar.update(max(0, min(n, self.bar.total - self.bar.n)))
 
 
 class _Order:

@@ -38,7 +38,7 @@ from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.process import stop_processes
 from rqrl.engine.server import EmbeddedRedis
 from rqrl.engine.weights import WeightStore
-from rqrl.errors import ConfigError, RecordError, SignatureError
+from rqrl.errors import ConfigError, ProcessesDiedError, RecordError, SignatureError
 from rqrl.seed.actor import decode_transitions, run_actor_process
 from rqrl.seed.agent import Agent, build_model
 from rqrl.seed.config import Config, check_against_replay
@@ -49,6 +49,8 @@ from rqrl.seed.store import LEARNER_TIMEOUT, SeedRecord, SeedRun
 log = logging.getLogger(__name__)
 
 SUPERVISE_SECONDS = 0.2
+START_FAILURES = 5
+"""Deaths of one actor or server process before any transition arrived after which start() raises."""
 DROP_CHECK_SECONDS = 2.0
 """How often the learner looks for dead actor and server processes and for reported thread deaths."""
 RECEIVE_MESSAGES = 256
@@ -100,6 +102,8 @@ class Trainer:
         self.started_pids: list[int] = []  # every process the last start() started, replacements included
         self._stop = threading.Event()
         self.stopped_from_outside = False  # the last start() ended on `rqrl stop RUN` (the run's stop flag)
+        self.redis_url: str | None = None
+        """The Redis of the last start() (an embedded one's URL while it runs)."""
 
     def stop(self) -> None:
         """Make a running ``start()`` (in another thread) end now, as if its duration had passed."""
@@ -122,6 +126,7 @@ class Trainer:
         given_url = config.redis_url or environment_url
         embedded = EmbeddedRedis(config.redis_server).start() if not given_url else None
         url = embedded.url if embedded is not None else str(given_url)
+        self.redis_url = url
         if config.connection is None and embedded is None:
             first_contact(url)
         connection = config.connection if config.connection is not None else connect(url)
@@ -268,6 +273,12 @@ class Trainer:
                 self.processes[name].join(0)
             failures = self._failures.get(name, 0) + 1
             self._failures[name] = failures
+            if failures >= START_FAILURES and self.stats.transitions_received == 0:
+                raise ProcessesDiedError(
+                    f"run {run.keys.run_name}: {name} {cause}, {failures} times before the first transition arrived; "
+                    f"the trainer gives up. Usual causes: a script that starts the trainer outside `if __name__ == "
+                    f"'__main__':` (each new process runs it again while importing it), or an environment or network "
+                    f"factory that raises in a fresh process; the processes' stderr above says which")
             self._restart_after[name] = now + min(5.0, 0.1 * 2 ** min(failures, 10))
             message = f"restarted {name} {cause}"
             log.warning("run %s: %s", run.keys.run_name, message)

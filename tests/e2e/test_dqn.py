@@ -35,6 +35,7 @@ def test_a_short_run_writes_the_run_folder(tmp_path):
                       "--run-name", "short", "--target-return", "1000", timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("time budget reached:"), result.stdout  # --seconds ended it, not the steps
+    assert "run short on Redis unix://" in result.stderr, result.stderr[-3000:]
     run = tmp_path / "short"
     for name in ("final.safetensors", "metrics.csv", "config.json", "summary.json", "learning_curve.png"):
         assert (run / name).is_file(), name

@@ -18,6 +18,7 @@ from tests.children import (
     alive,
     communicate_or_show_stacks,
     descendants,
+    free_port,
     processes_with_marker,
     run_rqrl,
     stop_from_outside,
@@ -50,6 +51,8 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
                   "--batch-size", "4", "--n-rollout-steps", "20", "--workers", "2", "--run-dir", str(tmp_path),
                   "--run-name", "trivial", "--seed", "1")
     assert result.returncode == 0, result.stderr[-3000:]
+    # the embedded Redis is named, so `rqrl status` and `rqrl stop` can reach it from another shell
+    assert "run trivial on Redis unix://" in result.stderr and "rqrl status --redis-url unix://" in result.stderr
     run = tmp_path / "trivial"
     for name in ("final.safetensors", "best.safetensors", "checkpoint.safetensors", "metrics.csv", "config.json",
                  "summary.json", "learning_curve.png"):
@@ -174,6 +177,7 @@ def test_a_ppo_run_resumes_as_ppo_with_its_recorded_settings(tmp_path):
     resumed = rqrl("train", "--resume", str(tmp_path / "p"), "--total-env-steps", "1600")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming with --total-env-steps 1600 (recorded: 800)" in resumed.stderr
+    assert "run p on Redis unix://" in resumed.stderr
     assert "PPO" in resumed.stderr  # the PPO learner's progress, not IMPALA's
     recorded = json.loads((tmp_path / "p" / "config.json").read_text())
     assert recorded["algo"] == "ppo" and recorded["env_id"] == TRIVIAL_ENV and recorded["num_samples"] == 400
@@ -372,3 +376,14 @@ def test_a_resumed_learner_re_runs_the_groups_its_dead_predecessors_workers_drop
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["env_steps"] >= steps_before + 2000
     assert connection.keys("rqrl:revived:*") == []
+
+
+@pytest.mark.parametrize("algorithm", [(), ("ppo",), ("dqn",)], ids=["impala", "ppo", "dqn"])
+def test_a_launch_against_a_redis_where_nothing_answers_fails_fast_and_leaves_no_run_folder(tmp_path, algorithm):
+    started = time.monotonic()
+    result = rqrl("train", *algorithm, "--env", TRIVIAL_ENV, "--redis-url", f"redis://127.0.0.1:{free_port()}/0",
+                  "--run-dir", str(tmp_path), "--run-name", "failed", timeout=60)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "nothing answers at Redis" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert time.monotonic() - started < 30, "the launch waited for the outage window"
+    assert not (tmp_path / "failed").exists(), "a launch that never started left a run folder"

@@ -203,6 +203,8 @@ def test_the_train_run_folder_does_not_store_the_redis_password(tmp_path):
         learner = Learner(ImpalaConfig(redis_url=url, run_dir=str(tmp_path), run_name="secret-check", progress=False))
     finally:
         torch.set_num_threads(threads)  # Learner sets the learner's thread count for the whole process
+    assert not learner.run_dir.exists(), "the folder comes once the run has started"
+    learner.open_run_folder()
     stored = (learner.run_dir / "config.json").read_text()
     assert "127.0.0.1:1" in stored  # the host stays, for the record
     assert ACL_PASSWORDS["learner"] not in stored

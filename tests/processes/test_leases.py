@@ -124,9 +124,11 @@ def test_a_rerun_says_where_its_rollouts_do_not_continue_the_delivered_ones(conn
         # rescuer re-runs from the last recorded rollout and recomputes some delivered ones
         records += [actors.collect_outputs("cpu").record for _ in range(40)]
         # as if the victim's last progress write were a second old: the rescuer re-runs from rollout 1
-        # and recomputes rollouts the victim delivered; its pushes of those are refused as duplicates
-        connection.set(actors.keys.progress(0), 1)
+        # and recomputes rollouts the victim delivered; its pushes of those are refused as duplicates (set once
+        # the victim is dead, which cannot write progress any more, and within the lease window the reaper waits)
         victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        connection.set(actors.keys.progress(0), 1)
 
         def rescued() -> bool:
             records.append(actors.collect_outputs("cpu").record)

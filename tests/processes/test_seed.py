@@ -13,11 +13,13 @@ import time
 
 import pytest
 
+from rqrl.errors import ProcessesDiedError
 from rqrl.seed import Trainer
+from rqrl.seed.agent import Agent
 from tests.children import alive
 from tests.integration.test_seed import config  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
-from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole
+from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole, mlp_failing_in_children
 
 
 def assert_nothing_left(trainer, connection, run_name, pids):
@@ -175,3 +177,15 @@ def test_replay_ratio_caps_samples_trained_per_transition_received(redis_url, co
     # the learner alone would run hundreds of train steps per second of 16 samples, far above 0.5 per transition
     assert ratios and max(ratios) <= 0.5, ratios
     assert trainer.stats.train_steps * agent.config.batch_size <= 0.5 * trainer.stats.transitions_received
+
+
+def test_servers_that_keep_dying_at_start_make_start_raise_with_the_cause(redis_url, connection, run_name):
+    agent = Agent(cartpole_agent().config, mlp_failing_in_children)
+    trainer = Trainer(agent, config(redis_url, run_name), make_cartpole)
+    started = time.monotonic()
+    with pytest.raises(ProcessesDiedError, match=r"server-0 \(pid \d+\), which exited with code 1, 5 times before "
+                                                 r"the first transition") as raised:
+        trainer.start(120)
+    assert time.monotonic() - started < 60, "start() waited out its duration instead of giving up"
+    assert "if __name__ == '__main__':" in str(raised.value)
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)

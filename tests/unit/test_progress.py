@@ -116,3 +116,12 @@ def test_pace_sleeps_most_of_the_expected_delivery_time_counted_from_the_emptyin
 def test_pace_is_zero_when_the_queue_was_not_emptied_nothing_is_needed_or_the_rate_is_unknown(emptied_at, steps,
                                                                                               rate):
     assert pace_seconds(emptied_at, 10.0, steps, rate) == 0.0
+
+
+def test_the_runs_redis_is_announced_even_without_progress_and_without_its_password():
+    stream = io.StringIO()
+    progress = Progress("IMPALA", enabled=False, stream=stream)
+    progress.announce_redis("r1", "redis://:hunter2@host:6379/0")
+    progress.announce_redis("r1", None)  # an injected connection: nothing to say
+    assert stream.getvalue() == "run r1 on Redis redis://:***@host:6379/0: rqrl status --redis-url " \
+                                "redis://:***@host:6379/0 --run r1\n"

@@ -3,12 +3,15 @@ round-robin prefix obtain_samples returns."""
 
 from __future__ import annotations
 
+import io
+
 import gymnasium
 import numpy as np
 import pytest
+import tqdm
 
 from rqrl import EnvSpec, EpisodeBatch, MultiprocessingSampler, RQSampler, StepType, WorkerFactory
-from rqrl.garage.sampler import _Order
+from rqrl.garage.sampler import _ClampedBar, _Order
 from tests import fixtures
 
 
@@ -62,3 +65,20 @@ def test_exact_order_is_worker_order():
     assert not order.complete(episodes)
     episodes[(0, 1)] = one_episode(1)
     assert order.complete(episodes) and order.chosen(episodes) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_the_call_bar_stops_at_its_total_and_writes_nothing_into_a_file(tmp_path, monkeypatch):
+    sampler = MultiprocessingSampler(WorkerFactory(max_episode_length=10, n_workers=2), agents=fixtures.mlp_policy(),
+                                     envs=fixtures.make_cartpole)
+    log = (tmp_path / "stderr.txt").open("w")
+    monkeypatch.setattr("sys.stderr", log)  # a job's log file: no terminal
+    with sampler._progress_bar("samples", 100) as bar:
+        bar.update(70)
+        bar.update(70)  # the last episode brings more steps than the call needs
+        assert bar.bar.n <= 100
+    log.close()
+    assert (tmp_path / "stderr.txt").read_text() == ""
+    shown = _ClampedBar(tqdm.tqdm(total=100, file=io.StringIO()))
+    shown.update(70)
+    shown.update(70)
+    assert shown.bar.n == 100, "the bar overshot its total"
