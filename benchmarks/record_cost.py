@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 STAGES = ("encode+sign", "verify+decode", "check", "batch", "env steps")
 GROUP_STAGES = ("group encode+sign", "group decode+check")  # absent from trees older than rqrl.maze.group_records
@@ -42,20 +43,26 @@ def _best_cpu_seconds(function: Callable[[], object], repeats: int, calls: int) 
     return best
 
 
+def _one_record_per_entry(spec: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Encode+sign and verify+decode of one record as one entry: the single-record format of trees before issue 23,
+    a group of one since (its decode checks the record against ``spec`` too)."""
+    try:
+        from rqrl.maze.records import decode_signed_record, encode_signed_record  # type: ignore[attr-defined]
+    except ImportError:
+        from rqrl.maze.group_records import decode_signed_entry, encode_signed_group
+
+        return (lambda record, run_id, key: encode_signed_group([record], run_id, key),
+                lambda blob, run_id, key: decode_signed_entry(blob, run_id, key, spec).records[0])
+    return encode_signed_record, decode_signed_record
+
+
 def measure(envs: int, steps: int, repeats: int) -> dict[str, float]:
     """Microseconds of CPU per record for each stage, in this process (this tree's rqrl)."""
     import torch
 
     from benchmarks.actors_throughput import agent_seeds, env_seeds, make_env, make_policy
     from rqrl.engine.policy import make_act_function
-    from rqrl.maze.records import (
-        RecordSpec,
-        batch_records,
-        check_record,
-        decode_signed_record,
-        encode_signed_record,
-        record_signature,
-    )
+    from rqrl.maze.records import RecordSpec, batch_records, check_record, record_signature
     from rqrl.maze.rollout import ActorGroup
 
     torch.set_num_threads(1)
@@ -63,8 +70,9 @@ def measure(envs: int, steps: int, repeats: int) -> dict[str, float]:
     act = make_act_function(make_policy(), group.action_space)
     records = list(group.run(act, 0, policy_version=1, cut_at_end=False))
     key = b"k" * 32
-    blobs = [encode_signed_record(record, "run", key) for record in records]
     spec = RecordSpec(n_steps=steps, n_actors=envs, signature=record_signature(records[0]), action_bounds=(0, 2))
+    encode_signed_record, decode_signed_record = _one_record_per_entry(spec)
+    blobs = [encode_signed_record(record, "run", key) for record in records]
     decoded = [decode_signed_record(blob, "run", key) for blob in blobs]
     stages: dict[str, Callable[[], object]] = {
         "encode+sign": lambda: [encode_signed_record(record, "run", key) for record in records],

@@ -57,7 +57,9 @@ class DqnConfig:
     inference_batchsize: int = field(default=4, metadata={"help": "Most observations per forward pass."})
     inference_delay: float = field(default=0.005, metadata={"help": "Most seconds a batch waits for more requests."})
     n_step: int = field(default=3, metadata={"help": "Rewards summed per transition."})
-    epsilon: float = field(default=0.05, metadata={"help": "Probability of a random action at each actor step."})
+    epsilon: float = field(default=0.01, metadata={
+        "help": "Probability of a random action at each actor step (the training returns that decide 'solved' "
+                "are these actors')."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate."})
     discount: float = field(default=0.99, metadata={"help": "Discount factor gamma."})
     hidden_size: int = field(default=128, metadata={"help": "Width of the two hidden layers of the Q-network."})

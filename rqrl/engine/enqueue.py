@@ -37,30 +37,30 @@ def enqueue_group(connection: redis.Redis, config: RunConfig, group_id: int, rol
     continuation passes its lease ``holder``: LeaseLostError if it no longer holds the group.
     """
     keys = RunKeys(config.run_name)
-    queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
     new_holder = keys.job_id(group_id, rollout_id)
     holder_job = holder.partition("#")[0] if holder is not None else None
     if holder_job is not None and (holder_job == new_holder or holder_job.startswith(new_holder + "_a")):
         # a job handing its group back before it ran a rollout: under its own id, the new job would be deleted
         # with the old one's hash when that ends (result_ttl=0), or overwritten when it is filed as failed
         new_holder = keys.job_id(group_id, rollout_id, again=uuid.uuid4().hex[:8])
+    description = f"rqrl {config.run_name} actors {config.actor_groups[group_id]} from rollout {rollout_id}"
+    return enqueue_with_lease(connection, config, JOB_FUNCTION, group_id, rollout_id, new_holder, holder, description)
+
+
+def enqueue_with_lease(connection: redis.Redis, config: RunConfig, function: str, group_id: int, position: int,
+                       job_id: str, holder: str | None, description: str) -> str:
+    """Hand ``group_id``'s lease (and ``position``, its progress) to job ``job_id``, then enqueue it to run
+    ``function(run name, group id, position)``; with ``holder`` (a continuation) only while that job still holds
+    the group, else LeaseLostError. Every family's group jobs are enqueued here."""
+    keys = RunKeys(config.run_name)
     if holder is not None:
-        if not hand_over_from(connection, keys, group_id, holder, new_holder, rollout_id, config.lease_seconds):
+        if not hand_over_from(connection, keys, group_id, holder, job_id, position, config.lease_seconds):
             raise LeaseLostError(f"group {group_id} is no longer {holder}'s: enqueueing no continuation")
     else:
         with connection.pipeline(transaction=True) as pipe:
-            hand_over(pipe, keys, group_id, new_holder, rollout_id, config.lease_seconds)
+            hand_over(pipe, keys, group_id, job_id, position, config.lease_seconds)
             pipe.execute()
-    job = queue.enqueue(
-        JOB_FUNCTION,
-        config.run_name,
-        group_id,
-        rollout_id,
-        job_id=new_holder,
-        description=f"rqrl {config.run_name} actors {config.actor_groups[group_id]} from rollout {rollout_id}",
-        result_ttl=0,
-        failure_ttl=ERROR_TTL_SECONDS,
-        job_timeout=-1,
-    )
-    return job.id
-
+    queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
+    job = queue.enqueue(function, config.run_name, group_id, position, job_id=job_id, description=description,
+                        result_ttl=0, failure_ttl=ERROR_TTL_SECONDS, job_timeout=-1)
+    return str(job.id)

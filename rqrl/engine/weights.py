@@ -15,13 +15,13 @@ The learner counts its versions on from the newest one it can verify, never from
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import redis
 import torch
 
+from rqrl.engine.bounded_log import BoundedLog
 from rqrl.engine.codec import MAX_ID, WEIGHTS_MAGIC, decode_state_dict, encode_state_dict, read_metadata, sign, verify
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.sent_commands import SentCommands
@@ -30,8 +30,9 @@ from rqrl.errors import RecordError, SignatureError
 log = logging.getLogger(__name__)
 
 LOG_INTERVAL_SECONDS = 5.0
+_REFUSALS = BoundedLog(log, LOG_INTERVAL_SECONDS)
+"""This process's refusals of weights, logged at a bounded rate (a Redis writer can repeat them at will)."""
 """At most one refused-weights warning per this many seconds and process."""
-_last_log = {"at": -float("inf"), "unlogged": 0}
 
 # KEYS[1] = latest pointer; ARGV[1] = weights key prefix, ARGV[2] = version the caller holds
 _FETCH_IF_NEWER = """
@@ -158,14 +159,8 @@ class WeightStore:
     def _refuse(self, reason: str) -> None:
         """Count and log (at most every LOG_INTERVAL_SECONDS) a refusal; the caller keeps its weights."""
         self.refused += 1
-        now = time.monotonic()
-        if now - _last_log["at"] < LOG_INTERVAL_SECONDS:
-            _last_log["unlogged"] += 1
-            return
-        more = f" ({_last_log['unlogged']} more refused since the last message)" if _last_log["unlogged"] else ""
-        _last_log["at"], _last_log["unlogged"] = now, 0
-        log.warning("run %s: refusing weights from Redis, keeping the ones held: %s%s", self.keys.run_name, reason,
-                    more)
+        _REFUSALS.warning("run %s: refusing weights from Redis, keeping the ones held: %s", self.keys.run_name,
+                          reason)
 
 
 class SentFetch:

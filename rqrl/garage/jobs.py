@@ -24,11 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from rq import Queue
-from rq.serializers import JSONSerializer
 
 from rqrl.engine.codec import RECORD_MAGIC, records_key, sign, weights_key
-from rqrl.engine.enqueue import ERROR_TTL_SECONDS, SAMPLER_JOB_FUNCTION
+from rqrl.engine.enqueue import SAMPLER_JOB_FUNCTION, enqueue_with_lease
 from rqrl.engine.group_job import GroupJob, WarmContexts, check_group_arguments
 from rqrl.engine.jobs import (
     JobSlice,
@@ -36,7 +34,6 @@ from rqrl.engine.jobs import (
     load_signed,
 )
 from rqrl.engine.keys import RunKeys
-from rqrl.engine.leases import hand_over, hand_over_from
 from rqrl.engine.run_config import RunConfig
 from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError, WorkerUnfitError
 from rqrl.garage.episodes import EpisodeBatch, encode_episodes
@@ -71,20 +68,9 @@ def enqueue_sampler_group(connection: redis.Redis, config: RunConfig, group_id: 
     """Enqueue the job that runs ``group_id`` for call ``version``, handing it the group's lease first (so
     the reaper never sees it waiting without one); with ``holder`` (a continuation) only while that job
     still holds the group, else LeaseLostError."""
-    keys = RunKeys(config.run_name)
-    job_id = keys.sampler_job_id(group_id, version, uuid.uuid4().hex[:8])
-    if holder is not None:
-        if not hand_over_from(connection, keys, group_id, holder, job_id, version, config.lease_seconds):
-            raise LeaseLostError(f"sampler group {group_id} is no longer {holder}'s: enqueueing no continuation")
-    else:
-        with connection.pipeline(transaction=True) as pipe:
-            hand_over(pipe, keys, group_id, job_id, version, config.lease_seconds)
-            pipe.execute()
-    queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
-    queue.enqueue(SAMPLER_JOB_FUNCTION, config.run_name, group_id, version, job_id=job_id,
-                  description=f"rqrl sampler {config.run_name} workers {config.actor_groups[group_id]} call {version}",
-                  result_ttl=0, failure_ttl=ERROR_TTL_SECONDS, job_timeout=-1)
-    return job_id
+    job_id = RunKeys(config.run_name).sampler_job_id(group_id, version, uuid.uuid4().hex[:8])
+    return enqueue_with_lease(connection, config, SAMPLER_JOB_FUNCTION, group_id, version, job_id, holder,
+                              f"rqrl sampler {config.run_name} workers {config.actor_groups[group_id]} call {version}")
 
 
 @dataclass

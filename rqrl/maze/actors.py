@@ -102,6 +102,11 @@ class DistributedActors(StatsReader, abc.ABC):
         self.stop()
 
 
+JUNK_POP_ENTRIES = 256
+"""Most entries one pop takes while whole pops are refused: junk drains at Redis's speed, and good entries that
+follow it come in pops of at most this many (about 1 MB each)."""
+
+
 @dataclass(frozen=True)
 class _Transport:
     """A run's stores on one Redis connection."""
@@ -427,6 +432,7 @@ class RedisDistributedActors(DistributedActors):
         deadline = time.monotonic() + collect_timeout
         no_worker_since: float | None = None
         entries_left = 0
+        junk_pop = 0  # grows while whole pops are refused (junk a Redis writer planted): drained at full speed
         while len(self._inbox) < self.batch_size:
             self.supervisor.raise_actor_failures(throttled=True)
             self.supervisor.check_sidelined_workers(throttled=True)
@@ -445,12 +451,19 @@ class RedisDistributedActors(DistributedActors):
                 )
             self._reap()
             wanted = self._entries_for(self.batch_size - len(self._inbox))
-            self._pause_for(wanted, deadline - now)
-            now = time.monotonic()
-            arrived = self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now)))
-            self._waited += time.monotonic() - now
-            if arrived:
-                entries_left = self._pop(wanted).size_after
+            if entries_left == 0:  # else entries wait already: pop them now, doorbell or not
+                self._pause_for(wanted, deadline - now)
+                now = time.monotonic()
+                if not self._queue.wait_until_not_empty(min(0.25, max(0.01, deadline - now))):
+                    self._waited += time.monotonic() - now
+                    continue
+                self._waited += time.monotonic() - now
+            records, rejected = len(self._inbox), self._inbox.records_rejected
+            popped = self._pop(max(wanted, junk_pop))
+            entries_left = popped.size_after
+            refused_all = (bool(popped.entries) and len(self._inbox) == records
+                           and self._inbox.records_rejected > rejected)
+            junk_pop = min(JUNK_POP_ENTRIES, max(16, 2 * junk_pop)) if refused_all else 0
         return entries_left
 
     def _pause_for(self, entries: int, time_left: float = MAX_PACE_SECONDS) -> None:

@@ -8,12 +8,13 @@ per-rollout cost that kept ``collect_outputs`` below the machine's limit with ma
 encode the group straight from its ``[T, n]`` buffers (``RolloutSteps``, ``encode_steps_group``); the same
 bytes as ``encode_group`` makes of its records.
 
-The learner's entries may hold one rollout (``rqrl.rollout.v1``, ``rqrl.maze.records``) or a group
-(``rqrl.rollouts.v1``); ``decode_signed_entry`` reads either, after the HMAC check, and never unpickles.
+Every queue entry is a group (``rqrl.rollouts.v1``, of one rollout or more); ``decode_signed_entry`` reads it
+after the HMAC check, and never unpickles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -24,13 +25,10 @@ from rqrl.engine.codec import MAX_ID, RECORD_MAGIC, ArrayParts, decode_arrays, e
 from rqrl.engine.observations import Obs, empty_like_batch, flatten_obs, select, stack_obs, unflatten_obs
 from rqrl.errors import RecordError
 from rqrl.maze.records import (
-    RECORD_FORMAT,
     STEP_FIELDS,
     RecordSpec,
     RolloutRecord,
-    check_record,
     check_signature,
-    record_from_arrays,
 )
 
 GROUP_FORMAT = "rqrl.rollouts.v1"
@@ -209,7 +207,7 @@ def entry_stream(group_id: int, part: int) -> int | str:
 
 
 def encode_signed_group(records: Sequence[RolloutRecord], run_id: str, key: bytes) -> bytes:
-    """encode_group, tagged with HMAC-SHA256 under the run's records key (as ``encode_signed_record``)."""
+    """encode_group, tagged with HMAC-SHA256 under the run's records key (``rqrl.engine.codec.records_key``)."""
     return sign(encode_group(records, run_id), key, RECORD_MAGIC)
 
 
@@ -224,23 +222,32 @@ def decode_signed_entry(blob: bytes, run_id: str, key: bytes, spec: RecordSpec) 
     """The rollouts of a queue entry of either format; SignatureError before anything is parsed if it was not
     tagged under ``key``, RecordError if it cannot be read as rollouts of this run at all."""
     arrays, metadata = decode_arrays(verified_view(blob, key, RECORD_MAGIC))
-    if metadata.get("format") == RECORD_FORMAT:
-        record = record_from_arrays(arrays, metadata, run_id)
-        try:
-            check_record(record, spec)
-        except RecordError as error:
-            return DecodedEntry([record], error)
-        return DecodedEntry([record], None)
-    if metadata.get("format") != GROUP_FORMAT:
-        raise RecordError(f"expected a {RECORD_FORMAT} or {GROUP_FORMAT} entry, got format {metadata.get('format')!r}")
-    if metadata.get("run_id") != run_id:
-        raise RecordError(f"entry belongs to run {metadata.get('run_id')!r}, not to this run {run_id!r}")
-    records = _split(arrays, metadata)
+    records = _split(arrays, _group_metadata(metadata, run_id))
     try:
         _check_group(arrays, records, spec)
     except RecordError as error:
         return DecodedEntry(records, error)
     return DecodedEntry(records, None)
+
+
+def decode_group(blob: bytes | memoryview, run_id: str) -> list[RolloutRecord]:
+    """The rollouts of an unsigned entry ``encode_group`` made, each checked as RolloutRecord checks it; RecordError
+    for anything else. (The learner reads signed entries: ``decode_signed_entry``.)"""
+    arrays, metadata = decode_arrays(blob)
+    records = _split(arrays, _group_metadata(metadata, run_id))
+    try:
+        return [dataclasses.replace(record) for record in records]  # the constructor's checks, per record
+    except (ValueError, TypeError, IndexError) as error:
+        raise RecordError(f"group entry holds a malformed rollout: {error}") from error
+
+
+def _group_metadata(metadata: dict[str, str], run_id: str) -> dict[str, str]:
+    """``metadata`` if it is a group entry's of run ``run_id``, else RecordError."""
+    if metadata.get("format") != GROUP_FORMAT:
+        raise RecordError(f"expected a {GROUP_FORMAT} entry, got format {metadata.get('format')!r}")
+    if metadata.get("run_id") != run_id:
+        raise RecordError(f"entry belongs to run {metadata.get('run_id')!r}, not to this run {run_id!r}")
+    return metadata
 
 
 def _counts(arrays: dict[str, np.ndarray], name: str, total_of: str, actors: int) -> np.ndarray:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections import Counter
 
 import gymnasium
 
+from rqrl.engine.bounded_log import BoundedLog
 from rqrl.engine.codec import MAX_ID
 from rqrl.engine.policy import ActFunction
 from rqrl.engine.trajectories import Popped, TrajectoryQueue
@@ -87,8 +87,7 @@ class Inbox:
         # actor id -> highest rollout id of a tagged, in-bounds record, accepted or not: the base of the id bound
         self._last_seen: dict[int, int] = {} if resumed else dict.fromkeys(range(spec.n_actors), -1)
         self._ended_mid_episode: dict[int, bool] = {}  # actor id -> its last rollout ended inside an episode
-        self._last_log = -float("inf")
-        self._unlogged = 0
+        self._rejections_log = BoundedLog(log, LOG_INTERVAL_SECONDS)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -195,13 +194,7 @@ class Inbox:
         self.records_rejected += 1
         self.rejected_by_reason[reason] += 1
         self.stats.add(RolloutEvents.records_rejected, 1)
-        now = time.monotonic()
-        if now - self._last_log < LOG_INTERVAL_SECONDS:
-            self._unlogged += 1
-            return
-        more = f" ({self._unlogged} more rejected since the last message)" if self._unlogged else ""
-        self._last_log, self._unlogged = now, 0
-        log.warning("rejected a queue entry of run %s (%s): %s%s", self.run_name, reason, error, more)
+        self._rejections_log.warning("rejected a queue entry of run %s (%s): %s", self.run_name, reason, error)
 
     def _mark_gap(self, record: RolloutRecord) -> RolloutRecord:
         """The last line against silent gaps: ids an actor's stream skipped were lost in Redis (the

@@ -4,9 +4,9 @@ A rollout is time-major ``[T, ...]`` numpy arrays; a batch stacks ``B`` rollouts
 ``[T, B, ...]`` torch tensors on the learner's device. Dict observations are kept as dicts
 (nested keys flattened with ``/`` on the wire).
 
-On the wire a record is a safetensors buffer signed with HMAC-SHA256 under the run's records key
-(``encode_signed_record``); the learner checks the tag before it parses anything, then every field
-against the run's ``RecordSpec`` (``check_record``).
+On the wire records travel as group entries (``rqrl.maze.group_records``), safetensors buffers signed with
+HMAC-SHA256 under the run's records key; the learner checks the tag before it parses anything, then every
+field against the run's ``RecordSpec`` (``check_record`` and its group form).
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from typing import Any, NamedTuple, TypeAlias
 import numpy as np
 import torch
 
-from rqrl.engine.codec import MAX_ID, RECORD_MAGIC, decode_arrays, encode_arrays, sign, verified_view
-from rqrl.engine.observations import Obs, TensorObs, concat_to, flatten_obs, stack_to, unflatten_obs
+from rqrl.engine.codec import MAX_ID
+from rqrl.engine.observations import Obs, TensorObs, concat_to, flatten_obs, stack_to
 from rqrl.errors import RecordError
 
 STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "log_probs")
-RECORD_FORMAT = "rqrl.rollout.v1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,77 +215,6 @@ def _check_values(record: RolloutRecord, spec: RecordSpec) -> None:
         actions = record.actions
         if actions.dtype.kind not in "iu" or (actions.size and (actions.min() < low or actions.max() >= high)):
             raise RecordError(f"record's actions are not integers in [{low}, {high}) of the run's action space")
-
-
-def encode_record(record: RolloutRecord, run_id: str) -> bytes:
-    """Bytes for the out-of-sync queue; ``run_id`` lets the learner refuse other runs' data."""
-    arrays: dict[str, np.ndarray] = {name: getattr(record, name) for name in STEP_FIELDS}
-    if record.logits is not None:
-        arrays["logits"] = record.logits
-    for prefix in ("obs", "next_obs", "final_obs"):
-        arrays.update(flatten_obs(getattr(record, prefix), prefix))
-    arrays["final_obs_steps"] = record.final_obs_steps
-    arrays["episode_returns"] = record.episode_returns
-    arrays["episode_lengths"] = record.episode_lengths
-    metadata = {
-        "format": RECORD_FORMAT,
-        "run_id": run_id,
-        "policy_version": str(record.policy_version),
-        "actor_id": str(record.actor_id),
-        "rollout_id": str(record.rollout_id),
-        "worker": record.worker,
-        "continues_previous": "1" if record.continues_previous else "0",
-    }
-    return encode_arrays(arrays, metadata)
-
-
-def decode_record(blob: bytes | memoryview, run_id: str) -> RolloutRecord:
-    """Inverse of encode_record; raises RecordError for foreign, corrupted or malformed entries."""
-    arrays, metadata = decode_arrays(blob)
-    return record_from_arrays(arrays, metadata, run_id)
-
-
-def record_from_arrays(arrays: dict[str, np.ndarray], metadata: dict[str, str], run_id: str) -> RolloutRecord:
-    """The record of a decoded ``rqrl.rollout.v1`` buffer; RecordError if it is another format, run or shape."""
-    if metadata.get("format") != RECORD_FORMAT:
-        raise RecordError(f"expected a {RECORD_FORMAT} record, got format {metadata.get('format')!r}")
-    if metadata.get("run_id") != run_id:
-        raise RecordError(f"record belongs to run {metadata.get('run_id')!r}, not to this run {run_id!r}")
-    try:
-        return RolloutRecord(
-            **{name: arrays[name] for name in STEP_FIELDS},
-            logits=arrays.get("logits"),
-            obs=unflatten_obs(arrays, "obs"),
-            next_obs=unflatten_obs(arrays, "next_obs"),
-            final_obs=unflatten_obs(arrays, "final_obs"),
-            final_obs_steps=arrays["final_obs_steps"],
-            episode_returns=arrays["episode_returns"],
-            episode_lengths=arrays["episode_lengths"],
-            policy_version=int(metadata["policy_version"]),
-            actor_id=int(metadata["actor_id"]),
-            rollout_id=int(metadata["rollout_id"]),
-            worker=metadata.get("worker", ""),
-            continues_previous=_flag(metadata.get("continues_previous", "0")),
-        )
-    except (KeyError, ValueError, TypeError) as error:
-        raise RecordError(f"record is missing or has a malformed field: {error}") from error
-
-
-def encode_signed_record(record: RolloutRecord, run_id: str, key: bytes) -> bytes:
-    """encode_record, tagged with HMAC-SHA256 under the run's records key (``rqrl.engine.codec.records_key``)."""
-    return sign(encode_record(record, run_id), key, RECORD_MAGIC)
-
-
-def decode_signed_record(blob: bytes, run_id: str, key: bytes) -> RolloutRecord:
-    """The record of a blob encode_signed_record made; SignatureError, before any of it is parsed, if it was not
-    tagged under ``key`` (forged, tampered, or from another run), RecordError if it is malformed anyway."""
-    return decode_record(verified_view(blob, key, RECORD_MAGIC), run_id)
-
-
-def _flag(text: str) -> bool:
-    if text not in ("0", "1"):
-        raise ValueError(f"expected a 0/1 flag, got {text!r}")
-    return text == "1"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -55,19 +55,20 @@ class TransitionPush(enum.IntEnum):
 
 
 # KEYS: transitions list, stopped flag, stats hash; ARGV: bound, message, transitions in it, "1" to drop when full;
-# returns a TransitionPush
+# returns a TransitionPush. The counters are best effort (pcall): a stats hash some writer broke costs counts, never
+# a push
 _BOUNDED_PUSH = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[1]) then
   if ARGV[4] == '1' then
-    redis.call('HINCRBY', KEYS[3], 'transitions_dropped', ARGV[3])
+    redis.pcall('HINCRBY', KEYS[3], 'transitions_dropped', ARGV[3])
     return 2
   end
-  redis.call('HINCRBY', KEYS[3], 'full_waits', 1)
+  redis.pcall('HINCRBY', KEYS[3], 'full_waits', 1)
   return 0
 end
 redis.call('RPUSH', KEYS[1], ARGV[2])
-redis.call('HINCRBY', KEYS[3], 'pushed', ARGV[3])
+redis.pcall('HINCRBY', KEYS[3], 'pushed', ARGV[3])
 return 1
 """
 

@@ -91,19 +91,30 @@ class InferenceClient:
                         raise RunStoppedError(f"run {self.run.keys.run_name} stopped while {self.client_id} waited "
                                               f"for inference")
                     continue
-                arrays, metadata = unseal(_as_bytes(popped[1]), self.run.message_key)
-                if metadata.get("id") != request_id:
-                    continue  # the answer to a request re-sent earlier
-                if len(arrays["q"]) != len(observations) or len(arrays["batch_size"]) != len(observations):
-                    raise RecordError(f"{metadata['server']} answered {len(arrays['q'])} Q-value rows for "
-                                      f"{len(observations)} observations; are actors and servers the same rqrl "
-                                      f"version?")
-                version, reason, server = int(metadata["version"]), metadata["reason"], metadata["server"]
-                return [Answer(q_values, version, int(batch_size), reason, server)
-                        for q_values, batch_size in zip(arrays["q"], arrays["batch_size"], strict=True)]
+                answers = self._answers(_as_bytes(popped[1]), request_id, len(observations))
+                if answers is not None:
+                    return answers
             self.resent += 1
             log.info("%s: no answer within %.1f s, sending request %s again", self.client_id, self.timeout,
                      request_id)
+
+    def _answers(self, blob: bytes, request_id: str, rows: int) -> list[Answer] | None:
+        """The answers ``blob`` holds for request ``request_id`` of ``rows`` observations; None for the answer to a
+        request re-sent earlier, or for what is no answer of this run's servers (refused, counted and logged at a
+        bounded rate: a Redis writer cannot make the thread fail)."""
+        try:
+            arrays, metadata = unseal(blob, self.run.message_key)
+            if metadata.get("id") != request_id:
+                return None  # the answer to a request re-sent earlier
+            if len(arrays["q"]) != rows or len(arrays["batch_size"]) != rows:
+                raise RecordError(f"{metadata.get('server')} answered {len(arrays['q'])} Q-value rows for {rows} "
+                                  f"observations; are actors and servers the same rqrl version?")
+            version, reason, server = int(metadata["version"]), metadata["reason"], metadata["server"]
+            return [Answer(q_values, version, int(batch_size), reason, server)
+                    for q_values, batch_size in zip(arrays["q"], arrays["batch_size"], strict=True)]
+        except (SignatureError, RecordError, KeyError, ValueError, TypeError) as error:
+            self.run.refuse(f"{self.client_id}: refusing a reply that is no answer of this run's servers: {error}")
+            return None
 
 
 @dataclass
@@ -290,13 +301,13 @@ class InferenceServer:
             try:
                 arrays, metadata = unseal(blob, self.run.message_key)
                 request = _Request(metadata["reply"], metadata["id"], arrays["obs"])
-            except (SignatureError, RecordError, KeyError) as error:
-                log.warning("%s: dropping a request that is not a signed observation: %s", self.server_id, error)
+            except (SignatureError, RecordError, KeyError, ValueError, TypeError) as error:
+                self.run.refuse(f"{self.server_id}: dropping a request that is not a signed observation: {error}")
                 continue
             shape = requests[0].obs.shape[1:] if requests else None
             if request.obs.ndim < 1 or len(request.obs) == 0 or (shape is not None and request.obs.shape[1:] != shape):
-                log.warning("%s: dropping a request of observations shaped %s, expected (N, %s)", self.server_id,
-                            request.obs.shape, ", ".join(map(str, shape or ("...",))))
+                self.run.refuse(f"{self.server_id}: dropping a request of observations shaped {request.obs.shape}, "
+                                f"expected (N, {', '.join(map(str, shape or ('...',)))})")
                 continue
             requests.append(request)
             added += len(request.obs)

@@ -10,15 +10,17 @@ nor poison the replay.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import redis
 from torch import nn
 
+from rqrl.engine.bounded_log import BoundedLog
 from rqrl.engine.codec import (
     RECORD_MAGIC,
     decode_arrays,
@@ -37,6 +39,15 @@ EVENTS_KEPT = 1000
 """Newest events (thread deaths, ...) kept in Redis for the trainer to log."""
 
 
+def _json_object(raw: bytes | str) -> dict[str, Any] | None:
+    """The JSON object ``raw`` holds, or None."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def seal(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str], key: bytes) -> bytes:
     """Arrays and string metadata as a signed safetensors buffer."""
     return sign(encode_arrays(arrays, metadata), key, RECORD_MAGIC)
@@ -47,6 +58,9 @@ def unseal(blob: bytes, key: bytes) -> tuple[dict[str, np.ndarray], dict[str, st
     return decode_arrays(verify(blob, key, RECORD_MAGIC))
 
 
+
+SETTINGS_MAGIC = b"RQRLSET1"
+"""The magic of a run's signed settings (under ``SeedRun.settings_key``)."""
 LEARNER_TIMEOUT = 60.0
 """Seconds after the trainer's last heartbeat that ``rqrl health --run`` calls it dead and ``rqrl stop`` cleans
 the run up itself."""
@@ -79,10 +93,16 @@ class SeedRun:
     connection: redis.Redis
     keys: RunKeys
     secret: str | bytes
+    refusals: BoundedLog = field(default_factory=lambda: BoundedLog(logging.getLogger(__name__)), compare=False)
+    """What this process refused of the run's keys: counted, and logged at a bounded rate."""
 
     @property
     def message_key(self) -> bytes:
         return derive_key(self.secret, "seed-messages", self.keys.run_name)
+
+    @property
+    def settings_key(self) -> bytes:
+        return derive_key(self.secret, "seed-settings", self.keys.run_name)
 
     def write(self, settings: Mapping[str, Any], model_factory: Callable[[], nn.Module],
               environment: Callable[[], Any]) -> None:
@@ -97,14 +117,19 @@ class SeedRun:
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.seed("model"), model_blob)
             pipe.set(self.keys.seed("environment"), environment_blob)
-            pipe.set(self.keys.seed("settings"), json.dumps(dict(settings)))
+            pipe.set(self.keys.seed("settings"), sign(json.dumps(dict(settings)).encode(), self.settings_key,
+                                                      SETTINGS_MAGIC))
             pipe.execute()
 
     def settings(self) -> dict[str, Any]:
+        """The run's settings, verified before they are read: SignatureError for settings a Redis writer without
+        the secret rewrote, RecordError if there are none."""
         raw = self.connection.get(self.keys.seed("settings"))
         if not isinstance(raw, bytes):
             raise RecordError(f"run {self.keys.run_name!r} has no SEED settings in Redis: it ended or never started")
-        settings: dict[str, Any] = json.loads(raw)
+        settings = _json_object(verify(raw, self.settings_key, SETTINGS_MAGIC))
+        if settings is None:
+            raise RecordError(f"run {self.keys.run_name!r}'s signed SEED settings are no JSON object")
         return settings
 
     def load(self, name: str) -> Any:
@@ -141,17 +166,51 @@ class SeedRun:
             pipe.execute()
 
     def take_events(self) -> list[dict[str, Any]]:
-        """Events reported since the last call, oldest first."""
-        with self.connection.pipeline(transaction=True) as pipe:
-            pipe.lrange(self.keys.seed("events"), 0, -1)
-            pipe.delete(self.keys.seed("events"))
-            raw, _ = pipe.execute()
-        return [json.loads(item) for item in raw]
+        """Events reported since the last call, oldest first; what is not an event (junk a Redis writer planted,
+        a key of the wrong type) is dropped, counted in ``junk`` and logged at a bounded rate."""
+        key = self.keys.seed("events")
+        try:
+            with self.connection.pipeline(transaction=True) as pipe:
+                pipe.lrange(key, 0, -1)
+                pipe.delete(key)
+                raw, _ = pipe.execute()
+        except redis.ResponseError as error:  # WRONGTYPE: not a list; the trainer owns the key
+            self.connection.delete(key)
+            self.refuse(f"{key} was no list ({error}); deleted it")
+            return []
+        events = []
+        for item in raw:
+            event = _json_object(item)
+            if event is None:
+                self.refuse(f"dropping an entry of {key} that is no event: {item!r:.80}")
+            else:
+                events.append(event)
+        return events
 
     def counters(self) -> dict[str, int]:
-        """The run's counters: transitions pushed, pushes that found the list full, batches by trigger, ..."""
-        raw = self.connection.hgetall(self.keys.seed("stats"))
-        return {(key.decode() if isinstance(key, bytes) else str(key)): int(value) for key, value in raw.items()}
+        """The run's counters: transitions pushed, pushes that found the list full, batches by trigger, ... (a
+        value that is no integer is left out)."""
+        try:
+            raw = self.connection.hgetall(self.keys.seed("stats"))
+        except redis.ResponseError as error:
+            self.refuse(f"{self.keys.seed('stats')} is no hash ({error})")
+            return {}
+        counters = {}
+        for key, value in raw.items():
+            try:
+                counters[key.decode() if isinstance(key, bytes) else str(key)] = int(value)
+            except ValueError:
+                self.refuse(f"dropping the counter {key!r} of {self.keys.seed('stats')}: {value!r:.60}")
+        return counters
+
+    def refuse(self, what: str) -> None:
+        """Count and log (at a bounded rate) something in the run's keys that is not what rqrl wrote."""
+        self.refusals.warning("run %s: %s", self.keys.run_name, what)
+
+    @property
+    def junk(self) -> int:
+        """How many values of the run's keys this process refused."""
+        return self.refusals.count
 
     def delete(self) -> None:
         """Delete every key of the run (seed keys and weights)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium
+import redis
 
 from rqrl.engine.codec import secret_from_environment, weights_key
 from rqrl.engine.connection import connect, first_contact
@@ -239,14 +240,19 @@ class Trainer:
 
     def _receive(self, run: SeedRun, limit: int) -> int:
         """Pop up to ``limit`` transition messages into the replay; returns how many were popped."""
-        popped = run.connection.lpop(run.keys.seed("transitions"), limit)
+        try:
+            popped = run.connection.lpop(run.keys.seed("transitions"), limit)
+        except redis.ResponseError as error:  # WRONGTYPE: not a list; the trainer owns the key, and actors need it
+            run.connection.delete(run.keys.seed("transitions"))
+            run.refuse(f"{run.keys.seed('transitions')} was no list ({error}); deleted it")
+            return 0
         blobs = popped if isinstance(popped, list) else []
         for blob in blobs:
             try:
                 batch, returns = decode_transitions(blob if isinstance(blob, bytes) else b"", run.message_key)
-            except (SignatureError, RecordError, KeyError, TypeError) as error:
+            except (SignatureError, RecordError, KeyError, TypeError, ValueError) as error:
                 self.stats.messages_rejected += 1
-                log.warning("run %s: dropping a transition message that is not ours: %s", run.keys.run_name, error)
+                run.refuse(f"dropping a transition message that is not ours: {error}")
                 continue
             self.agent.observe(batch)
             self.stats.transitions_received += batch.size

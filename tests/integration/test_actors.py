@@ -6,6 +6,7 @@ The tests here run in-process; those that start processes are in tests/processes
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import pytest
@@ -17,7 +18,12 @@ from rqrl import (
     PolicyError,
     RedisDistributedActors,
 )
+from rqrl.engine.codec import records_key
+from rqrl.engine.policy import make_act_function
+from rqrl.maze.group_records import encode_signed_group
+from rqrl.maze.rollout import ActorGroup
 from tests import fixtures
+from tests.conftest import TEST_SECRET
 from tests.factories import redis_actors
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,3 +93,24 @@ def test_unpicklable_env_factory_is_refused(connection, redis_url, run_name):
     with pytest.raises(ConfigError, match="cannot pickle"):
         local_actors(redis_url, run_name, env_factory=factory, n_local_workers=0).start()
     assert list(connection.scan_iter(match=f"rqrl:{run_name}:*")) == []
+
+
+def test_junk_on_the_queue_drains_at_once_and_a_missing_doorbell_stalls_nothing(connection, redis_url, run_name):
+    """1000 junk entries before a good one, the doorbell deleted: refused in a few large pops, not 2 per wait."""
+    with local_actors(redis_url, run_name, n_local_workers=0, no_worker_timeout=60) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        config = actors.config
+        group = ActorGroup(fixtures.make_cartpole, [0, 1], config.actor_env_seeds, config.actor_agent_seeds,
+                           config.n_rollout_steps)
+        records = group.run(make_act_function(actors.policy, group.action_space), 0, actors.policy_version,
+                            cut_at_end=False)
+        good = encode_signed_group(records, config.run_id, records_key(TEST_SECRET, config.run_id))
+        connection.rpush(actors.keys.trajectories, *[os.urandom(32) for _ in range(1000)], good)
+        connection.delete(actors.keys.doorbell)
+        started = time.monotonic()
+        collected = actors.collect_outputs("cpu")
+        waited = time.monotonic() - started
+        group.close()
+    assert collected.record.batch_size == 2 and actors.records_rejected == 1000
+    assert actors.records_rejected_by_reason == {"unauthenticated": 1000}
+    assert waited < 20, f"1000 junk entries took {waited:.1f} s (2 per doorbell wait would take 125 s)"

@@ -7,18 +7,12 @@ import logging
 
 import numpy as np
 
-from rqrl.engine.codec import RECORD_MAGIC, records_key, sign
+from rqrl.engine.codec import RECORD_MAGIC, records_key, sign, verified_view
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.trajectories import TrajectoryQueue
+from rqrl.maze.group_records import decode_group, encode_group, encode_signed_group
 from rqrl.maze.inbox import Inbox
-from rqrl.maze.records import (
-    RecordSpec,
-    RolloutRecord,
-    decode_signed_record,
-    encode_record,
-    encode_signed_record,
-    record_signature,
-)
+from rqrl.maze.records import RecordSpec, RolloutRecord, record_signature
 from rqrl.maze.stats import EpochStatsAggregator, RolloutEvents
 from tests.factories import rollout_record
 
@@ -29,7 +23,7 @@ STEPS = 4
 
 def signed(record: RolloutRecord, run_id: str = RUN_ID) -> bytes:
     """``record`` as a worker with the secret pushes it."""
-    return encode_signed_record(record, run_id, records_key("inbox-secret", run_id))
+    return encode_signed_group([record], run_id, records_key("inbox-secret", run_id))
 
 
 def encoded(actor_id: int, rollout_id: int, run_id: str = RUN_ID, steps: int = STEPS) -> bytes:
@@ -38,7 +32,7 @@ def encoded(actor_id: int, rollout_id: int, run_id: str = RUN_ID, steps: int = S
 
 
 def decode(blob: bytes) -> RolloutRecord:
-    return decode_signed_record(blob, RUN_ID, KEY)
+    return decode_group(verified_view(blob, KEY, RECORD_MAGIC), RUN_ID)[0]
 
 
 def new_inbox(run_name: str, spec: RecordSpec | None = None, **options) -> Inbox:
@@ -170,7 +164,7 @@ def test_records_of_versions_the_learner_has_not_published_are_refused(connectio
 def test_rejections_are_counted_by_reason_and_logged_at_a_bounded_rate(connection, run_name, caplog, monkeypatch):
     inbox, queue = inbox_and_queue(connection, run_name)
     keys = RunKeys(run_name)
-    unsigned = encode_record(rollout_record(STEPS), RUN_ID)
+    unsigned = encode_group([rollout_record(STEPS)], RUN_ID)
     connection.rpush(keys.trajectories, *[unsigned] * 30, signed_garbage(), encoded(0, 0), encoded(0, 0),
                      bad(1, 0, rewards=np.full(STEPS, np.inf, np.float32)))
     with caplog.at_level(logging.WARNING, logger="rqrl.maze.inbox"):
@@ -179,10 +173,10 @@ def test_rejections_are_counted_by_reason_and_logged_at_a_bounded_rate(connectio
         assert inbox.records_rejected == 33 and inbox.stats.get_stats_value(RolloutEvents.records_rejected,
                                                                             name="sum") == 33
         assert len(caplog.messages) == 1 and "unauthenticated" in caplog.messages[0]
-        monkeypatch.setattr("rqrl.maze.inbox.LOG_INTERVAL_SECONDS", 0.0)
+        monkeypatch.setattr(inbox._rejections_log, "interval", 0.0)
         connection.rpush(keys.trajectories, unsigned)
         inbox.pop(queue, 100)
-    assert len(caplog.messages) == 2 and "(32 more rejected since the last message)" in caplog.messages[1]
+    assert len(caplog.messages) == 2 and "(32 more since the last message)" in caplog.messages[1]
 
 
 def signed_garbage() -> bytes:

@@ -251,3 +251,22 @@ def test_a_request_of_another_observation_shape_is_dropped_and_the_batch_still_r
     assert server.serve_once(1.0) == 1
     assert run.connection.llen("good") == 1 and not run.connection.exists("odd")
     assert "observations shaped (1, 3), expected (N, 4)" in caplog.text
+
+
+def test_junk_on_a_reply_list_is_refused_and_the_real_answer_still_comes(run, caplog):
+    """48 random bytes pushed 20 times onto a client's reply list (and replies of the wrong shape or run) are
+    refused and counted; the thread gets its answer, it does not die."""
+    import os
+
+    publish(run, mlp())
+    client = InferenceClient(run, "junked", timeout=5.0)
+    foreign = seal({"q": np.zeros((1, 2), np.float32), "batch_size": np.ones(1, np.int64)},
+                   {"id": "0", "version": "1", "reason": "full", "server": "s"}, b"another run's key")
+    wrong_rows = seal({"q": np.zeros((3, 2), np.float32), "batch_size": np.ones(3, np.int64)},
+                      {"id": "0", "version": "1", "reason": "full", "server": "s"}, run.message_key)
+    run.connection.rpush(client.reply_key, *[os.urandom(48) for _ in range(20)], foreign, wrong_rows)
+    with ServerThread(run, mlp()):
+        answer = client.evaluate(np.zeros(4, np.float32))
+    assert answer.q_values.shape == (2,) and answer.server == "server-t"
+    assert run.junk == 22
+    assert "refusing a reply that is no answer of this run's servers" in caplog.text

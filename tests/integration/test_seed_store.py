@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -11,13 +12,14 @@ from rqrl.cli.status import read_status
 from rqrl.engine.health import learner_is_healthy
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.run_config import RunConfig
-from rqrl.errors import ConfigError
+from rqrl.errors import ConfigError, SignatureError
+from rqrl.seed.actor import TransitionSender
 from rqrl.seed.config import Config
 from rqrl.seed.store import SEED_KIND, SeedRecord, SeedRun
 from rqrl.seed.trainer import Trainer
 from tests.cli_runner import invoke
 from tests.conftest import TEST_SECRET
-from tests.seed_fixtures import cartpole_agent, make_cartpole
+from tests.seed_fixtures import cartpole_agent, make_cartpole, mlp
 
 
 def seed_run(connection, run_name, queue_name=None):
@@ -63,3 +65,45 @@ def test_a_trainer_refuses_a_run_name_another_familys_run_holds(connection, run_
     with pytest.raises(ConfigError, match="running in this Redis already"):
         trainer.start(1.0)
     assert connection.get(RunKeys(run_name).config) == b"{}"
+
+
+def test_events_that_are_no_events_are_dropped_and_counted(connection, run_name, caplog):
+    run = seed_run(connection, run_name)
+    run.report("thread_died", actor=0, thread=1, error="boom")
+    connection.rpush(run.keys.seed("events"), "not json", "[1]", b"\xff\xfe")
+    assert [event["kind"] for event in run.take_events()] == ["thread_died"]
+    assert run.junk == 3 and "is no event" in caplog.text
+    connection.set(run.keys.seed("events"), "a string, not a list")
+    assert run.take_events() == [] and not connection.exists(run.keys.seed("events"))
+
+
+def test_a_counter_that_is_no_integer_is_left_out_and_pushes_go_on(connection, run_name):
+    run = seed_run(connection, run_name)
+    connection.hset(run.keys.seed("stats"), mapping={"pushed": "abc", "full_waits": 2})
+    sender = TransitionSender(run, bound=10)
+    assert sender.send(b"message", count=3)  # HINCRBY on "abc" fails inside the script: the push does not
+    assert connection.lrange(run.keys.seed("transitions"), 0, -1) == [b"message"]
+    assert run.counters() == {"full_waits": 2}
+
+
+def test_a_transitions_key_of_the_wrong_type_is_replaced_not_raised(connection, run_name, redis_url):
+    run = seed_run(connection, run_name)
+    connection.set(run.keys.seed("transitions"), "not a list")
+    trainer = Trainer(cartpole_agent(), Config(redis_url=redis_url, run_name=run_name, secret=TEST_SECRET),
+                      make_cartpole)
+    assert trainer._receive(run, 10) == 0
+    assert not connection.exists(run.keys.seed("transitions")) and run.junk == 1
+
+
+def test_settings_a_redis_writer_rewrote_are_refused(connection, run_name):
+    """Issue 24, item 3: rewriting seed:settings (gamma 1.0, epsilon 1.0, n_step 10) as it appears is refused."""
+    run = seed_run(connection, run_name)
+    run.write({"gamma": 0.99, "epsilon": 0.05, "n_step": 3}, mlp, make_cartpole)
+    assert run.settings() == {"gamma": 0.99, "epsilon": 0.05, "n_step": 3}
+    connection.set(run.keys.seed("settings"), json.dumps({"gamma": 1.0, "epsilon": 1.0, "n_step": 10}))
+    with pytest.raises(SignatureError, match="unsigned"):
+        run.settings()
+    other = SeedRun(connection, RunKeys(run_name), b"another secret")
+    other.write({"gamma": 1.0}, mlp, make_cartpole)  # signed, but not under this run's secret
+    with pytest.raises(SignatureError):
+        run.settings()

@@ -156,7 +156,7 @@ def refused(store: WeightStore, held: int | None, caplog, match: str) -> None:
 
 @pytest.fixture(autouse=True)
 def every_refusal_logged(monkeypatch):
-    monkeypatch.setattr("rqrl.engine.weights.LOG_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr("rqrl.engine.weights._REFUSALS.interval", 0.0)
 
 
 def test_missing_blob_is_refused(connection, run_name, caplog):

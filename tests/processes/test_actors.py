@@ -23,7 +23,7 @@ from rqrl import (
     SubprocDistributedActors,
 )
 from rqrl.engine.options import RunOptions
-from rqrl.maze.records import encode_record
+from rqrl.maze.group_records import encode_group
 from tests import fixtures
 from tests.children import REPO_ROOT, alive, worker_env
 from tests.factories import rollout_record
@@ -401,7 +401,7 @@ def test_a_killed_learner_leaves_no_worker_or_redis_behind(start_method):
 
 def test_foreign_and_corrupted_queue_entries_are_rejected_and_counted(connection, redis_url, run_name):
     def fake(run_id: str, steps: int = 16, obs_size: int = 4, actor: int = 0) -> bytes:
-        return encode_record(rollout_record(steps, obs_size, logits=True, actor_id=actor, rollout_id=10_000), run_id)
+        return encode_group([rollout_record(steps, obs_size, logits=True, actor_id=actor, rollout_id=10_000)], run_id)
 
     with local_actors(redis_url, run_name, n_actors=2, batch_size=2) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())

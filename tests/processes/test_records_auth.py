@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from rqrl.engine.codec import encode_state_dict
-from rqrl.maze.records import encode_record
+from rqrl.maze.group_records import encode_group
 from rqrl.maze.stats import RolloutEvents
 from tests import fixtures
 from tests.children import WorkerProcesses
@@ -50,7 +50,7 @@ def forged(run_id: str, **changes: Any) -> bytes:
     """A record shaped like the run's real CartPole rollouts (obs [T, 4] float32, logits [T, 2]), as an attacker
     without the secret encodes it; ``changes`` replace fields of the record."""
     record = rollout_record(STEPS, obs_size=4, logits=True, actor_id=0, rollout_id=10_000, policy_version=1)
-    return encode_record(dataclasses.replace(record, **changes), run_id)
+    return encode_group([dataclasses.replace(record, **changes)], run_id)
 
 
 def collect_batches(actors: Any, count: int) -> list[Any]:

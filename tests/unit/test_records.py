@@ -11,25 +11,36 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rqrl.engine.codec import TAG_SIZE, encode_arrays, records_key
+from rqrl.engine.codec import RECORD_MAGIC, TAG_SIZE, decode_arrays, encode_arrays, records_key, verified_view
 from rqrl.engine.policy import make_act_function
 from rqrl.errors import RecordError, SignatureError
+from rqrl.maze.group_records import decode_group, encode_group, encode_signed_group
 from rqrl.maze.records import (
     BatchedRecord,
     RecordSpec,
     RolloutRecord,
     batch_records,
     check_record,
-    decode_record,
-    decode_signed_record,
-    encode_record,
-    encode_signed_record,
     record_signature,
 )
 from rqrl.maze.rollout import ActorGroup
 from tests import fixtures
 
 RUN = "run-a"
+KEY = records_key("secret", RUN)
+
+
+def round_trip(record: RolloutRecord) -> RolloutRecord:
+    """The record as the learner reads it back from the entry a worker pushes (a group of one)."""
+    return decode_group(encode_group([record], RUN), RUN)[0]
+
+
+def decode_one(blob: bytes, run_id: str = RUN) -> RolloutRecord:
+    return decode_group(blob, run_id)[0]
+
+
+def decode_signed(blob: bytes) -> RolloutRecord:
+    return decode_group(verified_view(blob, KEY, RECORD_MAGIC), RUN)[0]
 
 
 def box_record(steps: int = 5, *, truncated_at: tuple[int, ...] = (), actor_id: int = 0, rollout_id: int = 0,
@@ -115,21 +126,21 @@ def assert_records_equal(actual: RolloutRecord, expected: RolloutRecord) -> None
 
 def test_round_trip_preserves_a_box_record():
     record = box_record(6, truncated_at=(2,))
-    decoded = decode_record(encode_record(record, RUN), RUN)
+    decoded = round_trip(record)
     assert_records_equal(decoded, record)
 
 
 @pytest.mark.parametrize("continues_previous", [False, True])
 def test_round_trip_keeps_whether_a_rollout_continues_the_previous_one(continues_previous):
     record = box_record(4, continues_previous=continues_previous)
-    assert decode_record(encode_record(record, RUN), RUN).continues_previous is continues_previous
+    assert round_trip(record).continues_previous is continues_previous
     batch = batch_records([record, box_record(4, actor_id=1)], "cpu")
     assert batch.continues_previous.tolist() == [continues_previous, False]
 
 
 def test_round_trip_preserves_a_record_without_logits_or_truncations():
     record = box_record(3, with_logits=False)
-    decoded = decode_record(encode_record(record, RUN), RUN)
+    decoded = round_trip(record)
     assert decoded.logits is None
     assert decoded.final_obs.shape == (0, 3)
     assert_records_equal(decoded, record)
@@ -137,7 +148,7 @@ def test_round_trip_preserves_a_record_without_logits_or_truncations():
 
 def test_round_trip_preserves_a_nested_dict_record():
     record = nested_record()
-    decoded = decode_record(encode_record(record, RUN), RUN)
+    decoded = round_trip(record)
     assert set(decoded.obs) == {"image", "state"} and set(decoded.obs["state"]) == {"pos", "goal"}
     assert_records_equal(decoded, record)
 
@@ -145,7 +156,7 @@ def test_round_trip_preserves_a_nested_dict_record():
 def test_round_trip_of_a_real_dict_env_rollout():
     group = ActorGroup(fixtures.make_dict_env, [0], [5], [6], 25)
     record = group.run(make_act_function(fixtures.DictPolicy(), group.action_space), 0, 1, cut_at_end=False)[0]
-    decoded = decode_record(encode_record(record, RUN), RUN)
+    decoded = round_trip(record)
     assert_obs_equal(decoded.obs, record.obs)
     assert_obs_equal(decoded.final_obs, record.final_obs)
     np.testing.assert_array_equal(decoded.actions, record.actions)
@@ -155,87 +166,86 @@ def test_round_trip_keeps_scalar_next_obs_scalar():
     group = ActorGroup(fixtures.make_dict_env, [0, 1], [5, 6], [7, 8], 4)
     records = group.run(make_act_function(fixtures.DictPolicy(), group.action_space), 0, 1, cut_at_end=False)
     assert records[0].next_obs["goal"].shape == ()
-    decoded = [decode_record(encode_record(record, RUN), RUN) for record in records]
+    decoded = [round_trip(record) for record in records]
     assert decoded[0].next_obs["goal"].shape == ()
     assert batch_records(decoded, "cpu").next_obs["goal"].shape == (2,)
 
 
 def test_decode_refuses_another_runs_record():
-    blob = encode_record(box_record(), "run-a")
+    blob = encode_group([box_record()], "run-a")
     with pytest.raises(RecordError, match="run-a"):
-        decode_record(blob, "run-b")
+        decode_one(blob, "run-b")
 
 
 def test_decode_refuses_a_foreign_format():
     blob = encode_arrays({"rewards": np.zeros(2, np.float32)}, {"format": "something.else", "run_id": RUN})
     with pytest.raises(RecordError, match="something.else"):
-        decode_record(blob, RUN)
+        decode_one(blob)
 
 
-def test_decode_refuses_missing_fields_and_metadata():
-    record = box_record()
-    complete = {name: getattr(record, name) for name in ("actions", "rewards", "terminated", "truncated",
-                                                         "log_probs", "final_obs_steps", "episode_returns",
-                                                         "episode_lengths")}
-    complete.update(obs=record.obs, next_obs=record.next_obs, final_obs=record.final_obs)
-    metadata = {"format": "rqrl.rollout.v1", "run_id": RUN, "policy_version": "1", "actor_id": "0", "rollout_id": "0"}
-    assert decode_record(encode_arrays(complete, metadata), RUN).n_steps == 5
-    for name in complete:
-        partial = {key: value for key, value in complete.items() if key != name}
+def test_decode_refuses_missing_arrays_and_metadata():
+    arrays, metadata = decode_arrays(encode_group([box_record()], RUN))
+    assert decode_one(encode_arrays(arrays, metadata)).n_steps == 5
+    for name in arrays:
+        if name == "logits":  # optional: a policy without logits
+            continue
+        partial = {key: value for key, value in arrays.items() if key != name}
         with pytest.raises(RecordError):
-            decode_record(encode_arrays(partial, metadata), RUN)
-    for name in ("policy_version", "actor_id", "rollout_id"):
+            decode_one(encode_arrays(partial, metadata))
+    for name in ("policy_version", "rollout_id"):
         with pytest.raises(RecordError, match=name):
-            decode_record(encode_arrays(complete, {k: v for k, v in metadata.items() if k != name}), RUN)
+            decode_one(encode_arrays(arrays, {k: v for k, v in metadata.items() if k != name}))
     with pytest.raises(RecordError, match="malformed"):
-        decode_record(encode_arrays(complete, {**metadata, "policy_version": "seven"}), RUN)
+        decode_one(encode_arrays(arrays, {**metadata, "policy_version": "seven"}))
 
 
 @pytest.mark.parametrize("cut", [0, 1, 7, 8, 100, -1, -20])
 def test_truncated_bytes_are_refused(cut):
-    blob = encode_record(box_record(), RUN)
+    blob = encode_group([box_record()], RUN)
     with pytest.raises(RecordError):
-        decode_record(blob[:cut], RUN)
+        decode_one(blob[:cut])
 
 
 @pytest.mark.parametrize("blob", [b"", b"\x00" * 8, b"\xff" * 64, b"not a record at all",
                                   b"\x05" + b"\x00" * 7 + b"{}"])
 def test_garbage_is_refused(blob):
     with pytest.raises(RecordError):
-        decode_record(blob, RUN)
+        decode_one(blob)
 
 
 def test_corrupted_header_is_refused():
-    blob = bytearray(encode_record(box_record(), RUN))
+    blob = bytearray(encode_group([box_record()], RUN))
     blob[8:12] = b"XXXX"  # break the JSON header
     with pytest.raises(RecordError):
-        decode_record(bytes(blob), RUN)
+        decode_one(bytes(blob))
 
 
 def test_scalar_step_arrays_are_refused_as_record_error():
     names = ("actions", "rewards", "terminated", "truncated", "log_probs", "obs", "next_obs", "final_obs",
              "final_obs_steps", "episode_returns", "episode_lengths")
-    metadata = {"format": "rqrl.rollout.v1", "run_id": RUN, "policy_version": "1", "actor_id": "0", "rollout_id": "0"}
-    blob = safetensors.numpy.save({name: np.zeros((), np.float32) for name in names}, metadata=metadata)
+    metadata = {"format": "rqrl.rollouts.v1", "run_id": RUN, "policy_version": "1", "rollout_id": "0"}
+    arrays = {name: np.zeros((), np.float32) for name in names} | {"actor_ids": np.zeros(1, np.int64)}
+    blob = safetensors.numpy.save(arrays, metadata=metadata)
     with pytest.raises(RecordError):
-        decode_record(blob, RUN)
+        decode_one(blob)
 
 
 # --- fuzzing ------------------------------------------------------------------------------------
 
-VALID_BLOB = encode_record(box_record(4, truncated_at=(1,)), RUN)
-NESTED_BLOB = encode_record(nested_record(), RUN)
+VALID_BLOB = encode_group([box_record(4, truncated_at=(1,))], RUN)
+NESTED_BLOB = encode_group([nested_record()], RUN)
 
 
 def decode_or_record_error(blob: bytes) -> None:
-    """decode_record either returns a self-consistent record or raises RecordError, nothing else."""
+    """decode_group either returns self-consistent records or raises RecordError, nothing else."""
     try:
-        record = decode_record(blob, RUN)
+        records = decode_group(blob, RUN)
     except RecordError:
         return
-    assert isinstance(record, RolloutRecord)
-    assert len(record.actions) == len(record.truncated) == record.n_steps
-    assert len(record.final_obs_steps) == int(record.truncated.sum())
+    for record in records:
+        assert isinstance(record, RolloutRecord)
+        assert len(record.actions) == len(record.truncated) == record.n_steps
+        assert len(record.final_obs_steps) == int(record.truncated.sum())
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -378,32 +388,29 @@ def test_batch_records_refuses_mixed_lengths_and_nothing():
 
 # --- signed records -----------------------------------------------------------------------------
 
-KEY = records_key("secret", RUN)
-
-
 def test_signed_round_trip():
     record = box_record(6, truncated_at=(2,))
-    assert_records_equal(decode_signed_record(encode_signed_record(record, RUN, KEY), RUN, KEY), record)
+    assert_records_equal(decode_signed(encode_signed_group([record], RUN, KEY)), record)
 
 
 def test_unsigned_forged_or_foreign_records_are_refused_before_decoding():
     record = box_record()
-    for blob in (encode_record(record, RUN),  # what a Redis writer without the secret can make
-                 encode_signed_record(record, RUN, records_key("guessed", RUN)),
-                 encode_signed_record(record, "run-b", records_key("secret", "run-b")),
+    for blob in (encode_group([record], RUN),  # what a Redis writer without the secret can make
+                 encode_signed_group([record], RUN, records_key("guessed", RUN)),
+                 encode_signed_group([record], "run-b", records_key("secret", "run-b")),
                  b"", b"RQRLREC1" + b"\x00" * 40):
         with pytest.raises(SignatureError):
-            decode_signed_record(blob, RUN, KEY)
+            decode_signed(blob)
 
 
 def test_a_tampered_value_in_a_signed_record_is_refused():
-    blob = encode_signed_record(box_record(), RUN, KEY)
+    blob = encode_signed_group([box_record()], RUN, KEY)
     rewards = box_record().rewards.tobytes()
     tampered = blob.replace(rewards, (box_record().rewards + 1e6).tobytes())
     assert tampered != blob and len(tampered) == len(blob)
-    decode_record(tampered[TAG_SIZE:], RUN)  # the bytes still decode: only the tag tells
+    decode_one(tampered[TAG_SIZE:])  # the bytes still decode: only the tag tells
     with pytest.raises(SignatureError, match="tampered"):
-        decode_signed_record(tampered, RUN, KEY)
+        decode_signed(tampered)
 
 
 # --- checking a record against its run ------------------------------------------------------------
@@ -479,7 +486,7 @@ def test_the_probe_spec_of_a_real_env_fits_its_real_rollouts():
         group = ActorGroup(make_env, [0, 1], [5, 6], [7, 8], 40)
         for rollout_id in range(3):
             for record in group.run(act, rollout_id, 1, cut_at_end=rollout_id == 1):
-                check_record(decode_signed_record(encode_signed_record(record, RUN, KEY), RUN, KEY), spec)
+                check_record(decode_signed(encode_signed_group([record], RUN, KEY)), spec)
 
 
 def test_dones_is_maze_view_of_terminated_or_truncated():
