@@ -16,26 +16,37 @@ import argparse
 import os
 import time
 
+import gymnasium
+import torch
+
 from rqrl.engine.codec import records_key
 from rqrl.engine.policy import make_act_function
 from rqrl.engine.server import EmbeddedRedis
 from rqrl.maze.actors import RedisDistributedActors
 from rqrl.maze.group_records import encode_signed_group
 from rqrl.maze.rollout import ActorGroup
-from tests import fixtures
 
 SECRET = "junk-drain-benchmark"
 
 
+def make_cartpole() -> gymnasium.Env:
+    return gymnasium.make("CartPole-v1")
+
+
+def make_policy() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+
 def drain_seconds(redis_url: str, junk: int, push_chunk: int = 10_000) -> tuple[float, int]:
     """Seconds from the collect to its batch behind ``junk`` junk entries, and the entries refused."""
-    actors = RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0,
+    actors = RedisDistributedActors(make_cartpole, make_policy(), 16, 2, 2, 2.0,
                                     redis_url=redis_url, n_local_workers=0, no_worker_timeout=3600,
                                     collect_timeout=3600, secret=SECRET)
     with actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
         config = actors.config
-        group = ActorGroup(fixtures.make_cartpole, [0, 1], config.actor_env_seeds, config.actor_agent_seeds,
+        group = ActorGroup(make_cartpole, [0, 1], config.actor_env_seeds, config.actor_agent_seeds,
                            config.n_rollout_steps)
         records = group.run(make_act_function(actors.policy, group.action_space), 0, actors.policy_version,
                             cut_at_end=False)
