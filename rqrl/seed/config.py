@@ -10,6 +10,7 @@ rqrl.errors.ConfigError: expected n_step >= 1, got 0
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,9 +106,9 @@ class Config:
         if self.run_name is not None:
             check_run_name(self.run_name)
         if self.queue_name is not None and (not isinstance(self.queue_name, str) or not self.queue_name
-                                            or self.redis_url is None):
-            raise ConfigError(f"queue_name={self.queue_name!r} needs a non-empty name and a redis_url that the "
-                              f"workers share (an embedded Redis is private to this machine)")
+                                            or (self.redis_url is None and not os.environ.get("REDIS_URL"))):
+            raise ConfigError(f"queue_name={self.queue_name!r} needs a non-empty name and a Redis the workers share: "
+                              f"redis_url=, or REDIS_URL set (an embedded Redis is private to this machine)")
         if self.connection is not None and self.redis_url is None:
             raise ConfigError("a connection= needs redis_url= too: the actor and server processes connect to that "
                               "URL themselves")

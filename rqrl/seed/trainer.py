@@ -125,6 +125,9 @@ class Trainer:
         # REDIS_URL, the ecosystem's convention, where no redis_url is given; with it, RQRL_SECRET signs the run
         environment_url = os.environ.get("REDIS_URL") if config.redis_url is None else None
         given_url = config.redis_url or environment_url
+        if config.queue_name is not None and not given_url:
+            raise ConfigError(f"queue_name={config.queue_name!r} needs a Redis the workers share: redis_url=, or "
+                              f"REDIS_URL set (it was unset when start() ran)")
         embedded = EmbeddedRedis(config.redis_server).start() if not given_url else None
         url = embedded.url if embedded is not None else str(given_url)
         self.redis_url = url

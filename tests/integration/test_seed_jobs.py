@@ -20,6 +20,9 @@ def test_the_job_functions_are_allowed_on_workers():
     assert {ACTOR_JOB, SERVER_JOB} <= ALLOWED_JOB_FUNCTIONS
 
 
-def test_job_mode_needs_a_shared_redis():
-    with pytest.raises(ConfigError, match="redis_url"):
+def test_job_mode_needs_a_shared_redis_given_or_from_redis_url(monkeypatch):
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    with pytest.raises(ConfigError, match="redis_url=, or REDIS_URL set"):
         Config(queue_name=QUEUE)
+    monkeypatch.setenv("REDIS_URL", "redis://shared-host:6379/0")
+    assert Config(queue_name=QUEUE).redis_url is None  # taken from the environment when the trainer starts
