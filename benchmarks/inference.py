@@ -26,12 +26,12 @@ import os
 import platform
 import threading
 import time
+import uuid
 
 import gymnasium
 import numpy as np
 import torch
 
-from rqrl.engine.codec import weights_key
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.server import EmbeddedRedis
@@ -40,7 +40,7 @@ from rqrl.maze.actors import SubprocDistributedActors
 from rqrl.seed import Config, Trainer
 from rqrl.seed.agent import Agent, AgentConfig
 from rqrl.seed.inference import ActorInference, InferenceClient, run_server_process
-from rqrl.seed.store import SeedRun
+from rqrl.seed.store import SeedRecord, SeedRun
 
 log = logging.getLogger("inference")
 SECRET = "benchmark-secret"
@@ -67,10 +67,11 @@ def round_trips(url: str, batch_size: int, threads: int, seconds: float, hidden:
     import redis
 
     connection = redis.Redis.from_url(url)
-    run = SeedRun(connection, RunKeys(f"bench-b{batch_size}-t{threads}"), SECRET)
+    run = SeedRun(connection, RunKeys(f"bench-b{batch_size}-t{threads}"), SECRET, uuid.uuid4().hex)
+    run.record(SeedRecord(None, 1, threads))  # the server process joins the run through its record
     run.write({"inference_batchsize": batch_size, "inference_delay": delay, "inference_device": device,
                "broadcast_period": 60.0, "inference_threads": 1}, functools.partial(mlp, hidden), make_env)
-    WeightStore(connection, run.keys, weights_key(SECRET, run.keys.run_name)).publish(mlp(hidden).state_dict())
+    WeightStore(connection, run.keys, run.weights_key).publish(mlp(hidden).state_dict())
     server = multiprocessing_context(None).Process(target=run_server_process,
                                                    args=(url, run.keys.run_name, SECRET, 0, os.getpid()))
     server.start()

@@ -107,7 +107,8 @@ class SamplerContext:
         blobs = store.read_blobs(keys)
         if any(blob is None for blob in blobs):
             return None
-        updates = [decode_update(blob, self.secret, self.weights_key) for blob in blobs if blob is not None]
+        updates = [decode_update(blob, self.secret, self.weights_key, key)
+                   for key, blob in zip(keys, blobs, strict=True) if blob is not None]
         worker = warm.worker
         try:
             if rebuild_env and worker.env is not None:
@@ -215,11 +216,11 @@ class SamplerGroupJob(GroupJob):
         if store.current_version() != self.version:  # a job left queued by an earlier call: leave the lease alone
             return self.stale()
         self.held = self.take_lease()
-        call = store.read_call(self.version, self.config.n_actors)
+        context = self.context = load_sampler_context(self.connection, self.config)
+        call = store.read_call(self.version, self.config.n_actors, context.weights_key)
         if call is None or store.current_version() != self.version:
             return self.stale()
         self.call = call
-        context = self.context = load_sampler_context(self.connection, self.config)
         progress = store.progress(self.version)
         self.next_k = {w: progress.get(w, (0, 0))[0] for w in self.members}
         self.steps = {w: progress.get(w, (0, 0))[1] for w in self.members}

@@ -355,7 +355,7 @@ class MultiprocessingSampler:
         self._add_update(blobs, agent_chains, AGENT, version, agent_messages, agent_spread)
         self._add_update(blobs, env_chains, ENV, version, env_messages, env_spread)
         call = SamplerCall(mode=mode, count=count, agent_chains=agent_chains, env_chains=env_chains)
-        self._store.begin(version, call, blobs)
+        self._store.begin(version, call, blobs, self._weights_key)
         self._version, self._agent_chains, self._env_chains = version, agent_chains, env_chains
         self._blob_keys |= set(blobs)
         used = {self.keys.sampler_update(v, role, scope) for role, chains in ((AGENT, agent_chains), (ENV, env_chains))
@@ -389,7 +389,7 @@ class MultiprocessingSampler:
             scope = worker if spread else -1
             key = self.keys.sampler_update(version, role, scope)
             if key not in blobs:
-                blobs[key] = encode_update(message, self._secret, self._weights_key)
+                blobs[key] = encode_update(message, self._secret, self._weights_key, key)
             chains[worker] = extend_chain(chains[worker], (version, scope, kind))
         if role == ENV:
             self._learn_env_spec(messages)

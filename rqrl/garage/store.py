@@ -39,7 +39,7 @@ from rqrl.engine.codec import (
     verify,
 )
 from rqrl.engine.keys import RunKeys
-from rqrl.errors import RecordError
+from rqrl.errors import RecordError, SignatureError
 from rqrl.garage.worker import ExistingEnvUpdate, NewEnvUpdate, SetTaskUpdate
 
 SAMPLES, EXACT = "samples", "exact"
@@ -124,10 +124,21 @@ def plan_chain(applied: Sequence[ChainEntry], target: Sequence[ChainEntry]) -> t
 _STATE_DICT, _ARRAYS, _PICKLE = b"T", b"N", b"P"
 
 
-def encode_update(value: Any, secret: str | bytes, weights_key: bytes) -> bytes:
-    """One update as bytes: a dict of tensors as safetensors and a dict, tuple or ndarray of numpy arrays as
-    safetensors (both tagged under the run's weights key); anything else (a policy object, an env, an
-    EnvUpdate, a callable) as cloudpickle signed with the secret."""
+UPDATE_MAGIC = b"RQRLUPD1"
+"""The envelope of an update blob: tagged under the run's weights key together with the key it is stored at."""
+CALL_MAGIC = b"RQRLCAL1"
+"""A call spec, tagged under the run's weights key, its version inside."""
+
+
+def encode_update(value: Any, secret: str | bytes, weights_key: bytes, binding: str) -> bytes:
+    """One update as bytes, bound to ``binding`` (the Redis key it is stored at: run, call, role and scope): a
+    dict of tensors as safetensors and a dict, tuple or ndarray of numpy arrays as safetensors; anything else (a
+    policy object, an env, an EnvUpdate, a callable) as cloudpickle signed with the secret. The whole is tagged
+    under the run's weights key with ``binding``, so a blob copied to another call's key is refused."""
+    return sign(binding.encode() + b"\n" + _encode_value(value, secret, weights_key), weights_key, UPDATE_MAGIC)
+
+
+def _encode_value(value: Any, secret: str | bytes, weights_key: bytes) -> bytes:
     if isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()) \
             and all(isinstance(k, str) for k in value):
         return _STATE_DICT + sign(encode_state_dict(value, {"kind": "dict"}), weights_key, WEIGHTS_MAGIC)
@@ -152,8 +163,17 @@ def _as_arrays(value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
     return None
 
 
-def decode_update(blob: bytes, secret: str | bytes, weights_key: bytes) -> Any:
-    """Inverse of encode_update; SignatureError for an untagged or tampered blob, RecordError for junk."""
+def decode_update(blob: bytes, secret: str | bytes, weights_key: bytes, binding: str) -> Any:
+    """Inverse of encode_update; SignatureError for an untagged or tampered blob or one made for another key
+    (another call's update copied here), RecordError for junk."""
+    bound, _, inner = verify(blob, weights_key, UPDATE_MAGIC).partition(b"\n")
+    if bound != binding.encode():
+        raise SignatureError(f"refusing the update at {binding}: it was signed for {bound[:200]!r} (copied from "
+                             f"another call?)")
+    return _decode_value(inner, secret, weights_key)
+
+
+def _decode_value(blob: bytes, secret: str | bytes, weights_key: bytes) -> Any:
     tag, body = blob[:1], blob[1:]
     if tag == _PICKLE:
         return loads_object(body, secret)
@@ -213,13 +233,15 @@ class SamplerStore:
 
     # -- the sampler's side --
 
-    def begin(self, version: int, call: SamplerCall, blobs: Mapping[str, bytes]) -> None:
-        """Write the call's update blobs and the call, move ``version`` to it and clear old error reports,
-        in one transaction."""
+    def begin(self, version: int, call: SamplerCall, blobs: Mapping[str, bytes], weights_key: bytes) -> None:
+        """Write the call's update blobs and the call (signed under the run's weights key, with its version), move
+        ``version`` to it and clear old error reports, in one transaction."""
+        signed_call = sign(json.dumps({"version": version, "call": json.loads(call.to_json())}).encode(),
+                           weights_key, CALL_MAGIC)
         with self.connection.pipeline(transaction=True) as pipe:
             for key, blob in blobs.items():
                 pipe.set(key, blob)
-            pipe.set(self.keys.sampler_call(version), call.to_json())
+            pipe.set(self.keys.sampler_call(version), signed_call)
             pipe.set(self.keys.sampler_version, version)
             pipe.delete(self.keys.errors)
             pipe.execute()
@@ -277,10 +299,19 @@ class SamplerStore:
         over = bool(done) or current is None or current not in (str(version).encode(), str(version))
         return _parse_progress(raw), over
 
-    def read_call(self, version: int, n_workers: int) -> SamplerCall | None:
-        """The call of ``version``, or None once the sampler forgot it."""
+    def read_call(self, version: int, n_workers: int, weights_key: bytes) -> SamplerCall | None:
+        """The call of ``version``, or None once the sampler forgot it; SignatureError for a call spec the sampler
+        did not sign, or signed for another call, RecordError for one that does not parse."""
         raw = self.connection.get(self.keys.sampler_call(version))
-        return None if raw is None else SamplerCall.from_json(raw, n_workers)
+        if raw is None:
+            return None
+        try:
+            signed = json.loads(verify(raw if isinstance(raw, bytes) else raw.encode(), weights_key, CALL_MAGIC))
+            if signed["version"] != version:
+                raise SignatureError(f"refusing call {version}'s spec: it was signed for call {signed['version']!r}")
+            return SamplerCall.from_json(json.dumps(signed["call"]), n_workers)
+        except (ValueError, KeyError, TypeError) as error:
+            raise RecordError(f"call {version}'s signed spec is not what a sampler writes: {error}") from error
 
     def read_blobs(self, keys: Sequence[str]) -> list[bytes | None]:
         return list(self.connection.mget(keys)) if keys else []  # type: ignore[arg-type]

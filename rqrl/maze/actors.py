@@ -196,7 +196,7 @@ class RedisDistributedActors(DistributedActors):
         self._inbox = self._new_inbox()
         self._started = False
         self._last_collect = time.monotonic()
-        self._last_run_check = time.monotonic()
+        self._last_run_check = -float("inf")  # the first collect publishes the learner's figures
         self._last_state_dict: Mapping[str, torch.Tensor] | None = None
         self._supervisor: Supervisor | None = None
         self._transport: _Transport | None = None

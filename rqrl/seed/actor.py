@@ -18,7 +18,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium
 import numpy as np
@@ -73,18 +73,31 @@ return 1
 """
 
 
-def encode_transitions(batch: TransitionBatch, key: bytes, episode_returns: list[float] | None = None) -> bytes:
-    """A signed safetensors message of transitions (and the returns of episodes that ended with them)."""
+class TransitionMessage(NamedTuple):
+    """One actor thread's message: its transitions, the returns of the episodes that ended with them, and who sent
+    it in what order (a thread numbers its messages 0, 1, 2, ...; the trainer refuses one it has seen)."""
+
+    batch: TransitionBatch
+    episode_returns: np.ndarray
+    sender: str
+    sequence: int
+
+
+def encode_transitions(batch: TransitionBatch, key: bytes, episode_returns: list[float] | None = None,
+                       sender: str = "", sequence: int = 0) -> bytes:
+    """A signed safetensors message of transitions (and the returns of episodes that ended with them), with its
+    sender and sequence number under the signature."""
     arrays = dict(batch._asdict())
     arrays["episode_returns"] = np.asarray(episode_returns or [], np.float64)
-    return seal(arrays, {}, key)
+    return seal(arrays, {"sender": sender, "sequence": str(sequence)}, key)
 
 
-def decode_transitions(blob: bytes, key: bytes) -> tuple[TransitionBatch, np.ndarray]:
-    """Inverse of encode_transitions: ``(batch, episode_returns)``; SignatureError/RecordError if not ours."""
-    arrays, _ = unseal(blob, key)
+def decode_transitions(blob: bytes, key: bytes) -> TransitionMessage:
+    """Inverse of encode_transitions; SignatureError/RecordError if it is not this run's."""
+    arrays, metadata = unseal(blob, key)
     batch = TransitionBatch(*(arrays[name] for name in TransitionBatch._fields))
-    return batch, arrays["episode_returns"]
+    return TransitionMessage(batch, arrays["episode_returns"], metadata.get("sender", ""),
+                             int(metadata.get("sequence", "0")))
 
 
 class TransitionSender:
@@ -198,6 +211,8 @@ class ActorThread(threading.Thread):
                            f"action_space_size), got {space}")
         env_seed, random = thread_seeds(settings["seed"], self.actor_index, self.thread_index, self.incarnation)
         sender = TransitionSender(self.store, settings["transition_queue_size"], settings.get("drop_when_full", False))
+        name = f"{self.actor_index}.{self.thread_index}.{self.incarnation}.{uuid.uuid4().hex[:8]}"
+        sequence = 0
         collector = NStepCollector(settings["n_step"], settings["gamma"])
         obs, info = env.reset(seed=env_seed)
         mask = legal_mask(info, n_actions)
@@ -220,9 +235,9 @@ class ActorThread(threading.Thread):
                 outbox.extend(transitions)
                 if outbox and (ended or len(outbox) >= TRANSITIONS_PER_MESSAGE):
                     returns = [episode_return] if ended else None
-                    sender.send(encode_transitions(stack(outbox, n_actions), self.store.message_key, returns),
-                                len(outbox), self.stop)
-                    outbox = []
+                    sender.send(encode_transitions(stack(outbox, n_actions), self.store.message_key, returns, name,
+                                                   sequence), len(outbox), self.stop)
+                    outbox, sequence = [], sequence + 1
                 if ended:
                     obs, info = env.reset()
                     mask = legal_mask(info, n_actions)
@@ -308,4 +323,4 @@ def run_actor_process(redis_url: str, run_name: str, secret: str | bytes, actor_
     if learner_pid is not None:
         exit_when_orphaned(learner_pid)
     logging.basicConfig(level=logging.WARNING)
-    Actor(SeedRun(connect(redis_url), RunKeys(run_name), secret), actor_index).run_forever()
+    Actor(SeedRun.attach(connect(redis_url), RunKeys(run_name), secret), actor_index).run_forever()

@@ -30,7 +30,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from rqrl.engine.codec import weights_key
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.weights import WeightStore
 from rqrl.errors import RecordError, RunStoppedError, SignatureError
@@ -226,7 +225,7 @@ class InferenceServer:
         self.batch_size, self.delay, self.broadcast_period = batch_size, delay, broadcast_period
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
-        self.weights = WeightStore(run.connection, run.keys, weights_key(run.secret, run.keys.run_name))
+        self.weights = WeightStore(run.connection, run.keys, run.weights_key)
         self.version: int | None = None
         self.batches = {"full": 0, "delay": 0}
 
@@ -367,7 +366,7 @@ def run_server_process(redis_url: str, run_name: str, secret: str | bytes, serve
     if learner_pid is not None:
         exit_when_orphaned(learner_pid)
     logging.basicConfig(level=logging.WARNING)
-    run = SeedRun(connect(redis_url), RunKeys(run_name), secret)
+    run = SeedRun.attach(connect(redis_url), RunKeys(run_name), secret)
     settings = run.settings()
     torch.set_num_threads(settings["inference_threads"])
     model = run.load("model")()

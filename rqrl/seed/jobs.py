@@ -99,26 +99,27 @@ def _rate_limited(function: Callable[[], None], seconds: float) -> Callable[[], 
     return call
 
 
-def _run(run_name: str) -> SeedRun:
+def _joined(run_name: str, name: str) -> SeedRun | None:
+    """The run this job joins, or None if it stopped or was cleaned up before the job started (a job dequeued
+    while the trainer stopped): such a job ends at once and successfully, so RQ keeps no failed job of a
+    finished run."""
     job = get_current_job()
     if job is None:
         raise RunStoppedError("SEED jobs run on rqrl workers only")
-    return SeedRun(job.connection, RunKeys(run_name), worker_secret())
-
-
-def _ended(run: SeedRun, name: str) -> bool:
-    """Whether the run stopped or was cleaned up before this job started (a job dequeued while the trainer
-    stopped): such a job ends at once and successfully, so RQ keeps no failed job of a finished run."""
-    if run.stopped() or not run.connection.exists(run.keys.seed("settings")):
-        log.info("run %s ended before its %s job started: nothing to do", run.keys.run_name, name)
-        return True
-    return False
+    try:
+        run = SeedRun.attach(job.connection, RunKeys(run_name), worker_secret())
+    except RunStoppedError:
+        run = None
+    if run is None or run.stopped() or not run.connection.exists(run.keys.seed("settings")):
+        log.info("run %s ended before its %s job started: nothing to do", run_name, name)
+        return None
+    return run
 
 
 def run_seed_actor(run_name: str, actor_index: int, token: str) -> None:
     """Job: one actor (``actor_threads`` env threads) until the run stops or another job takes its place."""
-    run = _run(run_name)
-    if _ended(run, f"actor-{actor_index}"):
+    run = _joined(run_name, f"actor-{actor_index}")
+    if run is None:
         return
     actor = Actor(run, actor_index)
     with _liveness(run, f"actor-{actor_index}", token, actor.stop.set):
@@ -129,8 +130,8 @@ def run_seed_server(run_name: str, server_index: int, token: str) -> None:
     """Job: one inference server until the run stops or another job takes its place."""
     import torch
 
-    run = _run(run_name)
-    if _ended(run, f"server-{server_index}"):
+    run = _joined(run_name, f"server-{server_index}")
+    if run is None:
         return
     settings = run.settings()
     torch.set_num_threads(settings["inference_threads"])

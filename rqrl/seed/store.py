@@ -30,10 +30,11 @@ from rqrl.engine.codec import (
     loads_object,
     sign,
     verify,
+    weights_key,
 )
 from rqrl.engine.keys import DEFAULT_QUEUE, RunKeys
 from rqrl.engine.run_config import RunConfig, split_actors
-from rqrl.errors import ConfigError, RecordError
+from rqrl.errors import ConfigError, RecordError, RunStoppedError
 
 EVENTS_KEPT = 1000
 """Newest events (thread deaths, ...) kept in Redis for the trainer to log."""
@@ -76,11 +77,11 @@ class SeedRecord:
     actor_processes: int
     actor_threads: int
 
-    def run_config(self, run_name: str) -> RunConfig:
+    def run_config(self, run_name: str, run_id: str) -> RunConfig:
         """The run record, with one group per actor process of ``actor_threads`` actors."""
         n_actors = self.actor_processes * self.actor_threads
         return RunConfig(
-            run_name=run_name, run_id=run_name, queue_name=self.queue_name or DEFAULT_QUEUE, n_rollout_steps=1,
+            run_name=run_name, run_id=run_id, queue_name=self.queue_name or DEFAULT_QUEUE, n_rollout_steps=1,
             n_actors=n_actors, batch_size=1, queue_bound=1, actor_env_seeds=[0] * n_actors,
             actor_agent_seeds=[0] * n_actors, actor_groups=split_actors(n_actors, self.actor_threads),
             extra={"kind": SEED_KIND, "actors": "jobs" if self.queue_name else "processes"})
@@ -93,16 +94,40 @@ class SeedRun:
     connection: redis.Redis
     keys: RunKeys
     secret: str | bytes
+    run_id: str | None = None
+    """This run's id (a fresh one per ``Trainer.start``): every key it signs with derives from it, so nothing
+    an earlier run of the same name left in Redis verifies. None (tests of one piece) falls back to the name."""
     refusals: BoundedLog = field(default_factory=lambda: BoundedLog(logging.getLogger(__name__)), compare=False)
     """What this process refused of the run's keys: counted, and logged at a bounded rate."""
 
+    @classmethod
+    def attach(cls, connection: redis.Redis, keys: RunKeys, secret: str | bytes) -> SeedRun:
+        """The run as its actor and server processes join it: its id read from the run record; RunStoppedError if
+        the run is gone (or its record is no SEED run's)."""
+        raw = connection.get(keys.config)
+        try:
+            config = RunConfig.from_json(raw) if raw is not None else None
+        except RecordError:
+            config = None
+        if config is None or config.extra.get("kind") != SEED_KIND:
+            raise RunStoppedError(f"run {keys.run_name!r} has no SEED run record in Redis: it ended or never started")
+        return cls(connection, keys, secret, config.run_id)
+
+    @property
+    def key_id(self) -> str:
+        return self.run_id or self.keys.run_name
+
     @property
     def message_key(self) -> bytes:
-        return derive_key(self.secret, "seed-messages", self.keys.run_name)
+        return derive_key(self.secret, "seed-messages", self.key_id)
 
     @property
     def settings_key(self) -> bytes:
-        return derive_key(self.secret, "seed-settings", self.keys.run_name)
+        return derive_key(self.secret, "seed-settings", self.key_id)
+
+    @property
+    def weights_key(self) -> bytes:
+        return weights_key(self.secret, self.key_id)
 
     def write(self, settings: Mapping[str, Any], model_factory: Callable[[], nn.Module],
               environment: Callable[[], Any]) -> None:
@@ -148,7 +173,7 @@ class SeedRun:
 
     def record(self, config: SeedRecord) -> None:
         """The run's record that every family writes (``rqrl status``, ``health --run`` and ``stop`` read it)."""
-        self.connection.set(self.keys.config, config.run_config(self.keys.run_name).to_json())
+        self.connection.set(self.keys.config, config.run_config(self.keys.run_name, self.key_id).to_json())
 
     def check_in(self, facts: Mapping[str, float]) -> None:
         """The trainer's heartbeat, as every learner's: its deadline LEARNER_TIMEOUT on, and its figures."""

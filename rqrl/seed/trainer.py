@@ -32,7 +32,7 @@ from typing import Any
 import gymnasium
 import redis
 
-from rqrl.engine.codec import secret_from_environment, weights_key
+from rqrl.engine.codec import secret_from_environment
 from rqrl.engine.connection import connect, first_contact
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
@@ -105,6 +105,8 @@ class Trainer:
         self.stopped_from_outside = False  # the last start() ended on `rqrl stop RUN` (the run's stop flag)
         self.redis_url: str | None = None
         """The Redis of the last start() (an embedded one's URL while it runs)."""
+        self._last_sequence: dict[str, int] = {}
+        """Sender (an actor thread) -> the newest message number taken from it: older or repeated ones are replays."""
 
     def stop(self) -> None:
         """Make a running ``start()`` (in another thread) end now, as if its duration had passed."""
@@ -122,6 +124,7 @@ class Trainer:
         self._failures.clear()
         self._restart_after.clear()
         self.stats = TrainerStats()
+        self._last_sequence = {}
         # REDIS_URL, the ecosystem's convention, where no redis_url is given; with it, RQRL_SECRET signs the run
         environment_url = os.environ.get("REDIS_URL") if config.redis_url is None else None
         given_url = config.redis_url or environment_url
@@ -144,7 +147,7 @@ class Trainer:
                                   "actor and server processes unpickle, or, with Redis from REDIS_URL, RQRL_SECRET "
                                   "set (the workers' RQRL_SECRET)")
             self.run_name = config.run_name or f"seed-{uuid.uuid4().hex[:8]}"
-            run = SeedRun(connection, RunKeys(self.run_name), secret)
+            run = SeedRun(connection, RunKeys(self.run_name), secret, uuid.uuid4().hex)
             if connection.exists(run.keys.seed("settings"), run.keys.config):
                 run = None
                 raise ConfigError(f"run {self.run_name!r} is running in this Redis already; pick another run_name")
@@ -152,7 +155,7 @@ class Trainer:
                       self.environment)
             run.record(SeedRecord(config.queue_name, config.actor_processes, config.actor_threads))
             run.check_in(self._facts())
-            weights = WeightStore(connection, run.keys, weights_key(secret, self.run_name))
+            weights = WeightStore(connection, run.keys, run.weights_key)
             self.stats.weights_version = weights.publish(self.agent.model_instance.state_dict())
             context = multiprocessing_context(config.start_method)
 
@@ -252,11 +255,17 @@ class Trainer:
         blobs = popped if isinstance(popped, list) else []
         for blob in blobs:
             try:
-                batch, returns = decode_transitions(blob if isinstance(blob, bytes) else b"", run.message_key)
+                message = decode_transitions(blob if isinstance(blob, bytes) else b"", run.message_key)
             except (SignatureError, RecordError, KeyError, TypeError, ValueError) as error:
                 self.stats.messages_rejected += 1
                 run.refuse(f"dropping a transition message that is not ours: {error}")
                 continue
+            if message.sequence <= self._last_sequence.get(message.sender, -1):
+                self.stats.messages_rejected += 1
+                run.refuse(f"dropping a replayed transition message ({message.sender} #{message.sequence})")
+                continue
+            self._last_sequence[message.sender] = message.sequence
+            batch, returns = message.batch, message.episode_returns
             self.agent.observe(batch)
             self.stats.transitions_received += batch.size
             self.stats.episodes += len(returns)

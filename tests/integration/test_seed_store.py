@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
 import pytest
 
 from rqrl.cli.status import read_status
 from rqrl.engine.health import learner_is_healthy
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.run_config import RunConfig
-from rqrl.errors import ConfigError, SignatureError
-from rqrl.seed.actor import TransitionSender
+from rqrl.errors import ConfigError, RunStoppedError, SignatureError
+from rqrl.seed.actor import TransitionSender, encode_transitions
 from rqrl.seed.config import Config
+from rqrl.seed.nstep import TransitionBatch
 from rqrl.seed.store import SEED_KIND, SeedRecord, SeedRun
 from rqrl.seed.trainer import Trainer
 from tests.cli_runner import invoke
@@ -107,3 +109,43 @@ def test_settings_a_redis_writer_rewrote_are_refused(connection, run_name):
     other.write({"gamma": 1.0}, mlp, make_cartpole)  # signed, but not under this run's secret
     with pytest.raises(SignatureError):
         run.settings()
+
+
+def cartpole_transitions(value: float = 0.0) -> TransitionBatch:
+    return TransitionBatch(np.full((2, 4), value, np.float32), np.zeros(2, np.int64), np.ones(2, np.float32),
+                           np.full(2, 0.99, np.float32), np.zeros((2, 4), np.float32), np.ones((2, 2), bool))
+
+
+def test_replayed_transition_messages_are_refused(connection, run_name, redis_url):
+    """Issue 24, item 2: each message pushed 20 times trains once; an older message after a newer one, never."""
+    run = SeedRun(connection, RunKeys(run_name), TEST_SECRET, "run-id-1")
+    trainer = Trainer(cartpole_agent(), Config(redis_url=redis_url, run_name=run_name, secret=TEST_SECRET),
+                      make_cartpole)
+    first = encode_transitions(cartpole_transitions(1), run.message_key, [10.0], "0.0.0.ab", 0)
+    second = encode_transitions(cartpole_transitions(2), run.message_key, None, "0.0.0.ab", 1)
+    connection.rpush(run.keys.seed("transitions"), *[first] * 20, second, first)
+    assert trainer._receive(run, 100) == 22
+    assert trainer.stats.transitions_received == 4 and trainer.stats.episodes == 1
+    assert trainer.stats.messages_rejected == 20 and run.junk == 20
+
+
+def test_messages_of_an_earlier_run_of_the_same_name_are_refused(connection, run_name, redis_url):
+    """Issue 24, item 2: keys derive from a per-run id, so what an earlier run of the name left cannot verify."""
+    earlier = SeedRun(connection, RunKeys(run_name), TEST_SECRET, "earlier-run")
+    now = SeedRun(connection, RunKeys(run_name), TEST_SECRET, "this-run")
+    assert earlier.message_key != now.message_key and earlier.weights_key != now.weights_key
+    trainer = Trainer(cartpole_agent(), Config(redis_url=redis_url, run_name=run_name, secret=TEST_SECRET),
+                      make_cartpole)
+    connection.rpush(now.keys.seed("transitions"),
+                     encode_transitions(cartpole_transitions(), earlier.message_key, None, "0.0.0.ab", 0))
+    assert trainer._receive(now, 10) == 1 and trainer.stats.transitions_received == 0
+    assert trainer.stats.messages_rejected == 1
+
+
+def test_processes_join_the_run_with_the_id_of_its_record(connection, run_name):
+    with pytest.raises(RunStoppedError, match="no SEED run record"):
+        SeedRun.attach(connection, RunKeys(run_name), TEST_SECRET)
+    trainer_side = SeedRun(connection, RunKeys(run_name), TEST_SECRET, "the-run-id")
+    trainer_side.record(SeedRecord(None, 1, 1))
+    joined = SeedRun.attach(connection, RunKeys(run_name), TEST_SECRET)
+    assert joined.run_id == "the-run-id" and joined.message_key == trainer_side.message_key

@@ -7,6 +7,7 @@ The tests here start processes; the in-process ones are in tests/integration/tes
 from __future__ import annotations
 
 import pickle
+import sys
 
 import gymnasium
 import numpy as np
@@ -193,13 +194,17 @@ def test_shutdown_leaves_no_key_job_or_process(connection, redis_url, run_name):
     assert connection.llen("rq:queue:rqrl") == 0
 
 
-def test_the_progress_bar_shows_by_default_and_switches_off(connection, redis_url, capsys):
+def test_the_progress_bar_shows_by_default_on_a_terminal_and_switches_off(connection, redis_url, capsys,
+                                                                         monkeypatch):
     with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2,
                       progress=True) as sampler:
         sampler.obtain_samples(0, 30, None)
+        assert "Sampling" not in capsys.readouterr().err, "no bar in a file or a pipe"
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # as on a terminal
+        sampler.obtain_samples(1, 30, None)
         assert "Sampling" in capsys.readouterr().err
         sampler.progress = False
-        sampler.obtain_exact_episodes(1, None)
+        sampler.obtain_exact_episodes(2, None)
         assert "Sampling" not in capsys.readouterr().err
 
 

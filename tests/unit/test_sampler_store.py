@@ -26,6 +26,8 @@ from tests import fixtures
 
 SECRET = "unit-secret"
 KEY = weights_key(SECRET, "run-id")
+AT = "rqrl:r:sampler:update:1:agent:all"
+"""The Redis key an update is stored at, which its tag binds."""
 
 
 def test_update_kinds():
@@ -64,9 +66,9 @@ def test_plan_applies_only_what_is_new_and_rebuilds_when_the_base_changed():
     {"value": np.asarray(3)}, (np.zeros(2), np.ones((2, 2), np.int32)), np.arange(4.0),
 ])
 def test_parameters_travel_as_tagged_safetensors(value):
-    blob = encode_update(value, SECRET, KEY)
-    assert blob[:1] in (b"T", b"N") and b"cloudpickle" not in blob
-    decoded = decode_update(blob, SECRET, KEY)
+    blob = encode_update(value, SECRET, KEY, AT)
+    assert b"cloudpickle" not in blob
+    decoded = decode_update(blob, SECRET, KEY, AT)
     assert type(decoded) is type(value)
     if isinstance(value, dict):
         assert sorted(decoded) == sorted(value)
@@ -79,17 +81,17 @@ def test_parameters_travel_as_tagged_safetensors(value):
 
 
 def test_objects_travel_as_signed_pickles_and_tampering_is_refused():
-    blob = encode_update(SetTaskUpdate(fixtures.EchoEnv, 4), SECRET, KEY)
-    assert blob[:1] == b"P"
-    update = decode_update(blob, SECRET, KEY)
+    blob = encode_update(SetTaskUpdate(fixtures.EchoEnv, 4), SECRET, KEY, AT)
+    assert b"\nP" in blob  # the pickle tag after the binding
+    update = decode_update(blob, SECRET, KEY, AT)
     env = update(None)
     assert isinstance(env, gymnasium.Env) and env.task == 4
     with pytest.raises(SignatureError):
-        decode_update(blob[:-1] + b"x", SECRET, KEY)
+        decode_update(blob[:-1] + b"x", SECRET, KEY, AT)
     with pytest.raises(SignatureError):
-        decode_update(encode_update({"v": np.zeros(1)}, SECRET, KEY), SECRET, weights_key(SECRET, "other-run"))
-    with pytest.raises(RecordError, match="not rqrl's"):
-        decode_update(b"Xjunk", SECRET, KEY)
+        decode_update(encode_update({"v": np.zeros(1)}, SECRET, KEY, AT), SECRET, weights_key(SECRET, "other-run"), AT)
+    with pytest.raises(SignatureError):
+        decode_update(b"Xjunk", SECRET, KEY, AT)
 
 
 def test_calls_round_trip_and_junk_is_refused():
@@ -101,3 +103,10 @@ def test_calls_round_trip_and_junk_is_refused():
         SamplerCall.from_json(b"{}", 2)
     with pytest.raises(RecordError):
         SamplerCall.from_json(call.to_json().replace('"exact"', '"other"'), 2)
+
+
+def test_an_update_copied_to_another_calls_key_is_refused():
+    """Issue 24, item 6: call 1's signed update copied over call 5's is not call 5's."""
+    blob = encode_update({"w": torch.ones(2)}, SECRET, KEY, "rqrl:r:sampler:update:1:agent:all")
+    with pytest.raises(SignatureError, match="signed for"):
+        decode_update(blob, SECRET, KEY, "rqrl:r:sampler:update:5:agent:all")
