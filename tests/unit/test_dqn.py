@@ -1,140 +1,110 @@
-"""The DQN agent: config defaults and checks, heads, masked greedy actions, and learning with per-transition
-bootstrap discounts (gamma**k, 0 after a termination)."""
+"""rqrl.algorithms.dqn without processes: the Q-network's shapes for every head, and its weights files."""
 
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
 import pytest
 import torch
 
+from rqrl.algorithms.checkpoint import save_weights
+from rqrl.algorithms.dqn import DqnConfig, QNetwork, is_dqn_weights, load_q_model
 from rqrl.errors import ConfigError
-from rqrl.seed.agent import Agent, AgentConfig, QModel, masked_argmax
-from rqrl.seed.nstep import TransitionBatch
-
-SOURCE_DEFAULTS = {
-    "replay_capacity": 10000, "batch_size": 32, "target_update_steps": 20, "discount_factor": 0.99,
-    "use_double": True, "use_distributional": True, "n_atoms": 51, "v_min": -1, "v_max": 1,
-    "use_prioritized_experience_replay": True, "alpha": 0.6, "beta_start": 0.4, "beta_end": 1.0,
-    "beta_t_start": 0, "beta_t_end": 10000, "gradient_norm": 20, "huber_loss": False,
-}
-
-
-def test_defaults_are_the_sources():
-    config = AgentConfig(state_shape=(4,), action_space_size=2)
-    assert {name: getattr(config, name) for name in SOURCE_DEFAULTS} == SOURCE_DEFAULTS
-    assert config.dueling is False
-
-
-def test_attributes_set_after_construction_are_validated_by_the_agent():
-    config = AgentConfig()
-    config.state_shape, config.action_space_size = (4,), 0
-    with pytest.raises(ConfigError, match="action_space_size"):
-        Agent(config, lambda: torch.nn.Linear(4, 2))
-
-
-@pytest.mark.parametrize(("name", "value", "match"), [
-    ("state_shape", (), "state_shape"), ("batch_size", 0, "batch_size"), ("v_min", 2.0, "v_min"),
-    ("discount_factor", 1.5, "discount_factor"), ("replay_device", "cuda", "replay_device"),
-])
-def test_bad_config(name, value, match):
-    values = {"state_shape": (4,), "action_space_size": 2, name: value}
-    with pytest.raises(ConfigError, match=match):
-        AgentConfig(**values)
-
-
-def test_dueling_head_combines_value_and_mean_centred_advantages():
-    config = AgentConfig(state_shape=(1,), action_space_size=2, use_distributional=False, dueling=True)
-    model = QModel(torch.nn.Identity(), config)
-    q = model(torch.tensor([[10.0, 1.0, 3.0]]))
-    assert q.tolist() == [[9.0, 11.0]]
-
-
-def test_distributional_head_gives_expected_values():
-    config = AgentConfig(state_shape=(1,), action_space_size=1, n_atoms=3, v_min=-1, v_max=1)
-    model = QModel(torch.nn.Identity(), config)
-    assert model(torch.tensor([[[0.0, 0.25, 0.75]]])).tolist() == [[0.75]]
-    dueling = QModel(torch.nn.Identity(), dataclasses.replace(config, dueling=True))
-    dist = dueling.dist(torch.zeros(1, 2, 3))
-    assert torch.allclose(dist, torch.full((1, 1, 3), 1 / 3))
-
-
-def test_masked_argmax_skips_illegal_actions_and_treats_an_empty_mask_as_all_legal():
-    q = torch.tensor([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0]])
-    masks = torch.tensor([[False, False, True], [False, False, False]])
-    assert masked_argmax(q, masks).tolist() == [2, 0]
-
-
-class Table(torch.nn.Module):
-    """Q-table over one-hot observations (or a distribution table): learns exactly what the targets say."""
-
-    def __init__(self, states: int, actions: int, atoms: int | None = None):
-        super().__init__()
-        self.atoms = atoms
-        self.table = torch.nn.Parameter(torch.zeros(states, actions * (atoms or 1)))
-
-    def forward(self, obs):
-        out = obs @ self.table
-        if self.atoms is None:
-            return out
-        return torch.softmax(out.view(len(obs), -1, self.atoms), dim=-1)
-
-
-def chain_batch():
-    """s0 -a0-> s1 with reward 0 and discount 0.25 (k=2 at gamma 0.5); s1 -any-> terminal with reward 1."""
-    eye = np.eye(2, dtype=np.float32)
-    return TransitionBatch(obs=eye[[0, 1, 1]], actions=np.array([0, 0, 1]), rewards=np.array([0.0, 1.0, 1.0],
-                           np.float32), discounts=np.array([0.25, 0.0, 0.0], np.float32),
-                           next_obs=eye[[1, 0, 0]], next_masks=np.ones((3, 2), bool))
+from rqrl.seed.agent import AgentConfig, QModel
 
 
 @pytest.mark.parametrize("distributional", [False, True])
-@pytest.mark.parametrize("double", [False, True])
-def test_learning_bootstraps_with_each_transitions_own_discount(distributional, double, one_torch_thread):
-    torch.manual_seed(0)
-    config = AgentConfig(state_shape=(2,), action_space_size=2, use_distributional=distributional, n_atoms=11,
-                         batch_size=8, target_update_steps=5, use_double=double, seed=0)
-    agent = Agent(config, lambda: Table(2, 2, 11 if distributional else None),
-                  lambda params: torch.optim.Adam(params, lr=0.05))
-    agent.observe(chain_batch())
-    for _ in range(600):
-        agent.train_step()
-    q = agent.q_values(np.eye(2, dtype=np.float32))
-    assert q[1] == pytest.approx([1.0, 1.0], abs=0.05)
-    assert q[0, 0] == pytest.approx(0.25, abs=0.05)
+@pytest.mark.parametrize("dueling", [False, True])
+def test_every_head_gives_q_values_per_action(distributional, dueling):
+    config = AgentConfig(state_shape=(4,), action_space_size=3, use_distributional=distributional, dueling=dueling,
+                         n_atoms=5, v_min=0, v_max=10)
+    network = QNetwork(4, 3, 8, 5 if distributional else None, dueling)
+    model = QModel(network, config)
+    q = model(torch.zeros(2, 4))
+    assert q.shape == (2, 3)
+    if distributional:
+        dist = model.dist(torch.zeros(2, 4))
+        assert dist.shape == (2, 3, 5) and torch.allclose(dist.sum(-1), torch.ones(2, 3))
+        assert ((q >= 0) & (q <= 10)).all()
 
 
-def test_target_network_is_copied_every_target_update_steps():
-    config = AgentConfig(state_shape=(2,), action_space_size=2, use_distributional=False, batch_size=4,
-                         target_update_steps=3, use_prioritized_experience_replay=False, seed=0)
-    agent = Agent(config, lambda: Table(2, 2), lambda params: torch.optim.SGD(params, lr=0.1))
-    agent.observe(chain_batch())
-    agent.train_step()
-    agent.train_step()
-    assert torch.equal(agent.target.network.table, torch.zeros(2, 2))
-    agent.train_step()
-    assert torch.equal(agent.target.network.table, agent.model_instance.network.table)
+@pytest.mark.parametrize("distributional", [False, True])
+def test_weights_files_load_back_into_the_same_model(tmp_path, distributional):
+    config = AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=distributional, dueling=True,
+                         n_atoms=7, v_min=0, v_max=50)
+    network = QNetwork(4, 2, 8, 7 if distributional else None, True)
+    save_weights(tmp_path / "final.safetensors", network.state_dict(),
+                 {"algo": "dqn", "env_id": "CartPole-v1", "hidden_size": 8, "distributional": distributional,
+                  "dueling": True, "n_atoms": 7, "v_min": 0, "v_max": 50})
+    assert is_dqn_weights(tmp_path)
+    loaded, metadata = load_q_model(tmp_path)
+    obs = torch.randn(3, 4)
+    assert torch.allclose(loaded(obs), QModel(network, config)(obs))
+    assert metadata["env_id"] == "CartPole-v1"
 
 
-def test_priorities_follow_the_errors_and_beta_anneals():
-    config = AgentConfig(state_shape=(2,), action_space_size=2, use_distributional=False, batch_size=3,
-                         beta_t_end=2, alpha=1.0, seed=0)
-    agent = Agent(config, lambda: Table(2, 2), lambda params: torch.optim.SGD(params, lr=0.0))
-    agent.observe(chain_batch())
-    assert agent.beta() == pytest.approx(0.4)
-    agent.train_step()
-    leaves = agent.replay.tree.leaves(np.arange(3))
-    assert leaves[1] == pytest.approx(1.0) and leaves[0] == pytest.approx(1e-6)  # Q all 0: |TD| = reward
-    agent.train_step()
-    assert agent.beta() == pytest.approx(1.0)
+def test_other_weights_are_not_taken_for_dqn(tmp_path):
+    save_weights(tmp_path / "final.safetensors", {"w": torch.zeros(1)}, {"env_id": "CartPole-v1", "hidden_size": 8})
+    assert not is_dqn_weights(tmp_path) and not is_dqn_weights(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="no DQN weights"):
+        load_q_model(tmp_path)
 
 
-def test_act_is_greedy_over_legal_actions():
-    config = AgentConfig(state_shape=(2,), action_space_size=2, use_distributional=False)
-    agent = Agent(config, lambda: Table(2, 2))
-    with torch.no_grad():
-        agent.model_instance.network.table.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
-    obs = np.eye(2, dtype=np.float32)
-    assert agent.act(obs).tolist() == [0, 1]
-    assert agent.act(obs, np.array([[False, True], [True, False]])).tolist() == [1, 0]
+def test_config_checks():
+    with pytest.raises(ConfigError, match="seconds"):
+        DqnConfig(seconds=0)
+
+
+def test_a_checkpoint_loads_back_bit_identical_networks_optimizer_and_counters(tmp_path):
+    from rqrl.algorithms.dqn import load_agent_checkpoint, save_agent_checkpoint
+    from rqrl.seed.agent import Agent
+
+    def make_agent(seed: int) -> Agent:
+        torch.manual_seed(seed)
+        config = AgentConfig(state_shape=(4,), action_space_size=2, replay_capacity=100, batch_size=4,
+                             use_distributional=False)
+        return Agent(config, lambda: QNetwork(4, 2, 8, None, False),
+                     lambda parameters: torch.optim.Adam(parameters, lr=1e-3))
+
+    agent = make_agent(0)
+    for _ in range(3):  # an optimizer with state, and a target that differs from the online network
+        agent.optimizer.zero_grad()
+        agent.model_instance(torch.randn(5, 4)).pow(2).sum().backward()
+        agent.optimizer.step()
+    agent.train_steps = 3
+    save_agent_checkpoint(tmp_path / "checkpoint.safetensors", agent, {"algo": "dqn", "env_steps": 1234})
+    other = make_agent(1)
+    counters = load_agent_checkpoint(tmp_path, other)
+    assert counters["env_steps"] == 1234 and other.train_steps == 3
+    for mine, theirs in ((agent.model_instance, other.model_instance), (agent.target, other.target)):
+        for (name, value), loaded in zip(mine.state_dict().items(), theirs.state_dict().values(), strict=True):
+            assert torch.equal(value, loaded), name
+    assert not torch.equal(other.model_instance.network.layers[0].weight, other.target.network.layers[0].weight)
+    mine_state, their_state = agent.optimizer.state_dict()["state"], other.optimizer.state_dict()["state"]
+    assert mine_state.keys() == their_state.keys()
+    for index in mine_state:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(torch.as_tensor(mine_state[index][name]), torch.as_tensor(their_state[index][name]))
+
+
+def test_a_checkpoint_of_another_algorithm_is_refused(tmp_path):
+    from rqrl.algorithms.checkpoint import TrainingState, save_checkpoint
+    from rqrl.algorithms.dqn import load_agent_checkpoint
+    from rqrl.seed.agent import Agent
+
+    save_checkpoint(tmp_path / "checkpoint.safetensors", TrainingState({"w": torch.zeros(1)}, {}, {"env_steps": 1}))
+    agent = Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False),
+                  lambda: QNetwork(4, 2, 8, None, False))
+    with pytest.raises(ConfigError, match="no DQN checkpoint"):
+        load_agent_checkpoint(tmp_path, agent)
+
+
+def test_a_checkpoint_of_another_network_size_is_refused_with_the_fix(tmp_path):
+    from rqrl.algorithms.dqn import load_agent_checkpoint, save_agent_checkpoint
+    from rqrl.seed.agent import Agent
+
+    def make_agent(hidden: int) -> Agent:
+        return Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False),
+                     lambda: QNetwork(4, 2, hidden, None, False))
+
+    save_agent_checkpoint(tmp_path / "checkpoint.safetensors", make_agent(8), {"algo": "dqn", "env_id": "X"})
+    with pytest.raises(ConfigError, match="--hidden-size"):
+        load_agent_checkpoint(tmp_path, make_agent(16))

@@ -103,7 +103,7 @@ def test_different_weights_garage_policies_dropout_and_dict_observations_are_not
 
 
 def fixtures_scripted():
-    from tests.unit.test_sampler_worker import ScriptedPolicy
+    from tests.unit.test_garage_worker import ScriptedPolicy
 
     return ScriptedPolicy()
 

@@ -1,7 +1,7 @@
 """The SEED trainer end to end, with a real Redis and real actor and server processes: start(duration) returns
 having left no process or key, nothing is lost under a slow learner, killed actors and servers are replaced.
 
-The tests here run in-process; those that start processes are in tests/processes/test_seed.py.
+The tests here run in-process; those that start processes are in tests/processes/test_trainer.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The SEED trainer end to end, with a real Redis and real actor and server processes: start(duration) returns
 having left no process or key, nothing is lost under a slow learner, killed actors and servers are replaced.
 
-The tests here start processes; the in-process ones are in tests/integration/test_seed.py.
+The tests here start processes; the in-process ones are in tests/integration/test_trainer.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rqrl.errors import ProcessesDiedError
 from rqrl.seed import Trainer
 from rqrl.seed.agent import Agent
 from tests.children import alive
-from tests.integration.test_seed import config  # noqa: F401 - shared with the in-process tests
+from tests.integration.test_trainer import config  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
 from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole, mlp_failing_in_children
 
