@@ -17,6 +17,7 @@ from rqrl.engine.rq_safety import RolloutJob, failed_registry, rollout_queue, st
 from rqrl.engine.run_config import RunConfig
 from rqrl.engine.supervisor import read_sideline_reports
 from rqrl.engine.timings import protocol_timings
+from rqrl.errors import RecordError
 
 RECENT_FAILURES = 3
 
@@ -56,6 +57,8 @@ class RunStatus:
     workers: list[WorkerStatus] = field(default_factory=list)
     worker_rates: dict[str, float] = field(default_factory=dict)
     """Each worker's env steps/s on this run, as its job last published it (within the liveness window)."""
+    problem: str | None = None
+    """Why the run's record could not be read (junk a Redis writer left, a key of the wrong type); None: it was."""
     sidelined: dict[str, str] = field(default_factory=dict)
     """Workers that cannot run this run (wrong RQRL_SECRET, env code missing) and hand its jobs back: name -> why."""
 
@@ -72,7 +75,10 @@ def read_status(connection: redis.Redis, run_name: str | None = None) -> list[Ru
         names = sorted({_text(key).split(":")[1] for key in connection.scan_iter(match=f"{PREFIX}:*:config")})
     runs = []
     for name in names:
-        status = _read_run(connection, RunKeys(name))
+        try:
+            status = _read_run(connection, RunKeys(name))
+        except (RecordError, ValueError, TypeError, KeyError, redis.ResponseError) as error:  # hides no other run
+            status = RunStatus(run_name=name, queue_name="?", n_actors=0, n_groups=0, problem=str(error))
         if status is not None:
             runs.append(status)
     return runs
@@ -153,6 +159,16 @@ def _failure(connection: redis.Redis, job_id: str) -> str:
     return lines[-1] if lines else "(no traceback)"
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters (terminal escape codes a Redis writer put in a worker's name, say) shown
+    as escapes, never sent to the terminal.
+
+    >>> print(printable("w1\\x1b[2J"))
+    w1\\x1b[2J
+    """
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -164,6 +180,10 @@ def format_status(runs: list[RunStatus], now: float | None = None) -> str:
         return "no rqrl runs on this Redis"
     blocks = []
     for run in runs:
+        if run.problem is not None:
+            blocks.append(f"run {printable(run.run_name)}: its record in Redis cannot be read "
+                          f"({printable(run.problem)})")
+            continue
         lines = [f"run {run.run_name}: queue {run.queue_name}, {run.n_actors} actors in {run.n_groups} job(s)"
                  + (", STOPPING" if run.stopped else "")]
         lines.append("  learner   " + _learner_line(run, now))
@@ -178,14 +198,15 @@ def format_status(runs: list[RunStatus], now: float | None = None) -> str:
             doing = (f"group {group} of this run ({job})" if group is not None else f"{job}" if job else "idle")
             age = f"{worker.heartbeat_age:.0f} s ago" if worker.heartbeat_age is not None else "never"
             rate = run.worker_rates.get(worker.name)
-            lines.append(f"    {worker.name}  {worker.state}  {doing}  heartbeat {age}"
+            lines.append(f"    {printable(worker.name)}  {printable(worker.state)}  {printable(doing)}  "
+                         f"heartbeat {age}"
                          + (f"  {rate:,.0f} steps/s" if rate is not None else "")
                          + ("" if worker.alive else "  (no recent heartbeat)")
                          + ("  SIDELINED (see below)" if worker.name in run.sidelined else ""))
         for name, reason in sorted(run.sidelined.items()):
-            lines.append(f"  sidelined {name} hands this run's jobs back: {reason}")
+            lines.append(f"  sidelined {printable(name)} hands this run's jobs back: {printable(reason)}")
         for job_id, line in run.failures:
-            lines.append(f"  failed    {job_id}: {line}")
+            lines.append(f"  failed    {printable(job_id)}: {printable(line)}")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 

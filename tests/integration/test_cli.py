@@ -32,3 +32,23 @@ def test_a_redis_url_without_a_scheme_is_a_usage_error(redis_url):
     for command in (("status",), ("stop", "x"), ("health", "--worker")):
         result = invoke(*command, "--redis-url", "localhost:6379")
         assert result.exit_code == 2 and "has no scheme: use redis://HOST:6379/0" in result.stderr, command
+
+
+def test_status_shows_every_run_when_one_record_is_junk_and_escapes_worker_names(redis_url, connection):
+    """Issue 24: junk in one run's record hid every run; a worker named with escape codes reached the terminal."""
+    from rqrl.engine.keys import RunKeys
+    from rqrl.engine.run_config import RunConfig
+
+    good = RunConfig(run_name="good", run_id="g", queue_name="rqrl", n_rollout_steps=4, n_actors=1, batch_size=1,
+                     queue_bound=1, actor_env_seeds=[0], actor_agent_seeds=[0], actor_groups=[[0]])
+    connection.set(RunKeys("good").config, good.to_json())
+    connection.set(RunKeys("junk").config, "not a run record")
+    connection.hset(RunKeys("typed").config, "a", "hash, not a string")
+    connection.hset("rq:worker:evil\x1b[2J", mapping={"state": "idle\x07", "last_heartbeat": "x"})
+    connection.sadd("rq:workers:rqrl", "rq:worker:evil\x1b[2J")
+    result = invoke("status", "--redis-url", redis_url)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "run good: queue rqrl, 1 actors in 1 job(s)" in result.stdout
+    assert "run junk: its record in Redis cannot be read" in result.stdout
+    assert "run typed: its record in Redis cannot be read" in result.stdout
+    assert "evil\\x1b[2J" in result.stdout and "\x1b" not in result.stdout and "\x07" not in result.stdout
