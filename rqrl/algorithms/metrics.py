@@ -42,9 +42,9 @@ class MetricsWriter:
                                       purge_step=resume_step + 1 if resume_step is not None else None)
 
     def write(self, env_steps: int, values: Mapping[str, float | None]) -> None:
-        """One CSV row (None: an empty cell) and the finite values as TensorBoard scalars."""
+        """One CSV row (None: an empty cell) and the finite values as TensorBoard scalars (tensorboard_tag)."""
         self._csv.writerow({"env_steps": env_steps, **values})
-        self._tensorboard.write_scalars(env_steps, {name: value for name, value in values.items()
+        self._tensorboard.write_scalars(env_steps, {tensorboard_tag(name): value for name, value in values.items()
                                                     if value is not None and math.isfinite(value)})
 
     def flush(self) -> None:
@@ -54,6 +54,21 @@ class MetricsWriter:
     def close(self) -> None:
         self._file.close()
         self._tensorboard.close()
+
+
+LOSS_TERMS = frozenset({"entropy", "clip_fraction", "mean_rho"})
+"""Figures of the update itself, grouped with the losses."""
+
+
+def tensorboard_tag(name: str) -> str:
+    """A metric's TensorBoard tag, grouped as the field's tools group them: the update's terms under ``losses/``,
+    everything else (returns, steps/s, lag, queue, workers) under ``charts/``.
+
+    >>> tensorboard_tag("policy_loss"), tensorboard_tag("entropy"), tensorboard_tag("mean_return")
+    ('losses/policy_loss', 'losses/entropy', 'charts/mean_return')
+    """
+    group = "losses" if name.endswith("_loss") or name in LOSS_TERMS else "charts"
+    return f"{group}/{name}"
 
 
 class EventFile:

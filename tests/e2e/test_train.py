@@ -66,7 +66,7 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
                 "update_seconds"}
     assert windowed <= set(rows[0])
     assert float(rows[-1]["workers_alive"]) == 2 and float(rows[-1]["steps_per_second_10s"]) > 0
-    assert windowed <= {tag for _, tag, _ in tensorboard_scalars(run)}
+    assert {f"charts/{name}" for name in windowed} <= {tag for _, tag, _ in tensorboard_scalars(run)}
     summary = json.loads((run / "summary.json").read_text())
     random_policy_return = 10.0  # 20 coin flips
     assert summary["mean_return"] > random_policy_return + 5, summary

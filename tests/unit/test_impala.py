@@ -469,7 +469,7 @@ def test_train_writes_the_run_folder(trained_run):
     rows = read_rows(run / "metrics.csv")
     assert len(rows) == result.updates
     assert [int(row["env_steps"]) for row in rows] == [64 * (i + 1) for i in range(len(rows))]
-    losses = sorted(step for step, tag, _ in tensorboard_scalars(run) if tag == "policy_loss")
+    losses = sorted(step for step, tag, _ in tensorboard_scalars(run) if tag == "losses/policy_loss")
     assert losses == [int(row["env_steps"]) for row in rows], "one TensorBoard policy_loss per CSV row"
     assert all(float(row["policy_lag_max"]) == 0 for row in rows)  # serial actors always use the latest weights
     assert all(math.isfinite(float(row["policy_loss"])) for row in rows)

@@ -27,8 +27,10 @@ def test_writes_csv_rows_and_tensorboard_scalars(tmp_path):
         ("100", "1.5", ""), ("200", "nan", "0.25"), ("300", "3.0", "0.125")]
     scalars = tensorboard_scalars(tmp_path / "run")
     # None and NaN are left out of TensorBoard; extra keys still reach it
-    assert sorted(scalars) == sorted([(100, "mean_return", 1.5), (200, "loss", 0.25), (200, "not_a_column", 7.0),
-                                      (300, "mean_return", 3.0), (300, "loss", 0.125)])
+    # tagged as the field groups them: the update's terms under losses/, the rest under charts/
+    assert sorted(scalars) == sorted([(100, "charts/mean_return", 1.5), (200, "charts/loss", 0.25),
+                                      (200, "charts/not_a_column", 7.0), (300, "charts/mean_return", 3.0),
+                                      (300, "charts/loss", 0.125)])
     assert all(math.isfinite(value) for _, _, value in scalars)
 
 
@@ -42,7 +44,7 @@ def test_writing_metrics_starts_no_thread_so_ctrl_c_cannot_strand_one(tmp_path):
     writer.flush()
     assert set(threading.enumerate()) == before
     writer.close()
-    assert [step for step, tag, _ in tensorboard_scalars(tmp_path) if tag == "x"] == list(range(20, 40))
+    assert [step for step, tag, _ in tensorboard_scalars(tmp_path) if tag == "charts/x"] == list(range(20, 40))
 
 
 def test_reopening_appends_without_repeating_the_header(tmp_path):
@@ -55,7 +57,7 @@ def test_reopening_appends_without_repeating_the_header(tmp_path):
     second.close()
     lines = (tmp_path / "metrics.csv").read_text().splitlines()
     assert lines == ["env_steps,x", "1,1.0", "2,2.0", "3,3.0"]
-    assert (3, "x", 3.0) in tensorboard_scalars(tmp_path)
+    assert (3, "charts/x", 3.0) in tensorboard_scalars(tmp_path)
 
 
 def test_reopening_within_a_second_keeps_the_earlier_tensorboard_events(tmp_path):
@@ -66,7 +68,7 @@ def test_reopening_within_a_second_keeps_the_earlier_tensorboard_events(tmp_path
     second = MetricsWriter(tmp_path, ["x"])
     second.write(2, {"x": 2.0})
     second.close()
-    assert sorted(step for step, tag, _ in tensorboard_scalars(tmp_path) if tag == "x") == [1, 2]
+    assert sorted(step for step, tag, _ in tensorboard_scalars(tmp_path) if tag == "charts/x") == [1, 2]
 
 
 def test_reopening_an_empty_csv_writes_the_header(tmp_path):
