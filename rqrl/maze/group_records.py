@@ -36,6 +36,7 @@ ENTRY_BYTES = 1 << 20
 """A group's rollouts go in entries of about this many bytes at most (one rollout alone if it is larger):
 Redis spends 3-4x more CPU per byte on a 14-59 MB value than on a 1 MB one (measured; its reply buffers and
 query buffer handle a large value in many small pieces)."""
+OBSERVATIONS = ("obs", "next_obs", "final_obs")
 _PER_ACTOR = ("actor_ids", "continues_previous", "final_obs_counts", "episode_counts")
 _CONCATENATED = ("final_obs_steps", "episode_returns", "episode_lengths")
 
@@ -391,6 +392,9 @@ def _check_values(arrays: dict[str, np.ndarray], spec: RecordSpec) -> None:
     logits = arrays.get("logits")
     if logits is not None and (logits.dtype.kind != "f" or np.isnan(logits).any()):
         raise RecordError("record's logits are NaN or not floats")
+    for name, array in arrays.items():  # observations the learner trains on (a policy that ignores them would not)
+        if array.dtype.kind == "f" and name.split("/")[0] in OBSERVATIONS and not np.isfinite(array).all():
+            raise RecordError(f"record's {name} hold values that are not finite numbers")
     if spec.action_bounds is not None:
         low, high = spec.action_bounds
         actions = arrays["actions"]

@@ -210,6 +210,10 @@ def _check_values(record: RolloutRecord, spec: RecordSpec) -> None:
         raise RecordError("record's episode_lengths hold lengths below 1")
     if record.logits is not None and (record.logits.dtype.kind != "f" or np.isnan(record.logits).any()):
         raise RecordError("record's logits are NaN or not floats")
+    for prefix in ("obs", "next_obs", "final_obs"):  # what the learner trains on, whatever the policy looked at
+        for name, array in flatten_obs(getattr(record, prefix), prefix).items():
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise RecordError(f"record's {name} hold values that are not finite numbers")
     if spec.action_bounds is not None:
         low, high = spec.action_bounds
         actions = record.actions

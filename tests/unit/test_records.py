@@ -442,6 +442,10 @@ MISFITS = [  # (changes to a record of the run, what the refusal says); tests/un
     (dict(episode_lengths=np.array([0, 4])), "episode_lengths hold lengths below 1"),
     (dict(episode_lengths=np.array([3])), "episode_returns .2. and episode_lengths .1."),
     (dict(logits=np.full((5, 2), np.nan, np.float32)), "logits are NaN"),
+    # observations are trained on whether the policy looked at them or not (issue 24)
+    (dict(obs=np.full((5, 3), np.nan, np.float32)), "obs hold values that are not finite"),
+    (dict(next_obs=np.full(3, np.inf, np.float32)), "next_obs hold values that are not finite"),
+    (dict(final_obs=np.full((1, 3), -np.inf, np.float32)), "final_obs hold values that are not finite"),
     (dict(actions=np.full(5, 2, np.int64)), r"actions are not integers in \[0, 2\)"),
     (dict(actions=np.full(5, -1, np.int64)), r"actions are not integers in \[0, 2\)"),
     (dict(final_obs_steps=np.array([999])), r"final_obs_steps \[999\] are not increasing steps in \[0, 5\)"),
