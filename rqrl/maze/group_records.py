@@ -25,10 +25,13 @@ from rqrl.engine.codec import MAX_ID, RECORD_MAGIC, ArrayParts, decode_arrays, e
 from rqrl.engine.observations import Obs, empty_like_batch, flatten_obs, select, stack_obs, unflatten_obs
 from rqrl.errors import RecordError
 from rqrl.maze.records import (
+    FINITE_FIELDS,
+    OBSERVATIONS,
     STEP_FIELDS,
     RecordSpec,
     RolloutRecord,
     check_signature,
+    require_finite,
 )
 
 GROUP_FORMAT = "rqrl.rollouts.v1"
@@ -36,7 +39,6 @@ ENTRY_BYTES = 1 << 20
 """A group's rollouts go in entries of about this many bytes at most (one rollout alone if it is larger):
 Redis spends 3-4x more CPU per byte on a 14-59 MB value than on a 1 MB one (measured; its reply buffers and
 query buffer handle a large value in many small pieces)."""
-OBSERVATIONS = ("obs", "next_obs", "final_obs")
 _PER_ACTOR = ("actor_ids", "continues_previous", "final_obs_counts", "episode_counts")
 _CONCATENATED = ("final_obs_steps", "episode_returns", "episode_lengths")
 
@@ -383,18 +385,16 @@ def _check_steps(arrays: dict[str, np.ndarray]) -> None:
 
 def _check_values(arrays: dict[str, np.ndarray], spec: RecordSpec) -> None:
     """Values the learner would train on: finite rewards, log-probs and returns, no NaN logits, actions in range."""
-    for name in ("rewards", "log_probs", "episode_returns", "episode_lengths"):
-        array = arrays[name]
-        if array.dtype.kind not in "biuf" or not np.isfinite(array).all():
-            raise RecordError(f"record's {name} hold values that are not finite numbers")
+    for name in FINITE_FIELDS:
+        require_finite(name, arrays[name])
     if (arrays["episode_lengths"] < 1).any():
         raise RecordError("record's episode_lengths hold lengths below 1")
     logits = arrays.get("logits")
     if logits is not None and (logits.dtype.kind != "f" or np.isnan(logits).any()):
         raise RecordError("record's logits are NaN or not floats")
     for name, array in arrays.items():  # observations the learner trains on (a policy that ignores them would not)
-        if array.dtype.kind == "f" and name.split("/")[0] in OBSERVATIONS and not np.isfinite(array).all():
-            raise RecordError(f"record's {name} hold values that are not finite numbers")
+        if array.dtype.kind == "f" and name.split("/")[0] in OBSERVATIONS:
+            require_finite(name, array)
     if spec.action_bounds is not None:
         low, high = spec.action_bounds
         actions = arrays["actions"]

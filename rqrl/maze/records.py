@@ -200,20 +200,28 @@ def _check_steps(record: RolloutRecord) -> None:
                           f"are not two lists of at most {record.n_steps} episodes")
 
 
+FINITE_FIELDS = ("rewards", "log_probs", "episode_returns", "episode_lengths")
+OBSERVATIONS = ("obs", "next_obs", "final_obs")
+
+
+def require_finite(name: str, array: np.ndarray) -> None:
+    """RecordError unless ``array`` holds finite numbers only (what record and group checks refuse alike)."""
+    if array.dtype.kind not in "biuf" or not np.isfinite(array).all():
+        raise RecordError(f"record's {name} hold values that are not finite numbers")
+
+
 def _check_values(record: RolloutRecord, spec: RecordSpec) -> None:
     """Values the learner would train on: finite rewards, log-probs and returns, no NaN logits, actions in range."""
-    for name in ("rewards", "log_probs", "episode_returns", "episode_lengths"):
-        array = getattr(record, name)
-        if array.dtype.kind not in "biuf" or not np.isfinite(array).all():
-            raise RecordError(f"record's {name} hold values that are not finite numbers")
+    for name in FINITE_FIELDS:
+        require_finite(name, getattr(record, name))
     if (record.episode_lengths < 1).any():
         raise RecordError("record's episode_lengths hold lengths below 1")
     if record.logits is not None and (record.logits.dtype.kind != "f" or np.isnan(record.logits).any()):
         raise RecordError("record's logits are NaN or not floats")
-    for prefix in ("obs", "next_obs", "final_obs"):  # what the learner trains on, whatever the policy looked at
+    for prefix in OBSERVATIONS:  # what the learner trains on, whatever the policy looked at
         for name, array in flatten_obs(getattr(record, prefix), prefix).items():
-            if array.dtype.kind == "f" and not np.isfinite(array).all():
-                raise RecordError(f"record's {name} hold values that are not finite numbers")
+            if array.dtype.kind == "f":
+                require_finite(name, array)
     if spec.action_bounds is not None:
         low, high = spec.action_bounds
         actions = record.actions

@@ -9,6 +9,7 @@ nor poison the replay.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -34,6 +35,7 @@ from rqrl.engine.codec import (
 )
 from rqrl.engine.keys import DEFAULT_QUEUE, RunKeys
 from rqrl.engine.run_config import RunConfig, split_actors
+from rqrl.engine.run_store import RunStore
 from rqrl.errors import ConfigError, RecordError, RunStoppedError
 
 EVENTS_KEPT = 1000
@@ -117,15 +119,15 @@ class SeedRun:
     def key_id(self) -> str:
         return self.run_id or self.keys.run_name
 
-    @property
+    @functools.cached_property  # derived once: actors sign every message with it
     def message_key(self) -> bytes:
         return derive_key(self.secret, "seed-messages", self.key_id)
 
-    @property
+    @functools.cached_property
     def settings_key(self) -> bytes:
         return derive_key(self.secret, "seed-settings", self.key_id)
 
-    @property
+    @functools.cached_property
     def weights_key(self) -> bytes:
         return weights_key(self.secret, self.key_id)
 
@@ -175,12 +177,11 @@ class SeedRun:
         """The run's record that every family writes (``rqrl status``, ``health --run`` and ``stop`` read it)."""
         self.connection.set(self.keys.config, config.run_config(self.keys.run_name, self.key_id).to_json())
 
-    def check_in(self, facts: Mapping[str, float]) -> None:
-        """The trainer's heartbeat, as every learner's: its deadline LEARNER_TIMEOUT on, and its figures."""
-        with self.connection.pipeline(transaction=False) as pipe:
-            pipe.set(self.keys.learner_deadline, f"{time.time() + LEARNER_TIMEOUT:.3f}")
-            pipe.hset(self.keys.learner, mapping={name: repr(float(value)) for name, value in facts.items()})
-            pipe.execute()
+    def check_in(self, facts: Mapping[str, float]) -> bool:
+        """The trainer's heartbeat, as every learner's (RunStore.check_in): its deadline LEARNER_TIMEOUT on, and its
+        figures; returns whether the run's stop flag is set, in the same round trip."""
+        _, stopped = RunStore(self.connection, self.keys, self.secret).check_in(LEARNER_TIMEOUT, facts)
+        return stopped
 
     def report(self, kind: str, **fields: Any) -> None:
         """Append an event (JSON) for the trainer to log; the list keeps the newest EVENTS_KEPT."""

@@ -205,12 +205,13 @@ class Trainer:
                 self.stats.weights_version = weights.publish(agent.model_instance.state_dict())
                 next_broadcast = now + config.broadcast_period
             if now >= next_check:
-                if run.stopped():  # set by `rqrl stop RUN` (this trainer sets it only once it shuts down)
+                # the heartbeat answers whether the stop flag is set: by `rqrl stop RUN` (this trainer sets it only
+                # once it shuts down)
+                if run.check_in(self._facts()):
                     log.warning("run %s was stopped from outside this trainer (rqrl stop)", run.keys.run_name)
                     self.stopped_from_outside = True
                     break
                 self._supervise(run)
-                run.check_in(self._facts())
                 next_check = now + SUPERVISE_SECONDS
             if config.drop_when_full and now >= next_drop_check:
                 self._report_drops(run)
