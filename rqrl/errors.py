@@ -22,6 +22,7 @@
     ├── LeaseLostError                     another job took over a job's actor group (workers only)
     ├── CheckpointError                    a checkpoint or weights file is missing, corrupted or foreign
     ├── RedisUnavailableError              Redis stayed unreachable past the outage deadline
+    │   └── RedisOutOfMemoryError          ... or stayed full (maxmemory reached) as long
     └── RedisRefusedError                  Redis refused the login or a command (password, ACL, TLS)
 """
 
@@ -133,9 +134,14 @@ class RedisUnavailableError(RqrlError):
     """Redis could not be reached for longer than the configured outage deadline."""
 
 
+class RedisOutOfMemoryError(RedisUnavailableError):
+    """Redis refused writes for memory (its maxmemory reached) for longer than the outage deadline; until then
+    rqrl's clients wait for memory as they wait through an outage."""
+
+
 class RedisRefusedError(RqrlError):
-    """Redis answered but refused: a wrong password, an ACL rule, an untrusted TLS certificate, a full or
-    read-only server. Waiting does not help; the message names the fix."""
+    """Redis answered but refused: a wrong password, an ACL rule, an untrusted TLS certificate, a read-only
+    server. Waiting does not help; the message names the fix."""
 
 
 class LeaseLostError(RqrlError):

@@ -1,13 +1,16 @@
 """Redis clients that ride out a Redis restart: redis-py's own retry with exponential backoff.
 
-Commands that fail with a connection or timeout error are retried for about ``outage_seconds``;
-only then does the error reach the caller. A retried command may run twice, which rqrl's writes
-tolerate: pushes are idempotent per rollout id, weights are write-once per version.
+Commands that fail with a connection or timeout error, or that a full Redis refuses (``maxmemory``
+reached: OOM), are retried for about ``outage_seconds``; only then does the error reach the caller.
+A retried command may run twice, which rqrl's writes tolerate: pushes are idempotent per rollout
+id, weights are write-once per version. A command refused for memory did not run (Redis checks
+memory before a command or script starts, and a transaction with a refused command runs none).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import ssl
 import time
@@ -17,11 +20,15 @@ from typing import Any, TypeVar
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import OutOfMemoryError
 from redis.retry import Retry
 
-from rqrl.errors import ConfigError, RedisRefusedError, RedisUnavailableError
+from rqrl.engine.bounded_log import BoundedLog
+from rqrl.errors import ConfigError, RedisOutOfMemoryError, RedisRefusedError, RedisUnavailableError
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
+_OUT_OF_MEMORY_LOG = BoundedLog(log)
 
 DEFAULT_OUTAGE_SECONDS = 60.0
 _BACKOFF_CAP_SECONDS = 1.0
@@ -33,9 +40,21 @@ def refused_login(error: BaseException) -> bool:
         error.__context__, ssl.SSLCertVerificationError)
 
 
+def out_of_memory_advice(where: str) -> str:
+    """What a Redis that refuses writes for memory means, and what to do about it."""
+    return (f"{where} is out of memory: it refuses writes because it reached its maxmemory; free memory there "
+            f"(a run's keys: `rqrl stop`), or raise it (CONFIG SET maxmemory, or maxmemory in redis.conf)")
+
+
 class _OutageRetry(Retry):
-    """Retry through outages, but not through a refused login or an untrusted certificate, which
-    redis-py also reports as connection errors and which no amount of waiting will fix."""
+    """Retry through outages and a full Redis, but not through a refused login or an untrusted certificate,
+    which redis-py also reports as connection errors and which no amount of waiting will fix. A full Redis
+    is said at once (at a bounded rate), so a stall is never silent."""
+
+    def __init__(self, backoff: ExponentialWithJitterBackoff, retries: int, url: str, outage_seconds: float):
+        super().__init__(backoff, retries, (redis.ConnectionError, redis.TimeoutError, OutOfMemoryError))
+        self.where = f"Redis at {redact_url(url)}"
+        self.outage_seconds = outage_seconds
 
     def call_with_retry(
         self,
@@ -47,6 +66,9 @@ class _OutageRetry(Retry):
         def retryable(error: Exception) -> bool:
             if refused_login(error):
                 return False
+            if isinstance(error, OutOfMemoryError):
+                _OUT_OF_MEMORY_LOG.warning("%s; waiting up to %.0f s for memory", out_of_memory_advice(self.where),
+                                           self.outage_seconds)
             return is_retryable(error) if is_retryable else True
 
         return super().call_with_retry(do, fail, retryable, with_failure_count)
@@ -107,19 +129,24 @@ def connect(url: str, outage_seconds: float = DEFAULT_OUTAGE_SECONDS) -> redis.R
     """A client for ``url`` that retries through outages of up to about ``outage_seconds``."""
     check_redis_url(url)
     retries = max(1, math.ceil(outage_seconds / _BACKOFF_CAP_SECONDS))
-    retry = _OutageRetry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
-    return redis.Redis.from_url(url, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-                                socket_connect_timeout=5, health_check_interval=30)
+    retry = _OutageRetry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries, url,
+                         outage_seconds)
+    return redis.Redis.from_url(url, retry=retry, socket_connect_timeout=5, health_check_interval=30,
+                                retry_on_error=[redis.ConnectionError, redis.TimeoutError, OutOfMemoryError])
 
 
 @contextlib.contextmanager
 def redis_errors(url: str | None, outage_seconds: float) -> Iterator[None]:
     """Raise the redis-py errors that reach the caller after the client's retries as rqrl's own:
-    RedisUnavailableError for an outage, RedisRefusedError for a refusal; the cause is kept."""
+    RedisUnavailableError for an outage (RedisOutOfMemoryError for a full Redis), RedisRefusedError for a
+    refusal; the cause is kept."""
     try:
         yield
     except redis.RedisError as error:
         where = f"Redis at {redact_url(url)}"
+        if isinstance(error, OutOfMemoryError):
+            raise RedisOutOfMemoryError(f"{out_of_memory_advice(where)}; it stayed full for about {outage_seconds:.0f} "
+                                        f"s, rqrl's window for riding out an outage") from error
         if refused_login(error):
             raise RedisRefusedError(
                 f"{where} refused the connection ({error}); check the user and password in the URL, and for "
@@ -132,5 +159,5 @@ def redis_errors(url: str | None, outage_seconds: float) -> Iterator[None]:
             ) from error
         raise RedisRefusedError(
             f"{where} refused a command ({type(error).__name__}: {error}); check the URL's user against the ACL "
-            f"rules in docs/redis-security.md, and the server's state (memory limit, read-only replica)"
+            f"rules in docs/redis-security.md, and the server's state (a read-only replica?)"
         ) from error

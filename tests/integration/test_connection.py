@@ -10,8 +10,9 @@ import time
 import pytest
 import redis
 
-from rqrl import ConfigError, RedisUnavailableError
-from rqrl.engine.connection import check_redis_url, connect, first_contact
+from rqrl import ConfigError, RedisOutOfMemoryError, RedisUnavailableError
+from rqrl.engine.connection import check_redis_url, connect, first_contact, redis_errors
+from rqrl.engine.server import EmbeddedRedis
 from tests.factories import redis_actors
 from tests.redis_servers import RedisServer
 
@@ -55,3 +56,19 @@ def test_a_url_that_is_no_redis_url_says_what_one_looks_like(url, said):
     with pytest.raises(ConfigError, match=f"has {said}.*use redis://HOST:6379/0"):
         connect(url)
     assert check_redis_url("rediss://:pw@host:6380/1") == "rediss://:pw@host:6380/1"
+
+
+def test_a_redis_that_stays_full_is_named_as_out_of_memory_with_the_fix(run_name, caplog):
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        patient = connect(server.url, outage_seconds=2)
+        started = time.monotonic()
+        with pytest.raises(RedisOutOfMemoryError) as raised, redis_errors(server.url, 2):
+            patient.set("key", "value")
+        assert time.monotonic() - started < 10, "a full Redis is refused after the outage window, not later"
+        assert "is out of memory" in str(raised.value) and "maxmemory" in str(raised.value)
+        assert sum("is out of memory" in record.getMessage() for record in caplog.records) == 1, "said once, at once"
+        client.config_set("maxmemory", 0)
+        assert patient.set("key", "value"), "memory is back: writes go through"

@@ -5,12 +5,14 @@ The tests here start processes; the in-process ones are in tests/integration/tes
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 import redis
 
 from rqrl import RolloutEvents
+from rqrl.engine.server import EmbeddedRedis
 from tests.children import WorkerProcesses
 from tests.factories import redis_actors
 from tests.integration.test_connection import restartable  # noqa: F401 - shared with the in-process tests
@@ -51,3 +53,38 @@ def test_a_redis_restart_without_persistence_is_ridden_out(restartable, run_name
     for actor in (0, 1):  # rollout ids carry on where the learner left off (queued rollouts were lost)
         mine = [r for a, r in pairs if a == actor]
         assert mine == sorted(mine)
+
+
+def test_a_full_redis_is_named_and_ridden_out_once_memory_is_back(run_name, caplog):
+    """Redis at its maxmemory for 15 s: the learner waits (no error), says Redis is out of memory, and batches
+    flow again within 20 s of memory coming back; the workers live through it."""
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        pool = WorkerProcesses(server.url)
+        try:
+            for index in range(2):
+                pool.start(f"w{index}")
+            pool.wait_registered(client, 2)
+            with redis_actors(server.url, run_name, actors_per_job=1, redis_outage_seconds=40) as actors:
+                actors.broadcast_updated_policy(actors.policy.state_dict())
+                for _ in range(3):
+                    actors.collect_outputs("cpu")
+                client.config_set("maxmemory-policy", "noeviction")
+                client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+                lifted: list[float] = []
+                lift = threading.Timer(15, lambda: (client.config_set("maxmemory", 0), lifted.append(time.monotonic())))
+                lift.start()
+                try:
+                    while not lifted:
+                        actors.collect_outputs("cpu")  # queued rollouts first, then it waits for memory
+                    for _ in range(3):
+                        actors.collect_outputs("cpu")
+                    recovered = time.monotonic() - lifted[0]
+                finally:
+                    lift.cancel()
+                assert recovered < 20, f"batches flowed again {recovered:.1f} s after memory came back"
+                assert actors.workers_alive(cached=False) == 2
+            assert any("is out of memory" in record.getMessage() for record in caplog.records), caplog.text
+            assert all(process.poll() is None for process in pool.processes), "a worker died of the full Redis"
+        finally:
+            pool.stop_all()
