@@ -82,6 +82,7 @@ def test_a_full_redis_is_named_and_ridden_out_once_memory_is_back(run_name, capl
                     recovered = time.monotonic() - lifted[0]
                 finally:
                     lift.cancel()
+                print(f"batches flowed again {recovered:.2f} s after memory came back")
                 assert recovered < 20, f"batches flowed again {recovered:.1f} s after memory came back"
                 assert actors.workers_alive(cached=False) == 2
             assert any("is out of memory" in record.getMessage() for record in caplog.records), caplog.text
