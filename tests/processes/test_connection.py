@@ -84,7 +84,12 @@ def test_a_full_redis_is_named_and_ridden_out_once_memory_is_back(run_name, capl
                     lift.cancel()
                 print(f"batches flowed again {recovered:.2f} s after memory came back")
                 assert recovered < 20, f"batches flowed again {recovered:.1f} s after memory came back"
-                assert actors.workers_alive(cached=False) == 2
+
+                def both_workers_back() -> bool:  # a registration that expired while full comes back with a heartbeat
+                    actors.collect_outputs("cpu")
+                    return actors.workers_alive(cached=False) == 2
+
+                wait_until(both_workers_back, 30, interval=0, message="both workers registered after the full Redis")
             assert any("is out of memory" in record.getMessage() for record in caplog.records), caplog.text
             assert all(process.poll() is None for process in pool.processes), "a worker died of the full Redis"
         finally:
