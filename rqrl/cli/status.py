@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field
 
 import redis
-from rq.utils import utcparse
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
+from rqrl.engine.health import heartbeat_age
 from rqrl.engine.keys import PREFIX, RunKeys
 from rqrl.engine.rq_safety import RolloutJob, failed_registry, rollout_queue, started_registry
 from rqrl.engine.run_config import RunConfig
@@ -123,10 +123,8 @@ def read_workers(connection: redis.Redis, queue_name: str) -> list[WorkerStatus]
     now = datetime.datetime.now(datetime.UTC)
     workers = []
     for key, (state, current_job, heartbeat) in zip(worker_keys, rows, strict=True):
-        try:
-            age: float | None = (now - utcparse(_text(heartbeat))).total_seconds()
-        except (AttributeError, TypeError, ValueError):
-            age = None
+        age: float | None = heartbeat_age(heartbeat, now)
+        age = None if age == float("inf") else age
         workers.append(WorkerStatus(name=key.removeprefix("rq:worker:"), state=_text(state) if state else "?",
                                     current_job=_text(current_job) if current_job else None, heartbeat_age=age))
     return workers

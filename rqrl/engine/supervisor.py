@@ -18,10 +18,10 @@ from typing import Any
 import redis
 from rq import Queue, Worker
 from rq.job import Job
-from rq.utils import utcparse
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from rqrl.engine.enqueue import enqueue_group
+from rqrl.engine.health import heartbeat_age
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.leases import Reaper, recorded_progress
 from rqrl.engine.rq_safety import started_registry
@@ -220,8 +220,8 @@ def live_worker_names(connection: redis.Redis, queue: Queue, liveness: float) ->
     (ProtocolTimings.liveness).
 
     Reads only each worker hash's ``last_heartbeat`` (RQ's ``Worker.all`` parses every field and
-    fails on the first hash with junk in one); a heartbeat that does not parse counts as none."""
-    cutoff = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=liveness)
+    fails on the first hash with junk in one); a heartbeat that does not parse, or is dated ahead (a forged
+    registration), counts as none (health.heartbeat_age)."""
     worker_keys = sorted(connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name))
     if not worker_keys:
         return set()
@@ -229,13 +229,13 @@ def live_worker_names(connection: redis.Redis, queue: Queue, liveness: float) ->
         for key in worker_keys:
             pipe.hget(key, "last_heartbeat")
         heartbeats = pipe.execute()
+    now = datetime.datetime.now(datetime.UTC)
     live = set()
     for key, heartbeat in zip(worker_keys, heartbeats, strict=True):
         try:
-            when = utcparse(heartbeat.decode())
             name = key.decode() if isinstance(key, bytes) else str(key)
-        except (AttributeError, UnicodeDecodeError, ValueError):
+        except UnicodeDecodeError:
             continue
-        if when >= cutoff:
+        if heartbeat_age(heartbeat, now) <= liveness:
             live.add(name.removeprefix(Worker.redis_worker_namespace_prefix))
     return live
