@@ -18,6 +18,7 @@ from rq import get_current_job
 from rqrl.engine.jobs import STOP_CHECK_SECONDS, back_off, push_error_report, read_config, sideline, worker_label
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.leases import GroupLease, learner_gone, lease_holder
+from rqrl.engine.rq_safety import failed_registry
 from rqrl.engine.run_config import RunConfig
 from rqrl.errors import ForbiddenJobError, LeaseLostError, RunStoppedError, WorkerUnfitError
 
@@ -37,6 +38,10 @@ class GroupJob(abc.ABC):
     - the lease went to another job (LeaseLostError): the group's warm state here is dropped; the job ends;
     - anything else: the group's warm state is dropped and, unless another job holds the group by now (this one
       hung past its lease), the run gets a failure report with this worker's traceback; the job fails.
+
+    A job that ends without raising leaves RQ's failed registry: RQ's clean-up files a job there as abandoned
+    when its worker stops sending heartbeats (paused, cut off from Redis), and a job that comes back and ends
+    (fenced, or done) has not failed.
     """
 
     group_kind = "group"
@@ -99,6 +104,11 @@ class GroupJob(abc.ABC):
 
     def run(self) -> dict[str, Any]:
         """The job: ``work()`` inside the exception ladder of the class docstring."""
+        result = self._ladder()
+        failed_registry(self.job.origin, self.connection).remove(self.job.id)  # filed as abandoned while away
+        return result
+
+    def _ladder(self) -> dict[str, Any]:
         try:
             self.config = read_config(self.connection, self.run_name)
             self.check_arguments()

@@ -18,6 +18,7 @@ from rqrl.engine.codec import dumps_object, weights_key
 from rqrl.engine.group_job import WarmContexts
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.leases import GroupLease, Reaper, group_is_leased, hand_over, read_progress, set_progress
+from rqrl.engine.rq_safety import failed_registry
 from rqrl.engine.run_config import RunConfig
 from rqrl.engine.timings import protocol_timings
 from rqrl.engine.weights import WeightStore
@@ -248,6 +249,8 @@ def test_a_job_that_loses_its_lease_drops_its_cached_envs(connection, worker_cac
 
     def steal() -> None:  # another job takes the group once this one has pushed a few rollouts
         wait_until(lambda: read_progress(connection, keys, 0) >= 3, interval=0.02, message="three rollouts pushed")
+        # as RQ's clean-up files a job whose worker was cut off (no heartbeats) while the learner re-ran its group
+        failed_registry(job.origin, connection).add(job, exc_string="Moved, due to AbandonedJobError")
         connection.set(keys.lease(0), "rqrl_ctx-lost_g0_r99", px=10_000)
 
     thief = threading.Thread(target=steal, daemon=True)
@@ -259,3 +262,4 @@ def test_a_job_that_loses_its_lease_drops_its_cached_envs(connection, worker_cac
     assert CLOSED == ["ctx-lost"]
     assert connection.get(keys.lease(0)) == b"rqrl_ctx-lost_g0_r99", "the loser released the new holder's lease"
     assert connection.lrange(keys.errors, 0, -1) == [], "a lost lease is no failure"
+    assert job_id not in failed_registry(job.origin, connection).get_job_ids(), "a fenced job is filed as failed"
