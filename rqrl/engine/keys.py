@@ -89,6 +89,11 @@ class RunKeys:
         return self._key("unacknowledged")
 
     @property
+    def scratch(self) -> str:
+        """A list the pop's screening script copies one entry to, to measure it (emptied before the script ends)."""
+        return self._key("scratch")
+
+    @property
     def acknowledged(self) -> str:
         """Integer: rollouts ever acknowledged, i.e. the absolute index of the unacknowledged list's head."""
         return self._key("acknowledged")

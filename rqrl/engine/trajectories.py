@@ -134,6 +134,40 @@ return length
 """
 
 
+# _SCREEN: KEYS[1] = queue, KEYS[2] = a scratch list. ARGV[1] = entries the pop takes, ARGV[2] = the largest entry
+# (bytes) a learner reads. Runs before the pop's LMOVEs and drops, unread, head entries larger than that: a Redis
+# writer's 512 MB entry would otherwise cost the learner a gigabyte to read and refuse. MEMORY USAGE of the queue
+# (no payload leaves Redis) lets every pop through when the whole queue is smaller than one entry may be; else
+# each entry the pop takes is measured as a copy of its own (SORT ... STORE: no value enters Lua, nothing is
+# replied) until the pop's count fit; an oversized one is swapped for a tombstone that LREM takes out. Returns
+# the entries dropped, or -1 when this Redis user may not measure (an ACL without MEMORY USAGE, SORT or LSET):
+# nothing screened.
+_SCREEN = """
+local ok, usage = pcall(redis.call, 'MEMORY', 'USAGE', KEYS[1], 'SAMPLES', '0')
+if not ok then return -1 end
+local limit = tonumber(ARGV[2])
+if not usage or usage <= limit then return 0 end
+local length, wanted = redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])
+local kept, dropped, index = 0, 0, 0
+while kept < wanted and index < length do
+  if not pcall(redis.call, 'SORT', KEYS[1], 'BY', 'nosort', 'LIMIT', index, 1, 'STORE', KEYS[2]) then return -1 end
+  if redis.call('MEMORY', 'USAGE', KEYS[2], 'SAMPLES', '0') > limit then
+    if not pcall(redis.call, 'LSET', KEYS[1], index, 'rqrl:oversized') then return -1 end
+    dropped = dropped + 1
+  else
+    kept = kept + 1
+  end
+  index = index + 1
+end
+redis.call('DEL', KEYS[2])
+if dropped > 0 then redis.call('LREM', KEYS[1], 0, 'rqrl:oversized') end
+return dropped
+"""
+
+MAX_ENTRY_BYTES = 64 * 2**20
+"""The largest queue entry a learner reads (and a worker pushes): larger ones are dropped in Redis, unread."""
+
+
 # proto-max-bulk-len per server connection (a worker asks once, not once per job)
 _value_limits: weakref.WeakKeyDictionary[redis.ConnectionPool, int] = weakref.WeakKeyDictionary()
 
@@ -166,6 +200,8 @@ class Popped:
     size_before: int
     size_after: int
     head: int
+    oversized: int = 0
+    """Entries over ``max_entry_bytes`` dropped in Redis, unread (-1: this Redis user may not measure entries)."""
 
 
 class QueuePush(enum.IntEnum):
@@ -226,15 +262,17 @@ class TrajectoryQueue:
     """One run's out-of-sync queue."""
 
     def __init__(self, connection: redis.Redis, keys: RunKeys, bound: int, marker_grace_seconds: float | None = None,
-                 max_value_bytes: int | None = None):
+                 max_value_bytes: int | None = None, max_entry_bytes: int = MAX_ENTRY_BYTES):
         """``marker_grace_seconds`` (for a job's pushes; None: off): an actor whose pushes keep being refused
         as duplicates for that long, over at least MARKER_GRACE_ROLLOUTS rollouts, has a marker that
-        cannot be right: ``push`` lowers it and pushes, with a warning (see ``_impossible_markers``)."""
+        cannot be right: ``push`` lowers it and pushes, with a warning (see ``_impossible_markers``).
+        ``max_entry_bytes``: the largest entry pushed, and popped (larger ones are dropped in Redis, unread)."""
         self.connection = connection
         self.keys = keys
         self.bound = bound
         self.marker_grace_seconds = marker_grace_seconds
         self.max_value_bytes = max_value_bytes  # None: asked of the server at the first push
+        self.max_entry_bytes = max_entry_bytes
         self.markers_repaired = 0
         self._duplicate_since: dict[int | str, tuple[float, int]] = {}
         self._lower_marker = connection.register_script(_LOWER_MARKER)
@@ -347,7 +385,11 @@ class TrajectoryQueue:
         return min(wanted, self.bound - self.size())
 
     def _value_limit(self) -> int:
-        """The largest value the server takes in one command (proto-max-bulk-len; 512 MB if not readable)."""
+        """The largest entry pushed: ``max_entry_bytes``, or what the server takes in one command when that is
+        less (proto-max-bulk-len; 512 MB if not readable)."""
+        return min(self.max_entry_bytes, self._server_value_limit())
+
+    def _server_value_limit(self) -> int:
         if self.max_value_bytes is None:
             pool = self.connection.connection_pool  # asked once per server connection, not once per job
             limit = _value_limits.get(pool)
@@ -369,8 +411,9 @@ class TrajectoryQueue:
             if len(rollout.payload) > limit:
                 raise ConfigError(
                     f"stream {rollout.stream_id}'s rollout {rollout.rollout_id} is {len(rollout.payload) / 2**20:.1f} "
-                    f"MB encoded, over the {limit / 2**20:.0f} MB Redis takes in one value (proto-max-bulk-len): "
-                    f"use a shorter n_rollout_steps (or smaller observations)"
+                    f"MB encoded, over the {limit / 2**20:.0f} MB a queue entry may be (the learner's limit, or "
+                    f"Redis's proto-max-bulk-len where smaller): use a shorter n_rollout_steps, fewer actors_per_job, "
+                    f"or smaller observations"
                 )
         total = sum(len(rollout.payload) for rollout in rollouts)
         return 1 if total <= limit else 2
@@ -436,16 +479,17 @@ class TrajectoryQueue:
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.eval(_ACKNOWLEDGE, 2, unacknowledged, acknowledged,
                       done_below if done_below == ACKNOWLEDGE_ALL else max(done_below, 0))
+            pipe.eval(_SCREEN, 2, queue, self.keys.scratch, max(count, 0), self.max_entry_bytes)
             for _ in range(max(count, 0)):
                 pipe.lmove(queue, unacknowledged, "LEFT", "RIGHT")
             pipe.eval(_AFTER_POP, 4, queue, unacknowledged, acknowledged, self.keys.doorbell)
             replies = pipe.execute()
-        indices, moved, size_after = replies[0], replies[1:-1], int(replies[-1])
+        indices, dropped, moved, size_after = replies[0], int(replies[1]), replies[2:-1], int(replies[-1])
         if len(indices) == 1:
             raise self._indices_lost()
         head, first = (int(value) for value in indices)
         entries = [entry for entry in moved if entry is not None]
-        return Popped(entries, first, size_after + len(entries), size_after, head)
+        return Popped(entries, first, size_after + len(entries), size_after, head, dropped)
 
     def wait_until_not_empty(self, timeout_seconds: float) -> bool:
         """Block up to ``timeout_seconds`` until a rollout may wait; pops nothing.

@@ -100,6 +100,7 @@ class Inbox:
         """Acknowledge what the learner is done with, pop up to ``count`` rollouts and accept them,
         first reading any entries a retried pop left unseen on the unacknowledged list."""
         popped = queue.pop(count, self.done_below)
+        self._note_oversized(popped.oversized, queue.max_entry_bytes)
         if popped.first_index > self.next_index:  # a pop whose reply was lost
             missed, first = queue.unacknowledged(self.next_index, popped.first_index - 1)
             self.accept(missed, first)
@@ -189,6 +190,15 @@ class Inbox:
         if self.spec.signature is None:  # no probe: the first record that passed every check sets the arrays
             self.spec = dataclasses.replace(self.spec, signature=record_signature(record))
         return "", None
+
+    def _note_oversized(self, dropped: int, limit: int) -> None:
+        """Count entries the pop dropped in Redis for their size (-1: this Redis user may not measure them)."""
+        if dropped < 0:
+            self._rejections_log.warning(
+                "run %s: the learner's Redis user may not measure queue entries (MEMORY USAGE, SORT, LSET), so an "
+                "oversized entry would be read whole; grant them (docs/redis-security.md)", self.run_name)
+        for _ in range(max(dropped, 0)):
+            self._reject("oversized", RecordError(f"an entry over {limit / 2**20:.0f} MB was dropped in Redis, unread"))
 
     def _reject(self, reason: str, error: Exception) -> None:
         self.records_rejected += 1

@@ -20,6 +20,7 @@ from rqrl import (
 )
 from rqrl.engine.codec import records_key
 from rqrl.engine.policy import make_act_function
+from rqrl.engine.trajectories import MAX_ENTRY_BYTES
 from rqrl.maze.group_records import encode_signed_group
 from rqrl.maze.rollout import ActorGroup
 from tests import fixtures
@@ -93,6 +94,23 @@ def test_unpicklable_env_factory_is_refused(connection, redis_url, run_name):
     with pytest.raises(ConfigError, match="cannot pickle"):
         local_actors(redis_url, run_name, env_factory=factory, n_local_workers=0).start()
     assert list(connection.scan_iter(match=f"rqrl:{run_name}:*")) == []
+
+
+def test_an_oversized_junk_entry_is_dropped_in_redis_and_never_read(connection, redis_url, run_name):
+    """A 65 MB entry before a good one: counted as oversized, dropped in Redis; the learner reads only the good."""
+    with local_actors(redis_url, run_name, n_local_workers=0, no_worker_timeout=60) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        config = actors.config
+        group = ActorGroup(fixtures.make_cartpole, [0, 1], config.actor_env_seeds, config.actor_agent_seeds,
+                           config.n_rollout_steps)
+        records = group.run(make_act_function(actors.policy, group.action_space), 0, actors.policy_version,
+                            cut_at_end=False)
+        good = encode_signed_group(records, config.run_id, records_key(TEST_SECRET, config.run_id))
+        connection.rpush(actors.keys.trajectories, b"x" * (MAX_ENTRY_BYTES + 2**20), good)
+        collected = actors.collect_outputs("cpu")
+        group.close()
+    assert collected.record.batch_size == 2
+    assert actors.records_rejected_by_reason == {"oversized": 1}
 
 
 def test_junk_on_the_queue_drains_at_once_and_a_missing_doorbell_stalls_nothing(connection, redis_url, run_name):

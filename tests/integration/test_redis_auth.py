@@ -46,7 +46,7 @@ LEARNER_RULES = (
     "+ping +info +multi +exec "
     "+get +getdel +set +mget +exists +del +expire +pttl +scan "
     "+hget +hgetall +hset +sadd +smembers "
-    "+llen +lrange +ltrim +rpush +lpop +blpop +lrem +lmove +blmove "
+    "+llen +lrange +ltrim +lset +rpush +lpop +blpop +lrem +lmove +blmove +sort +memory|usage "
     "+zrange +zrangebyscore +zremrangebyscore +zrem +eval +evalsha +script|load"
 )
 DASHBOARD_RULES = (

@@ -10,6 +10,7 @@ import redis
 
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.trajectories import (
+    MAX_ENTRY_BYTES,
     PendingRollout,
     QueueIndicesLost,
     QueuePush,
@@ -331,7 +332,8 @@ def test_an_acknowledged_counter_that_is_no_index_resets_the_indices(connection,
 
 def test_a_rollout_over_the_servers_value_limit_is_refused_before_pushing(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=10)
-    assert queue._value_limit() == 512 * 2**20, "read from the server (proto-max-bulk-len)"
+    assert queue._server_value_limit() == 512 * 2**20, "read from the server (proto-max-bulk-len)"
+    assert queue._value_limit() == MAX_ENTRY_BYTES, "the learner's limit, when smaller"
     small = TrajectoryQueue(connection, RunKeys(run_name), bound=10, max_value_bytes=2 * 2**20)
     big = PendingRollout(0, 0, b"x" * (3 * 2**20))
     with pytest.raises(ConfigError, match=r"rollout 0 is 3.0 MB encoded, over the 2 MB .* shorter n_rollout_steps"):
@@ -513,3 +515,34 @@ def test_a_sent_duplicate_is_reported_and_a_sent_push_without_the_lease_raises(c
     with pytest.raises(LeaseLostError, match="no longer names job-c#1"):
         queue.finish(sent, never_stopped)
     assert queue.size() == 1
+
+
+def test_a_pop_drops_oversized_entries_in_redis_unread_and_keeps_its_count(connection, run_name):
+    keys = RunKeys(run_name)
+    queue = TrajectoryQueue(connection, keys, bound=10, max_entry_bytes=2**20)
+    small = [b"a" * 1000, b"b" * 300_000, b"c" * 10]
+    connection.rpush(keys.trajectories, small[0], b"x" * (3 * 2**20), small[1], b"y" * (2 * 2**20), small[2])
+    popped = queue.pop(3)
+    assert popped.entries == small, "the pop took the three small entries, in order, and skipped the big ones"
+    assert popped.oversized == 2 and popped.size_after == 0
+    assert not connection.exists(keys.scratch)
+    connection.rpush(keys.trajectories, *small)  # the whole queue under the limit: nothing measured one by one
+    assert queue.pop(2).entries == small[:2] and queue.pop(5).oversized == 0
+    too_big = PendingRollout(0, 0, b"z" * (2**20 + 1))
+    with pytest.raises(ConfigError, match="over the 1 MB a queue entry may be"):
+        queue.push([too_big], never_stopped)
+
+
+def test_a_learner_user_that_may_not_measure_pops_unscreened(connection, redis_url, run_name):
+    keys = RunKeys(run_name)
+    user = f"no-measure-{run_name}"
+    connection.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["rqrl:*"], commands=[
+        "-@all", "+multi", "+exec", "+eval", "+get", "+set", "+del", "+llen", "+ltrim", "+lmove", "+lrem"])
+    try:
+        limited = redis.Redis.from_url(redis_url, username=user, password="pw")
+        queue = TrajectoryQueue(limited, keys, bound=10, max_entry_bytes=1000)
+        connection.rpush(keys.trajectories, b"a" * 2000, b"b")
+        popped = queue.pop(2)
+        assert popped.oversized == -1 and popped.entries == [b"a" * 2000, b"b"], "nothing screened, nothing lost"
+    finally:
+        connection.acl_deluser(user)

@@ -234,8 +234,9 @@ def test_a_record_over_redis_value_limit_fails_at_once_naming_size_limit_and_fix
                                     secret=TEST_SECRET, collect_timeout=60) as actors:
             actors.broadcast_updated_policy(actors.policy.state_dict())
             started = time.monotonic()
-            with pytest.raises(ActorFailedError, match=r"MB encoded, over the 1 MB Redis takes in one value "
-                                                       r"\(proto-max-bulk-len\): use a shorter n_rollout_steps"):
+            with pytest.raises(ActorFailedError, match=r"MB encoded, over the 1 MB a queue entry may be \(the "
+                                                       r"learner's limit, or Redis's proto-max-bulk-len where "
+                                                       r"smaller\): use a shorter n_rollout_steps"):
                 actors.collect_outputs("cpu")
             assert time.monotonic() - started < 20, "before the fix: a broken pipe after about 60 s"
     finally:
