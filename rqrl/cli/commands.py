@@ -192,7 +192,7 @@ def dashboard(redis_url: str, bind: str, port: int, url_prefix: str, username: s
         import rq_dashboard.web
     except ImportError as error:
         raise click.ClickException("rq-dashboard is not installed: pip install 'rqrl[dashboard]'") from error
-    from rqrl.engine.rq_safety import secure_rq_dashboard
+    from rqrl.cli.dashboard import secure_rq_dashboard
 
     if bind not in ("127.0.0.1", "localhost", "::1") and not (username and password):
         logging.getLogger(__name__).warning(
