@@ -1,15 +1,25 @@
-"""rq-dashboard as ``rqrl dashboard`` serves it: every job, queue, registry and worker read through rqrl's
-classes with JSON (rq-dashboard's job page and its delete and requeue actions otherwise fetch jobs with
-pickle), and a job that is gone explained instead of a 500. Only the ``dashboard`` command uses it."""
+"""rq-dashboard as ``rqrl dashboard`` serves it: every job read through rqrl's classes with JSON, and a job
+that is gone or that RQ cannot read explained instead of a 500.
+
+rq-dashboard's views (module ``rq_dashboard.web``) fetch jobs with pickle on its job page and its delete and
+requeue actions, and one job hash that RQ cannot parse (a field of the wrong type, a job id RQ refuses, a key
+that is not a hash) makes its whole job list answer 500. :func:`secure_rq_dashboard` swaps its classes and
+wraps its job views before Flask registers them.
+"""
 
 from __future__ import annotations
 
+import functools
 import html
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
-from flask import jsonify, request
-from rq.exceptions import NoSuchJobError
+from flask import current_app, jsonify, request
+from flask.sansio.blueprints import BlueprintSetupState
+from rq.exceptions import DeserializationError, InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker, Worker
@@ -26,6 +36,59 @@ from rqrl.engine.rq_safety import (
     RolloutScheduledJobRegistry,
     RolloutStartedJobRegistry,
 )
+
+log = logging.getLogger(__name__)
+
+UNREADABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ResponseError, InvalidJobOperation, DeserializationError, ValueError, TypeError, KeyError, AssertionError)
+"""What RQ raises reading a job hash that it did not write: WRONGTYPE for a key that is not a hash, ValueError
+for a job id it refuses, a date, number, status or JSON field it cannot parse, or bytes that are not UTF-8,
+InvalidJobOperation for a hash without a status, AssertionError for a timeout it cannot parse."""
+
+GONE_JOB_MESSAGE = (
+    "job {job_id} is no longer in Redis: rqrl keeps a finished job for 0 s (its rollouts went to the learner), "
+    f"a failed one for {ERROR_TTL_SECONDS // 3600} h, and removes a run's jobs when its learner stops"
+)
+UNREADABLE_JOB_MESSAGE = (
+    "job {job_id} is unreadable ({reason}): rqrl and RQ never write a job like this, so someone who can write "
+    "Redis did; look at it with redis-cli (TYPE and HGETALL rq:job:{job_id}) and delete it there"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnreadableJob:
+    """A job id in a queue or registry whose hash RQ cannot read, listed as such instead of failing the list."""
+
+    id: str
+    reason: str
+
+    @classmethod
+    def from_error(cls, job_id: str, error: Exception) -> UnreadableJob:
+        """The job ``job_id`` that RQ failed to read with ``error`` (its traceback logged at DEBUG: the pages
+        ask again every few seconds)."""
+        log.debug("the dashboard cannot read job %r", job_id, exc_info=error)
+        return cls(id=job_id, reason=f"{type(error).__name__}: {error}"[:300])
+
+    def as_row(self) -> dict[str, Any]:
+        """The job as rq-dashboard's job list serializes one (``serialize_job``): its id and why it is unreadable."""
+        return {"id": self.id, "created_at": None, "started_at": None, "ended_at": None, "exc_info": None,
+                "description": f"unreadable job: {self.reason}"}
+
+    def as_job_data(self) -> dict[str, Any]:
+        """The job as rq-dashboard's job page reads it (``job_info``), with status ``unreadable``."""
+        return {**self.as_row(), "status": "unreadable", "origin": None, "enqueued_at": None, "result": None,
+                "metadata": None}
+
+
+def _job_hash_exists(connection: redis.Redis, job_id: str) -> bool:
+    """Whether Redis holds a key for job ``job_id`` (RQ says NoSuchJobError also for a hash it cannot read)."""
+    return bool(connection.exists(f"{Job.redis_job_namespace_prefix}{job_id}"))
+
+
+def _dashboard_connection() -> redis.Redis:
+    """The Redis connection rq-dashboard opened for this request."""
+    connection: redis.Redis = current_app.redis_conn  # type: ignore[attr-defined]
+    return connection
 
 
 def _requeue_job(job_id: str, connection: redis.Redis, serializer: Any = None) -> Job:
@@ -48,18 +111,67 @@ class DashboardWorker(Worker):
 
 
 class DashboardQueue(RolloutQueue):
-    """RolloutQueue whose default name is rqrl's queue: rq-dashboard's Jobs tab opens on the queue it builds
-    without a name ("default", where rqrl puts nothing)."""
+    """RolloutQueue whose default name is rqrl's queue (rq-dashboard's Jobs tab opens on the queue it builds
+    without a name, "default", where rqrl puts nothing), and whose jobs the list shows even when unreadable."""
 
     def __init__(self, name: str = DEFAULT_QUEUE, connection: redis.Redis | None = None, *args: Any,
                  **kwargs: Any) -> None:
         super().__init__(name, connection, *args, **kwargs)
 
+    def fetch_job(self, job_id: str) -> Job | UnreadableJob:  # type: ignore[override]
+        """The job ``job_id``, or an UnreadableJob where RQ's fetch_job would raise or skip it (gone, unreadable);
+        only rq-dashboard's job list calls it."""
+        try:
+            job = self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer)
+        except NoSuchJobError as error:
+            if _job_hash_exists(self.connection, job_id):  # a hash without the fields RQ needs
+                return UnreadableJob.from_error(job_id, error)
+            self.remove(job_id)  # RQ's own clean-up of a queued id whose hash is gone
+            return UnreadableJob(id=job_id, reason=GONE_JOB_MESSAGE.format(job_id=job_id))
+        except UNREADABLE_ERRORS as error:
+            return UnreadableJob.from_error(job_id, error)
+        return job
 
-GONE_JOB_MESSAGE = (
-    "job {job_id} is no longer in Redis: rqrl keeps a finished job for 0 s (its rollouts went to the learner), "
-    f"a failed one for {ERROR_TTL_SECONDS // 3600} h, and removes a run's jobs when its learner stops"
-)
+
+def tolerant_serialize_job(serialize_job: Callable[[Job], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
+    """rq-dashboard's ``serialize_job``, answering an unreadable job's row where reading its fields raises."""
+    if getattr(serialize_job, "rqrl_tolerant", False):
+        return serialize_job
+
+    @functools.wraps(serialize_job)
+    def tolerant(job: Job | UnreadableJob) -> dict[str, Any]:
+        if isinstance(job, UnreadableJob):
+            return job.as_row()
+        try:
+            return serialize_job(job)
+        except UNREADABLE_ERRORS as error:  # its latest result, or a field read lazily
+            return UnreadableJob.from_error(job.id, error).as_row()
+
+    tolerant.rqrl_tolerant = True  # type: ignore[attr-defined]
+    return tolerant
+
+
+def _job_page(view: Callable[..., Any], *, data: bool) -> Callable[..., Any]:
+    """rq-dashboard's job page (``data``: its JSON) for a job RQ cannot read: the page answers 422 and says why,
+    the JSON an UnreadableJob, which the page shows."""
+
+    @functools.wraps(view)
+    def page(*args: Any, **kwargs: Any) -> Any:
+        job_id = str(kwargs.get("job_id", "?"))
+        try:
+            return view(*args, **kwargs)
+        except NoSuchJobError as error:
+            if not _job_hash_exists(_dashboard_connection(), job_id):
+                raise  # gone: _gone_job answers
+            job = UnreadableJob.from_error(job_id, error)
+        except UNREADABLE_ERRORS as error:
+            job = UnreadableJob.from_error(job_id, error)
+        if data:
+            return jsonify(job.as_job_data()), 200, {"Cache-Control": "no-store"}
+        message = UNREADABLE_JOB_MESSAGE.format(job_id=job.id, reason=job.reason)
+        return f"<!doctype html><title>Job unreadable</title><h1>Job unreadable</h1><p>{html.escape(message)}.</p>", 422
+
+    return page
 
 
 def _gone_job(error: NoSuchJobError) -> tuple[Any, int]:
@@ -71,16 +183,36 @@ def _gone_job(error: NoSuchJobError) -> tuple[Any, int]:
     return f"<!doctype html><title>Job gone</title><h1>Job gone</h1><p>{html.escape(message)}.</p>", 404
 
 
+def _set_up_app(state: BlueprintSetupState) -> None:
+    """Once per app that registers rq-dashboard's blueprint: its job page and job data tolerant of unreadable
+    jobs."""
+    app = state.app
+    prefix = ".".join(part for part in (state.name_prefix, state.name) if part)
+    for endpoint, data in (("job_view", False), ("job_info", True)):
+        name = f"{prefix}.{endpoint}"
+        if name in app.view_functions:
+            app.view_functions[name] = _job_page(app.view_functions[name], data=data)
+
+
 def secure_rq_dashboard(web: Any) -> None:
     """Make rq-dashboard's views (module ``rq_dashboard.web``) read every job, queue, registry and
     worker through rqrl's classes: its job page and its delete and requeue actions otherwise fetch
-    jobs with pickle. Its Jobs tab opens on rqrl's queue, and a gone job's page says so (a 404)."""
-    if not getattr(web.blueprint, "_got_registered_once", False):  # Flask refuses set-up once registered
-        web.blueprint.register_error_handler(NoSuchJobError, _gone_job)
+    jobs with pickle. Its Jobs tab opens on rqrl's queue, a gone job's page says so (a 404), and an
+    unreadable job is listed as such. Call it before the blueprint is registered on an app."""
+    blueprint = web.blueprint
+    if not getattr(blueprint, "_got_registered_once", False):  # Flask refuses set-up once registered
+        if not getattr(blueprint, "rqrl_secured", False):
+            blueprint.register_error_handler(NoSuchJobError, _gone_job)
+            blueprint.record_once(_set_up_app)
+            blueprint.rqrl_secured = True
+    elif not getattr(blueprint, "rqrl_secured", False):
+        log.warning("rq-dashboard's blueprint was registered before secure_rq_dashboard: its job pages stay "
+                    "as they are; call it first")
     web.Job = RolloutJob
     web.Queue = DashboardQueue
     web.Worker = DashboardWorker
     web.requeue_job = _requeue_job
+    web.serialize_job = tolerant_serialize_job(web.serialize_job)
     web.StartedJobRegistry = RolloutStartedJobRegistry
     web.FailedJobRegistry = RolloutFailedJobRegistry
     web.FinishedJobRegistry = RolloutFinishedJobRegistry
