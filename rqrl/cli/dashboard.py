@@ -1,5 +1,6 @@
-"""rq-dashboard as ``rqrl dashboard`` serves it: every job read through rqrl's classes with JSON, and a job
-that is gone or that RQ cannot read explained instead of a 500.
+"""rq-dashboard as ``rqrl dashboard`` serves it: every job read through rqrl's classes with JSON, Redis text
+shown as text under a script policy (rqrl/cli/dashboard_pages.py), and a job that is gone or that RQ cannot
+read explained instead of a 500.
 
 rq-dashboard's views (module ``rq_dashboard.web``) fetch jobs with pickle on its job page and its delete and
 requeue actions, and one job hash that RQ cannot parse (a field of the wrong type, a job id RQ refuses, a key
@@ -24,6 +25,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker, Worker
 
+from rqrl.cli.dashboard_pages import add_security_headers, csp_nonce, escaping
 from rqrl.engine.enqueue import ERROR_TTL_SECONDS
 from rqrl.engine.keys import DEFAULT_QUEUE
 from rqrl.engine.rq_safety import (
@@ -184,9 +186,12 @@ def _gone_job(error: NoSuchJobError) -> tuple[Any, int]:
 
 
 def _set_up_app(state: BlueprintSetupState) -> None:
-    """Once per app that registers rq-dashboard's blueprint: its job page and job data tolerant of unreadable
-    jobs."""
+    """Once per app that registers rq-dashboard's blueprint: escaping templates, the security headers on every
+    response, and its job page and job data tolerant of unreadable jobs."""
     app = state.app
+    app.jinja_loader = escaping(app.jinja_loader)  # rq-dashboard's app finds the blueprint's templates first
+    app.add_template_global(csp_nonce, "csp_nonce")
+    app.after_request(add_security_headers)
     prefix = ".".join(part for part in (state.name_prefix, state.name) if part)
     for endpoint, data in (("job_view", False), ("job_info", True)):
         name = f"{prefix}.{endpoint}"
@@ -197,8 +202,9 @@ def _set_up_app(state: BlueprintSetupState) -> None:
 def secure_rq_dashboard(web: Any) -> None:
     """Make rq-dashboard's views (module ``rq_dashboard.web``) read every job, queue, registry and
     worker through rqrl's classes: its job page and its delete and requeue actions otherwise fetch
-    jobs with pickle. Its Jobs tab opens on rqrl's queue, a gone job's page says so (a 404), and an
-    unreadable job is listed as such. Call it before the blueprint is registered on an app."""
+    jobs with pickle. Its Jobs tab opens on rqrl's queue, a gone job's page says so (a 404), an unreadable
+    job is listed as such, and its pages show Redis text as text under a Content-Security-Policy.
+    Call it before the blueprint is registered on an app."""
     blueprint = web.blueprint
     if not getattr(blueprint, "_got_registered_once", False):  # Flask refuses set-up once registered
         if not getattr(blueprint, "rqrl_secured", False):
@@ -206,8 +212,9 @@ def secure_rq_dashboard(web: Any) -> None:
             blueprint.record_once(_set_up_app)
             blueprint.rqrl_secured = True
     elif not getattr(blueprint, "rqrl_secured", False):
-        log.warning("rq-dashboard's blueprint was registered before secure_rq_dashboard: its job pages stay "
-                    "as they are; call it first")
+        log.warning("rq-dashboard's blueprint was registered before secure_rq_dashboard: its pages keep no "
+                    "script policy; call it first")
+    blueprint.jinja_loader = escaping(blueprint.jinja_loader)
     web.Job = RolloutJob
     web.Queue = DashboardQueue
     web.Worker = DashboardWorker

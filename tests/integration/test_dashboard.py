@@ -1,8 +1,10 @@
 """rqrl/cli/dashboard.py through Flask's test client on a real Redis: a failed job that RQ cannot read is
-listed as unreadable beside the good ones (rq-dashboard answered 500 for the whole list), and its page and
-data say why."""
+listed as unreadable beside the good ones (rq-dashboard answered 500 for the whole list), its page and data
+say why, and every response carries the script policy whose nonce the page's one inline script holds."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import rq_dashboard.cli
@@ -110,3 +112,44 @@ def test_a_gone_job_still_answers_404(client, connection):
     for path in ("/0/view/job/gone-job", "/0/data/job/gone-job.json"):
         reply = client.get(path)
         assert reply.status_code == 404 and "is no longer in Redis" in reply.text, (path, reply.text)
+
+
+def script_policy(reply) -> dict[str, str]:
+    """The directives of the reply's Content-Security-Policy, by name."""
+    policy = reply.headers.get("Content-Security-Policy", "")
+    return {part.split()[0]: part for part in (p.strip() for p in policy.split(";")) if part}
+
+
+def test_every_response_carries_the_script_policy_nosniff_and_no_framing(client, connection):
+    plant_good_job(connection)
+    page = client.get("/")  # the queues page ("/0/view/queues" redirects there)
+    scripts = re.findall(r'<script src="([^"]+)"', page.text)
+    assert len(scripts) >= 4, page.text
+    replies = {path: client.get(path) for path in [
+        "/", "/0/view/queues", "/0/view/workers", "/0/view/jobs", "/0/view/jobs/rqrl/failed/8/asc/1",
+        "/0/view/job/good-job", "/0/view/job/gone-job", "/0/data/queues.json", "/0/data/workers.json",
+        "/0/data/jobs/rqrl/failed/8/asc/1.json", "/0/data/job/good-job.json", "/favicon.ico", "/no-such-page",
+        *scripts]}
+    replies["POST /job/good-job/requeue"] = client.post("/job/good-job/requeue")
+
+    for path, reply in replies.items():
+        directives = script_policy(reply)
+        assert "'unsafe-inline'" not in directives.get("script-src", "'unsafe-inline'"), (path, directives)
+        assert directives.get("frame-ancestors") == "frame-ancestors 'none'", (path, directives)
+        assert directives.get("default-src") == "default-src 'none'", (path, directives)
+        assert reply.headers.get("X-Content-Type-Options") == "nosniff", path
+    assert replies["POST /job/good-job/requeue"].json == {"status": "OK"}
+    assert [replies[path].status_code for path in scripts] == [200] * len(scripts)
+
+
+def test_the_pages_inline_script_holds_the_nonce_of_its_response_and_no_other_does(client):
+    nonces = []
+    for path in ("/", "/0/view/workers", "/0/view/jobs", "/"):
+        reply = client.get(path)
+        nonce = re.search(r"'nonce-([^']+)'", script_policy(reply)["script-src"]).group(1)
+        tags = re.findall(r"<script\b[^>]*>", reply.text)
+        inline = [tag for tag in tags if "src=" not in tag and "text/template" not in tag]
+        assert inline == [f'<script nonce="{nonce}" type="text/javascript">'], (path, tags)
+        assert all("nonce" not in tag for tag in tags if tag not in inline), (path, tags)
+        nonces.append(nonce)
+    assert len(set(nonces)) == len(nonces) and all(len(nonce) >= 24 for nonce in nonces), nonces
