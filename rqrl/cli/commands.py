@@ -183,22 +183,23 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
 @click.option("--debug", is_flag=True, help="Flask's debug mode (never on a network: it runs code on request).")
 def dashboard(redis_url: str, bind: str, port: int, url_prefix: str, username: str | None, password: str | None,
               allow_delete: bool, poll_interval: int | None, debug: bool) -> None:
-    """Run rq-dashboard set up for rqrl: JSON jobs read through rqrl's classes (never pickle), the Jobs tab on
-    the rqrl queue, and a page that says a job is gone instead of an error (rqrl keeps finished jobs for 0 s,
-    failed ones for 24 h, and a run's jobs until its learner stops). Needs `pip install 'rqrl[dashboard]'`.
+    """Run rq-dashboard set up for rqrl: JSON jobs read through rqrl's classes (never pickle), Redis text shown
+    as text under a script policy, the Jobs tab on the rqrl queue, and a page that says a job is gone or
+    unreadable instead of an error (rqrl keeps finished jobs for 0 s, failed ones for 24 h, and a run's jobs
+    until its learner stops). Needs `pip install 'rqrl[dashboard]'`.
     """
     try:
         import rq_dashboard.cli
         import rq_dashboard.web
     except ImportError as error:
         raise click.ClickException("rq-dashboard is not installed: pip install 'rqrl[dashboard]'") from error
-    from rqrl.engine.rq_safety import secure_rq_dashboard
+    from rqrl.cli.dashboard import secure_rq_dashboard
 
     if bind not in ("127.0.0.1", "localhost", "::1") and not (username and password):
         logging.getLogger(__name__).warning(
             "rqrl dashboard listens on %s without a login: anyone who reaches it sees the jobs%s; set --username "
             "and RQ_DASHBOARD_PASSWORD", bind, " and can delete them" if allow_delete else "")
-    secure_rq_dashboard(rq_dashboard.web)  # JSON and rqrl's job class on every page and action: no pickle
+    secure_rq_dashboard(rq_dashboard.web)  # rqrl's job class, JSON, escaped pages and a script policy
     arguments = ["--json", "--redis-url", redis_url, "--bind", bind, "--port", str(port), "--url-prefix", url_prefix]
     if username:
         arguments += ["--username", username]

@@ -1,18 +1,23 @@
 """`rqrl dashboard` seen in a real headless Chromium (Debian's `chromium`): the queues, the workers with what
-they run, and a failed job's traceback, as a person would see them while workers run. Screenshots of each
-page are kept in test-artifacts/dashboard/ (RQRL_TEST_ARTIFACTS overrides the folder)."""
+they run, and a failed job's traceback, as a person would see them while workers run; and markup planted in
+Redis shown as text, with none of its script run. Screenshots of the pages are kept in test-artifacts/dashboard/
+(RQRL_TEST_ARTIFACTS overrides the folder)."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
-from rq import Queue
+from rq import Queue, Worker
+from rq.job import Job, JobStatus
+from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from rqrl.engine.rq_safety import failed_registry
@@ -28,16 +33,26 @@ pytestmark = [
 ARTIFACTS = Path(os.environ.get("RQRL_TEST_ARTIFACTS", REPO_ROOT / "test-artifacts")) / "dashboard"
 
 
-def browse(url: str, screenshot: str) -> str:
-    """The page's text once its scripts have loaded their data (headless Chromium); a screenshot goes to ARTIFACTS."""
+def render(url: str, screenshot: str | None = None) -> str:
+    """The page's DOM once its scripts have loaded their data (headless Chromium); a screenshot goes to ARTIFACTS."""
     flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    subprocess.run([*flags, f"--screenshot={ARTIFACTS / screenshot}", "--window-size=1280,900", url],
-                   capture_output=True, timeout=90, check=True)
-    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=90, check=True).stdout
+    if screenshot is not None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*flags, f"--screenshot={ARTIFACTS / screenshot}", "--window-size=1280,900", url],
+                       capture_output=True, timeout=90, check=True)
+    return subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=90, check=True).stdout
+
+
+def visible_text(dom: str) -> str:
+    """The text a person reads in the body of ``dom``, before its row templates, whitespace collapsed."""
     body = dom[dom.find("<body"):]
     body = body[:body.find("<script")] if "<script" in body else body  # the page, not its row templates
-    return " ".join(re.sub(r"<[^>]+>", " ", body).split())
+    return html.unescape(" ".join(re.sub(r"<[^>]+>", " ", body).split()))
+
+
+def browse(url: str, screenshot: str) -> str:
+    """The page's text once its scripts have loaded their data; a screenshot goes to ARTIFACTS."""
+    return visible_text(render(url, screenshot))
 
 
 def test_a_browser_shows_queues_busy_workers_and_a_failed_jobs_traceback(redis_url, connection, workers, tmp_path):
@@ -80,3 +95,83 @@ def test_a_browser_shows_queues_busy_workers_and_a_failed_jobs_traceback(redis_u
             stop_process(process, timeout=15)
     assert all((ARTIFACTS / name).stat().st_size > 0
                for name in ("queues.png", "workers.png", "failed-jobs.png", "failed-job.png"))
+
+
+def payload(where: str) -> str:
+    """Markup that, if a page ran it, would set the document's title to ``xss:WHERE`` (an image's onerror, and a
+    script that jQuery's append would run)."""
+    return (f"<img src=x alt=xss:{where}-img onerror=document.title=this.alt>"
+            f"<script>document.title='xss:{where}-script'</script>")
+
+
+MARKUP_ID = "<img src=x alt=xss:id onerror=document.title=this.alt>"
+"""A job id RQ refuses to read (it allows letters, digits, _ and -), planted in the failed registry; no slash."""
+JS_QUEUE = "q')}});document.title='xss:queue-js';$('x').on('y',function(){if(1){$(this).val('"
+"""A queue name that closes the jobs page's `$(this).val('NAME')` and runs a statement of its own."""
+
+
+def plant_markup(connection) -> Job:
+    """Markup where Redis writers can put it: a queue name, a worker's name, a failed job's description,
+    arguments, metadata, origin and traceback, and a job id in the failed registry whose hash RQ cannot read;
+    the failed job is returned."""
+    hostile_queue = payload("queue")
+    for name in (hostile_queue, JS_QUEUE):
+        connection.sadd("rq:queues", f"rq:queue:{name}")
+    job = Job.create("os.system", args=(payload("args"),), id="markup-job", connection=connection,
+                     serializer=JSONSerializer, origin="rqrl", description=payload("description"),
+                     meta={"note": payload("meta")}, status=JobStatus.FAILED)
+    job.save()  # the registry's add saves no meta
+    failed_registry("rqrl", connection).add(job, ttl=3600)
+    Result.create_failure(job, ttl=3600, exc_string=f"Traceback: {payload('traceback')}")
+    elsewhere = Job.create("os.system", id="markup-origin", connection=connection, serializer=JSONSerializer,
+                           origin=payload("origin"), status=JobStatus.FAILED)
+    elsewhere.save()
+    connection.hset(f"rq:job:{MARKUP_ID}", mapping={"data": "[]", "origin": "rqrl", "status": "failed"})
+    connection.zadd("rq:failed:rqrl", {MARKUP_ID: 4_000_000_000})
+    worker = Worker([hostile_queue], name=payload("worker"), connection=connection, serializer=JSONSerializer)
+    worker.register_birth()
+    worker.set_state("busy")
+    worker.set_current_job_id(job.id)
+    return job
+
+
+SCREENSHOTS = {"view/jobs/rqrl/failed/8/asc/1": "markup-failed-jobs.png", "view/job/markup-job": "markup-job.png"}
+
+
+def title(dom: str) -> str:
+    """The document's title in ``dom``: a payload that ran changed it."""
+    found = re.search(r"<title>(.*?)</title>", dom, re.DOTALL)
+    return html.unescape(found.group(1)) if found else ""
+
+
+@pytest.mark.filterwarnings("ignore:CLIENT SETNAME command not supported")  # RQ's Worker() that plants a name
+def test_markup_planted_in_redis_shows_as_text_and_runs_no_script(redis_url, connection, tmp_path):
+    job = plant_markup(connection)
+    port = free_port()
+    log_file = tmp_path / "dashboard.log"
+    dashboard = start_dashboard(redis_url, port, log_file)
+    base = f"http://127.0.0.1:{port}/0"
+    pages = {  # page -> the planted text a person must see on it, literally
+        "view/queues": [payload("queue"), JS_QUEUE],
+        "view/workers": [payload("worker"), payload("queue"), job.get_call_string()],
+        "view/jobs/rqrl/failed/8/asc/1": [payload("description"), "markup-job", f"Traceback: {payload('traceback')}",
+                                          MARKUP_ID, "unreadable job"],
+        "view/job/markup-job": [payload("description"), f"Traceback: {payload('traceback')}", payload("meta"),
+                                "Origin queue : rqrl"],
+        "view/job/markup-origin": [f"Origin queue : {payload('origin')}"],
+        f"view/jobs/{quote(JS_QUEUE, safe='')}/failed/8/asc/1": [f"jobs on queue {JS_QUEUE}"],
+    }
+    try:
+        get_json(f"{base}/data/queues.json", dashboard, log_file, timeout=60)
+        problems = []
+        for page, texts in pages.items():
+            dom = render(f"{base}/{page}", SCREENSHOTS.get(page))
+            if title(dom) != "RQ dashboard":
+                problems.append(f"{page}: a planted script ran and set the title to {title(dom)!r}")
+            shown = visible_text(dom)
+            missing = [text for text in texts if text not in shown]
+            if missing:
+                problems.append(f"{page}: not shown as text: {missing}; the page shows: {shown}")
+        assert not problems, "\n".join(problems)
+    finally:
+        stop_process(dashboard, timeout=15)

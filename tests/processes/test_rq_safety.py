@@ -99,7 +99,7 @@ def worker_process(kind: str, redis_url: str, log: Path) -> Iterator[subprocess.
 
 
 SECURED_DASHBOARD = ("import sys, rq_dashboard.cli, rq_dashboard.web; "
-                     "from rqrl.engine.rq_safety import secure_rq_dashboard; "
+                     "from rqrl.cli.dashboard import secure_rq_dashboard; "
                      "secure_rq_dashboard(rq_dashboard.web); "
                      "rq_dashboard.cli.run.main(args=['--json', *sys.argv[1:]], prog_name='dashboard')")
 
