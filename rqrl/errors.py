@@ -1,5 +1,6 @@
 """The rqrl exception tree; every error a user can meet derives from RqrlError.
 
+    ```text
     RqrlError
     ├── ConfigError (also ValueError)      bad constructor or CLI arguments
     ├── ServerError (also RuntimeError)    the embedded redis-server did not start or is not running
@@ -23,6 +24,7 @@
     ├── CheckpointError                    a checkpoint or weights file is missing, corrupted or foreign
     ├── RedisUnavailableError              Redis stayed unreachable past the outage deadline
     └── RedisRefusedError                  Redis refused the login or a command (password, ACL, TLS)
+    ```
 """
 
 from __future__ import annotations
