@@ -1,5 +1,6 @@
 """The rqrl exception tree; every error a user can meet derives from RqrlError.
 
+    ```text
     RqrlError
     ├── ConfigError (also ValueError)      bad constructor or CLI arguments
     ├── ServerError (also RuntimeError)    the embedded redis-server did not start or is not running
@@ -24,6 +25,7 @@
     ├── RedisUnavailableError              Redis stayed unreachable past the outage deadline
     │   └── RedisOutOfMemoryError          ... or stayed full (maxmemory reached) as long
     └── RedisRefusedError                  Redis refused the login or a command (password, ACL, TLS)
+    ```
 """
 
 from __future__ import annotations
