@@ -4,6 +4,7 @@ job stays for inspection, and the enqueueing of a group's next job with its leas
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import redis
 from rq import Queue
@@ -56,11 +57,25 @@ def enqueue_with_lease(connection: redis.Redis, config: RunConfig, function: str
     if holder is not None:
         if not hand_over_from(connection, keys, group_id, holder, job_id, position, config.lease_seconds):
             raise LeaseLostError(f"group {group_id} is no longer {holder}'s: enqueueing no continuation")
-    else:
-        with connection.pipeline(transaction=True) as pipe:
-            hand_over(pipe, keys, group_id, job_id, position, config.lease_seconds)
-            pipe.execute()
-    queue = Queue(config.queue_name, connection=connection, serializer=JSONSerializer)
-    job = queue.enqueue(function, config.run_name, group_id, position, job_id=job_id, description=description,
-                        result_ttl=0, failure_ttl=ERROR_TTL_SECONDS, job_timeout=-1)
+        return _enqueue(connection, config.queue_name, function, (config.run_name, group_id, position), job_id,
+                        description)
+    return enqueue_leased(connection, keys, config.queue_name, function, (config.run_name, group_id, position),
+                          group_id, job_id, config.lease_seconds, description, position)
+
+
+def enqueue_leased(connection: redis.Redis, keys: RunKeys, queue_name: str, function: str, arguments: tuple[Any, ...],
+                   group_id: int, job_id: str, lease_seconds: float, description: str, position: int = 0) -> str:
+    """Hand ``group_id``'s lease (and ``position``, its progress) to job ``job_id``, whoever held it, then enqueue
+    ``function(*arguments)`` under that id; an older job of the group loses its lease and stops."""
+    with connection.pipeline(transaction=True) as pipe:
+        hand_over(pipe, keys, group_id, job_id, position, lease_seconds)
+        pipe.execute()
+    return _enqueue(connection, queue_name, function, arguments, job_id, description)
+
+
+def _enqueue(connection: redis.Redis, queue_name: str, function: str, arguments: tuple[Any, ...], job_id: str,
+             description: str) -> str:
+    queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
+    job = queue.enqueue(function, *arguments, job_id=job_id, description=description, result_ttl=0,
+                        failure_ttl=ERROR_TTL_SECONDS, job_timeout=-1)
     return str(job.id)

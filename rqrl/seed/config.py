@@ -116,7 +116,7 @@ class Config:
     def process_settings(self) -> dict[str, Any]:
         """The fields actors and servers need, as JSON-able values (stored in Redis for their processes)."""
         return {"max_environment_steps": self.max_environment_steps, "n_step": self.n_step,
-                "epsilon": self.epsilon, "actor_threads": self.actor_threads,
+                "epsilon": self.epsilon, "actor_processes": self.actor_processes, "actor_threads": self.actor_threads,
                 "broadcast_period": self.broadcast_period, "inference_batchsize": self.inference_batchsize,
                 "inference_delay": self.inference_delay, "inference_device": str(self.inference_device),
                 "seed": self.seed, "transition_queue_size": self.transition_queue_size,

@@ -3,15 +3,21 @@
 With ``Config.queue_name`` set, the trainer enqueues one job per actor and per server instead of
 starting local processes. Job arguments are plain JSON (run name, index, token); what the job
 runs (settings, signed environment and model factories) it reads from Redis with the worker's
-RQRL_SECRET. A job runs until the run stops. Meanwhile a thread refreshes ``seed:alive:{name}``
-(which lapses within ProtocolTimings.seed_alive once it dies) and the job's own loop RQ's heartbeats. It
-stops on its own once ``seed:token:{name}`` names another job: the trainer gave its place to a newer one.
+RQRL_SECRET. A job runs until the run stops.
+
+Liveness and fencing are the engine's group leases (rqrl.engine.leases), as for the other families: each actor
+and server is a group (actors 0..actor_processes-1, then the servers), its lease is handed to the job when it is
+enqueued (rqrl.engine.enqueue.enqueue_leased), and a running job holds it under its own holder, refreshed by
+GroupLease's thread, so it lapses within ProtocolTimings.seed_alive once the job dies. The job's own loop sends
+RQ's heartbeats. A job stops on its own once its lease names another job (the trainer gave its place to a newer
+one) or the run stops.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 import uuid
@@ -19,13 +25,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import redis
-from rq import Queue, get_current_job
+from rq import get_current_job
 from rq.job import Job
-from rq.serializers import JSONSerializer
 
-from rqrl.engine.enqueue import SEED_ACTOR_JOB_FUNCTION, SEED_SERVER_JOB_FUNCTION
+from rqrl.engine.enqueue import SEED_ACTOR_JOB_FUNCTION, SEED_SERVER_JOB_FUNCTION, enqueue_leased
 from rqrl.engine.jobs import beat_worker, worker_secret
 from rqrl.engine.keys import PREFIX, RunKeys
+from rqrl.engine.leases import GroupLease, lease_holder
 from rqrl.engine.rq_safety import failed_registry, rollout_queue
 from rqrl.engine.timings import protocol_timings
 from rqrl.errors import RunStoppedError
@@ -44,48 +50,58 @@ def job_id(keys: RunKeys, name: str, token: str) -> str:
     return f"{PREFIX}_{keys.run_name}_seed_{name}_{token}"
 
 
-def enqueue(connection: redis.Redis, queue_name: str, keys: RunKeys, name: str, token: str) -> str:
-    """Make ``token`` the one job allowed to run ``name`` and enqueue it; returns the job id."""
+def group_of(name: str, actor_processes: int) -> int:
+    """The lease group of ``name``: actor i is group i, server j group actor_processes + j."""
     kind, index = name.split("-")
-    connection.set(keys.seed(f"token:{name}"), token)
-    queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
-    job = queue.enqueue(ACTOR_JOB if kind == "actor" else SERVER_JOB, keys.run_name, int(index), token,
-                        job_id=job_id(keys, name, token), description=f"rqrl {keys.run_name} SEED {name}",
-                        result_ttl=0, failure_ttl=3600, job_timeout=-1)
-    return str(job.id)
+    return int(index) if kind == "actor" else actor_processes + int(index)
 
 
-def alive(connection: redis.Redis, keys: RunKeys, names: list[str]) -> dict[str, bool]:
-    """Which of ``names`` have a live job, by their alive keys."""
-    flags = connection.mget([keys.seed(f"alive:{name}") for name in names]) if names else []
-    return {name: flag is not None for name, flag in zip(names, flags, strict=True)}
+def enqueue(connection: redis.Redis, queue_name: str, keys: RunKeys, name: str, token: str,
+            actor_processes: int) -> str:
+    """Hand ``name``'s lease to a new job and enqueue it (an older job of ``name`` loses the lease and stops);
+    returns the job id."""
+    kind, index = name.split("-")
+    return enqueue_leased(connection, keys, queue_name, ACTOR_JOB if kind == "actor" else SERVER_JOB,
+                          (keys.run_name, int(index), token), group_of(name, actor_processes),
+                          job_id(keys, name, token), protocol_timings().seed_alive,
+                          f"rqrl {keys.run_name} SEED {name}")
+
+
+def running(connection: redis.Redis, keys: RunKeys, groups: dict[str, int], job_ids: dict[str, str]) -> dict[str, bool]:
+    """Which of the named groups a started job of ``job_ids`` holds (a handed-over lease names the job id alone;
+    a running job's holder is ``job id#token``)."""
+    names = list(groups)
+    holders = connection.mget([keys.lease(groups[name]) for name in names]) if names else []
+    return {name: isinstance(holder, bytes) and holder.decode(errors="replace").startswith(job_ids[name] + "#")
+            for name, holder in zip(names, holders, strict=True)}
 
 
 @contextlib.contextmanager
 def _liveness(run: SeedRun, name: str, token: str, on_fenced: Callable[[], None]) -> Iterator[None]:
-    """Refresh the alive key while the body runs; call ``on_fenced`` once another job holds ``name``."""
+    """Hold ``name``'s group lease while the body runs; call ``on_fenced`` once another job holds it or the run
+    stops."""
+    job = get_current_job()
+    assert job is not None, "checked by _joined"
+    timings = protocol_timings()
+    lease = GroupLease(run.connection, run.keys, group_of(name, run.settings()["actor_processes"]),
+                       lease_holder(job.id, token), timings.seed_alive, hang_seconds=math.inf)
+    lease.acquire()
     done = threading.Event()
-    alive_key, token_key = run.keys.seed(f"alive:{name}"), run.keys.seed(f"token:{name}")
-    timings = protocol_timings()  # the alive key lapses seed_alive after the last of its seed_beat refreshes
 
-    def beat() -> None:
-        while not done.is_set():
-            holder = run.connection.get(token_key)
-            if not isinstance(holder, bytes) or holder.decode() != token or run.stopped():
+    def watch() -> None:
+        while not done.wait(timings.seed_beat):
+            if lease.lost or run.stopped():
                 on_fenced()
                 return
-            run.connection.set(alive_key, token, px=max(1, int(timings.seed_alive * 1000)))
-            done.wait(timings.seed_beat)
 
-    thread = threading.Thread(target=beat, name=f"rqrl-seed-{name}-liveness", daemon=True)
+    thread = threading.Thread(target=watch, name=f"rqrl-seed-{name}-liveness", daemon=True)
     thread.start()
     try:
         yield
     finally:
         done.set()
         thread.join(5)
-        with contextlib.suppress(redis.RedisError):
-            run.connection.delete(alive_key)
+        lease.release()
 
 
 def _rate_limited(function: Callable[[], None], seconds: float) -> Callable[[], None]:
@@ -158,21 +174,23 @@ class PlacedJob:
 class JobFleet:
     """The trainer's side of job mode: enqueue actors and servers, tell which died, clean everything up."""
 
-    def __init__(self, connection: redis.Redis, queue_name: str, keys: RunKeys):
+    def __init__(self, connection: redis.Redis, queue_name: str, keys: RunKeys, actor_processes: int):
         self.connection, self.queue_name, self.keys = connection, queue_name, keys
+        self.actor_processes = actor_processes
         self.jobs: dict[str, PlacedJob] = {}
         self.job_ids: list[str] = []  # every job ever enqueued, for the clean-up
 
     def launch(self, name: str) -> None:
         """Enqueue a job for ``name`` (actor-0, server-1, ...); an older job of ``name`` stops by itself."""
         token = uuid.uuid4().hex[:8]
-        placed = PlacedJob(token, enqueue(self.connection, self.queue_name, self.keys, name, token))
+        placed = PlacedJob(token, enqueue(self.connection, self.queue_name, self.keys, name, token,
+                                          self.actor_processes))
         self.jobs[name] = placed
         self.job_ids.append(placed.job_id)
 
     def dead(self) -> list[tuple[str, str]]:
         """``(name, cause)`` of each job that stopped beating or never started; queued ones just wait."""
-        flags = alive(self.connection, self.keys, list(self.jobs))
+        flags = self._running()
         now = time.monotonic()
         queued: set[str] | None = None
         found = []
@@ -194,6 +212,10 @@ class JobFleet:
                 found.append((name, f"never started: job {placed.job_id} left the queue {job_start:g} s ago"))
         return found
 
+    def _running(self) -> dict[str, bool]:
+        return running(self.connection, self.keys, {name: group_of(name, self.actor_processes) for name in self.jobs},
+                       {name: placed.job_id for name, placed in self.jobs.items()})
+
     def _warn_if_starved(self, name: str, placed: PlacedJob, now: float) -> None:
         """Every actor and server job holds its worker for the whole run: with fewer workers than jobs the
         rest wait forever, so a job queued for ProtocolTimings.seed_queued_warning gets one warning naming the fix."""
@@ -211,7 +233,7 @@ class JobFleet:
         queue = rollout_queue(self.queue_name, self.connection)
         for identifier in self.job_ids:  # first, so no worker starts a queued job while the others wind down
             queue.remove(identifier)
-        while any(alive(self.connection, self.keys, list(self.jobs)).values()) and time.monotonic() < deadline:
+        while self.jobs and any(self._running().values()) and time.monotonic() < deadline:
             time.sleep(0.05)
         failed = failed_registry(self.queue_name, self.connection)
         for identifier in self.job_ids:  # a killed worker's entry in the started registry is RQ's to clean up

@@ -169,7 +169,7 @@ class Trainer:
                 self.started_pids.append(int(process.pid or 0))
 
             if config.queue_name is not None:
-                self.fleet = JobFleet(connection, config.queue_name, run.keys)
+                self.fleet = JobFleet(connection, config.queue_name, run.keys, config.actor_processes)
                 self._launcher = self.fleet.launch
             else:
                 self._launcher = launch
