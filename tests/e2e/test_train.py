@@ -387,3 +387,18 @@ def test_a_launch_against_a_redis_where_nothing_answers_fails_fast_and_leaves_no
     assert "nothing answers at Redis" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert time.monotonic() - started < 30, "the launch waited for the outage window"
     assert not (tmp_path / "failed").exists(), "a launch that never started left a run folder"
+
+
+def test_a_recorded_config_json_repeats_the_run_in_a_new_folder(tmp_path):
+    first = rqrl("train", "--env", TRIVIAL_ENV, "--total-env-steps", "1500", "--n-actors", "2", "--batch-size", "2",
+                 "--n-rollout-steps", "10", "--hidden-size", "16", "--workers", "1", "--learning-rate", "0.002",
+                 "--run-dir", str(tmp_path), "--run-name", "original")
+    assert first.returncode == 0, first.stderr[-3000:]
+    recorded = json.loads((tmp_path / "original" / "config.json").read_text())
+    again = rqrl("train", "--config", str(tmp_path / "original" / "config.json"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "its run_name 'original' is not taken" in again.stderr
+    (repeated,) = [path for path in tmp_path.iterdir() if path.name != "original"]
+    assert json.loads((repeated / "config.json").read_text()) == {**recorded, "run_name": repeated.name}
+    assert json.loads((repeated / "summary.json").read_text())["env_steps"] >= 1500
+    assert json.loads((tmp_path / "original" / "summary.json").read_text())["env_steps"] < 3000, "left alone"
