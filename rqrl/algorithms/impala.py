@@ -99,6 +99,9 @@ class ImpalaConfig:
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every --progress-seconds (a file, a "
                 "pipe, a container log); --no-progress shows neither, the final summary always prints."})
+    metrics_seconds: float = field(default=1.0, metadata={
+        "help": "Seconds between two rows of metrics.csv and TensorBoard points: the updates between are averaged "
+                "(losses, lags), or their last value kept (counters, returns); 0: a row per update."})
     learner_timeout: float = field(default=300.0, metadata={
         "help": "Seconds after this learner's last heartbeat (it dies or hangs) at which the run's jobs stop and "
                 "free their workers; --resume re-runs them."})
@@ -120,6 +123,8 @@ class ImpalaConfig:
             raise ConfigError(f"expected 0 < discount <= 1, got {self.discount}")
         if self.max_policy_lag is not None and self.max_policy_lag < 0:
             raise ConfigError(f"expected max_policy_lag >= 0, got {self.max_policy_lag}")
+        if not self.metrics_seconds >= 0:
+            raise ConfigError(f"expected metrics_seconds >= 0, got {self.metrics_seconds}")
 
 
 class ActorCritic(nn.Module):
@@ -377,7 +382,12 @@ METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episo
                  "update_seconds"]
 """metrics.csv's columns and TensorBoard's scalars: steps_per_second is the average since the start,
 steps_per_second_10s over the last 10 s; the lags are those of the rollouts trained on; dequeue_seconds is
-collect_outputs' wait, update_seconds the gradient step and broadcast."""
+collect_outputs' wait, update_seconds the gradient step and broadcast. A row covers the updates since the last
+(metrics_seconds): METRIC_REDUCTIONS says how each figure is reduced over them, the others are the last update's."""
+METRIC_REDUCTIONS = {
+    **dict.fromkeys(("policy_loss", "value_loss", "entropy", "mean_rho", "policy_lag_mean", "queue_size",
+                     "dequeue_seconds", "update_seconds"), "mean"),
+    "policy_lag_max": "max", "policy_lag_min": "min", "dropped": "sum"}
 
 
 def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secret: str | bytes | None = None,
@@ -434,7 +444,8 @@ class _TrainingLoop:
         actors.broadcast_updated_policy(learner.model.state_dict())
         learner.open_run_folder()
         self.metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
-                                     resume_step=learner.env_steps if self.config.resume else None)
+                                     resume_step=learner.env_steps if self.config.resume else None,
+                                     every_seconds=self.config.metrics_seconds, reductions=METRIC_REDUCTIONS)
         self.progress.announce_redis(str(self.config.run_name), getattr(actors, "redis_url", None))
         self.step_started = time.monotonic()
         while learner.env_steps < self.config.total_env_steps and not learner.solved:

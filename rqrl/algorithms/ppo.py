@@ -90,6 +90,9 @@ class PpoConfig:
     run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
     resume: str | None = field(default=None, metadata={"help": "Run folder or checkpoint file to continue from."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
+    metrics_seconds: float = field(default=1.0, metadata={
+        "help": "Seconds between two rows of metrics.csv and TensorBoard points: the updates between are averaged "
+                "(losses, lags), or their last value kept (counters, returns); 0: a row per update."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
     progress_seconds: float = field(default=10.0, metadata={
@@ -102,6 +105,8 @@ class PpoConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"expected {name} to be an int >= 1, got {value!r}")
+        if not self.metrics_seconds >= 0:
+            raise ConfigError(f"expected metrics_seconds >= 0, got {self.metrics_seconds}")
         for name in ("learning_rate", "clip_ratio", "max_grad_norm", "progress_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
@@ -287,6 +292,8 @@ def make_sampler(config: PpoConfig, model: ActorCritic, *, secret: str | bytes |
 
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_loss", "value_loss",
                  "entropy", "clip_fraction", "dropped_episodes"]
+METRIC_REDUCTIONS = dict.fromkeys(("policy_loss", "value_loss", "entropy", "clip_fraction"), "mean")
+"""How the figures of the iterations a row covers (metrics_seconds) are reduced; the others are the last's."""
 
 
 def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None = None,
@@ -307,7 +314,8 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
             progress.announce_redis(str(config.run_name), getattr(sampler, "redis_url", None))
             learner.open_run_folder()
             metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
-                                    resume_step=learner.env_steps if config.resume else None)
+                                    resume_step=learner.env_steps if config.resume else None,
+                                    every_seconds=config.metrics_seconds, reductions=METRIC_REDUCTIONS)
             while learner.env_steps < config.total_env_steps and not learner.solved:
                 batch = sampler.obtain_samples(learner.updates, config.num_samples, learner.cpu_state_dict())
                 learner.env_steps += int(batch.lengths.sum())

@@ -61,6 +61,8 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
     assert (run / "learning_curve.png").read_bytes()[:8] == PNG_SIGNATURE
     rows = read_rows(run / "metrics.csv")
     assert rows and {"env_steps", "mean_return", "policy_lag_mean", "queue_size"} <= set(rows[0])
+    seconds = json.loads((run / "summary.json").read_text())["seconds"]
+    assert len(rows) <= seconds + 2, f"{len(rows)} rows in {seconds:.1f} s: more than one a second"
     # windowed throughput, lag range, workers, rejected records and learner timings, in the CSV and TensorBoard
     windowed = {"steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
                 "update_seconds"}
@@ -91,7 +93,7 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path):
     learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     run = tmp_path / "interrupted"
-    wait_until(lambda: rows_written(run, learner) >= 20, 120, interval=0.2, message="20 rows of metrics.csv")
+    wait_until(lambda: rows_written(run, learner) >= 5, 120, interval=0.2, message="5 rows of metrics.csv")
     children = descendants(learner.pid)
     assert len(children) >= 3, "expected local workers and a redis-server under the learner"
     os.killpg(learner.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
