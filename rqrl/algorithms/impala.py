@@ -41,6 +41,7 @@ from rqrl.algorithms.common import (
     make_flat_env,
     write_config,
 )
+from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
 from rqrl.engine.observations import TensorObs, map_tree
 from rqrl.engine.process import Terminated
@@ -102,6 +103,11 @@ class ImpalaConfig:
     metrics_seconds: float = field(default=1.0, metadata={
         "help": "Seconds between two rows of metrics.csv and TensorBoard points: the updates between are averaged "
                 "(losses, lags), or their last value kept (counters, returns); 0: a row per update."})
+    eval_every: float | None = field(default=None, metadata={
+        "help": "Seconds of training between two evaluations: --eval-episodes greedy episodes on an env of their own, "
+                "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
+                "(default: none)."})
+    eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
     learner_timeout: float = field(default=300.0, metadata={
         "help": "Seconds after this learner's last heartbeat (it dies or hangs) at which the run's jobs stop and "
                 "free their workers; --resume re-runs them."})
@@ -110,6 +116,7 @@ class ImpalaConfig:
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_evaluation(self.eval_every, self.eval_episodes)
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
                     "learner_threads", "progress_seconds",
                     "learner_timeout")
@@ -379,10 +386,11 @@ class Learner:
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_lag_mean",
                  "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped",
                  "steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
-                 "update_seconds"]
+                 "update_seconds", "eval_return", "eval_return_std", "eval_seconds"]
 """metrics.csv's columns and TensorBoard's scalars: steps_per_second is the average since the start,
 steps_per_second_10s over the last 10 s; the lags are those of the rollouts trained on; dequeue_seconds is
-collect_outputs' wait, update_seconds the gradient step and broadcast. A row covers the updates since the last
+collect_outputs' wait, update_seconds the gradient step and broadcast; the eval_ figures are those of an evaluation
+(--eval-every), in the rows after one. A row covers the updates since the last
 (metrics_seconds): METRIC_REDUCTIONS says how each figure is reduced over them, the others are the last update's."""
 METRIC_REDUCTIONS = {
     **dict.fromkeys(("policy_loss", "value_loss", "entropy", "mean_rho", "policy_lag_mean", "queue_size",
@@ -433,6 +441,7 @@ class _TrainingLoop:
                                  enabled=config.progress, interval=config.progress_seconds)
         self.started = self.last_checkpoint = self.step_started = time.monotonic()
         self.bottleneck = Bottleneck()
+        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed)
 
     @property
     def seconds(self) -> float:
@@ -472,8 +481,9 @@ class _TrainingLoop:
         actors.broadcast_updated_policy(learner.model.state_dict())
         update_seconds = time.perf_counter() - update_started
         trained_lag = (learner_version - fresh.policy_version).float()
+        evaluated = self.evaluation.maybe_run(learner.model) or {}
         assert self.metrics is not None, "run() made it"
-        self.metrics.write(learner.env_steps, {
+        self.metrics.write(learner.env_steps, {**evaluated,
             "seconds": self.seconds, "updates": learner.updates,
             "steps_per_second": learner.env_steps / max(self.seconds, 1e-9), "mean_return": learner.mean_return,
             "episodes": learner.episodes, "policy_lag_mean": float(trained_lag.mean()),
@@ -512,6 +522,7 @@ class _TrainingLoop:
     def close(self) -> float:
         """The run's end state on disk (checkpoint, final weights, metrics, plot); returns its training time."""
         self.progress.close()
+        self.evaluation.close()
         seconds = self.seconds
         if self.metrics is None:  # the run never started: no folder, no untrained weights for evaluate or --resume
             return seconds
@@ -562,27 +573,3 @@ def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dic
     model = ActorCritic(obs_size, n_actions, int(metadata["hidden_size"])).to(device)
     model.load_state_dict(state_dict)
     return model.eval(), metadata
-
-
-def evaluate(model: nn.Module, env_id: str, episodes: int = 10, seed: int = 0, greedy: bool = True) -> list[float]:
-    """Returns of ``episodes`` episodes with ``model`` (argmax of its outputs if ``greedy``: an ActorCritic's
-    logits, a DQN's Q-values)."""
-    env = make_flat_env(env_id)
-    generator = torch.Generator().manual_seed(seed)
-    returns = []
-    try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            done, total = False, 0.0
-            while not done:
-                with torch.no_grad():
-                    logits = model(torch.as_tensor(obs).unsqueeze(0))
-                    action = (int(logits.argmax(-1)) if greedy
-                              else int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)))
-                obs, reward, terminated, truncated, _ = env.step(action)
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
-    finally:
-        env.close()
-    return returns

@@ -43,6 +43,7 @@ from rqrl.algorithms.common import (
     make_flat_env,
     write_config,
 )
+from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.impala import ActorCritic
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
 from rqrl.engine.process import Terminated
@@ -93,6 +94,11 @@ class PpoConfig:
     metrics_seconds: float = field(default=1.0, metadata={
         "help": "Seconds between two rows of metrics.csv and TensorBoard points: the updates between are averaged "
                 "(losses, lags), or their last value kept (counters, returns); 0: a row per update."})
+    eval_every: float | None = field(default=None, metadata={
+        "help": "Seconds of training between two evaluations: --eval-episodes greedy episodes on an env of their own, "
+                "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
+                "(default: none)."})
+    eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
     progress_seconds: float = field(default=10.0, metadata={
@@ -100,6 +106,7 @@ class PpoConfig:
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_evaluation(self.eval_every, self.eval_episodes)
         for name in ("total_env_steps", "n_workers", "num_samples", "epochs", "minibatch_size", "hidden_size",
                      "learner_threads"):
             value = getattr(self, name)
@@ -291,7 +298,7 @@ def make_sampler(config: PpoConfig, model: ActorCritic, *, secret: str | bytes |
 
 
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_loss", "value_loss",
-                 "entropy", "clip_fraction", "dropped_episodes"]
+                 "entropy", "clip_fraction", "dropped_episodes", "eval_return", "eval_return_std", "eval_seconds"]
 METRIC_REDUCTIONS = dict.fromkeys(("policy_loss", "value_loss", "entropy", "clip_fraction"), "mean")
 """How the figures of the iterations a row covers (metrics_seconds) are reduced; the others are the last's."""
 
@@ -307,6 +314,7 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     progress = Progress(f"PPO {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
                         enabled=config.progress, interval=config.progress_seconds)
     started, last_checkpoint = time.monotonic(), time.monotonic()
+    evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed)
     stopped_by: str | None = None
     try:
         with sampler:
@@ -323,8 +331,9 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
                 learner.recent_returns.extend(episode_returns(batch))
                 terms = ppo_update(learner.model, learner.optimizer, batch, config, learner.device, learner.generator)
                 learner.updates += 1
+                evaluated = evaluation.maybe_run(learner.model) or {}
                 seconds = learner.elapsed_before + time.monotonic() - started
-                metrics.write(learner.env_steps, {
+                metrics.write(learner.env_steps, {**evaluated,
                     "seconds": seconds, "updates": learner.updates,
                     "steps_per_second": learner.env_steps / max(seconds, 1e-9), "mean_return": learner.mean_return,
                     "episodes": learner.episodes, "policy_loss": terms.policy, "value_loss": terms.value,
@@ -347,6 +356,7 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
         log.warning("%s: writing a checkpoint; resume with --resume %s", error, learner.run_dir)
     finally:
         progress.close()
+        evaluation.close()
         seconds = learner.elapsed_before + time.monotonic() - started
         if metrics is not None:  # else the run never started: no folder, no untrained weights
             _close_run_folder(learner, metrics, seconds)

@@ -293,7 +293,7 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     """Run episodes with a trained policy and print the mean and std of the returns."""
     import numpy as np
 
-    from rqrl.algorithms.impala import evaluate as run_episodes
+    from rqrl.algorithms.evaluation import evaluate as run_episodes
     from rqrl.algorithms.impala import load_policy
     from rqrl.errors import RqrlError
 

@@ -16,12 +16,12 @@ import torch
 
 from rqrl import ConfigError, RqrlError
 from rqrl.algorithms.checkpoint import load_checkpoint, load_weights
+from rqrl.algorithms.evaluation import evaluate
 from rqrl.algorithms.impala import (
     ActorCritic,
     ImpalaConfig,
     Learner,
     drop_stale,
-    evaluate,
     impala_loss,
     load_policy,
     make_flat_env,
@@ -494,6 +494,19 @@ def test_a_run_writes_about_a_metrics_row_per_second_whatever_its_update_rate(tm
     last = rows[-1]  # the run's end is written, whatever the time since the row before
     assert (int(last["env_steps"]), int(last["updates"])) == (result.env_steps, result.updates)
     assert sum(float(row["dropped"]) for row in rows) == 0  # summed over the updates a row covers
+
+
+def test_eval_every_logs_greedy_returns_beside_the_training_returns(tmp_path):
+    config = small_config(tmp_path, total_env_steps=6400, eval_every=0.2, eval_episodes=2)
+    result = train(config, actors=serial_actors(config))
+    rows = read_rows(tmp_path / "smoke" / "metrics.csv")
+    evaluated = [row for row in rows if row["eval_return"]]
+    assert evaluated and len(evaluated) < len(rows), "evaluations every 0.2 s, not every update"
+    assert all(1 <= float(row["eval_return"]) <= 500 and float(row["eval_seconds"]) > 0 for row in evaluated)
+    assert all(row["mean_return"] for row in evaluated[1:]), "beside the training returns"
+    tagged = [step for step, tag, _ in tensorboard_scalars(tmp_path / "smoke") if tag == "charts/eval_return"]
+    assert tagged == [int(row["env_steps"]) for row in evaluated]
+    assert result.env_steps == 6400
 
 
 def test_train_resumes_from_the_run_folder(tmp_path):
