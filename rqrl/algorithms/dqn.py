@@ -26,7 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
+from rqrl.algorithms.checkpoint import (
+    TrainingState,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    save_weights,
+    weights_file,
+)
 from rqrl.algorithms.common import TrainResult, check_device, check_resume, env_spaces, make_flat_env, write_config
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
@@ -263,7 +270,8 @@ class _DqnRun:
         return {"algo": "dqn", "env_id": config.env_id, "hidden_size": config.hidden_size,
                 "distributional": config.distributional, "dueling": config.dueling,
                 "n_atoms": self.agent_config.n_atoms, "v_min": config.v_min, "v_max": config.v_max,
-                "env_steps": self.env_steps(trainer), "mean_return": self.mean_return(trainer)}
+                "env_steps": self.env_steps(trainer), "train_steps": self.counters(trainer)["train_steps"],
+                "mean_return": self.mean_return(trainer)}
 
     def tick(self, trainer: Trainer) -> None:
         """The trainer's progress callback: write what changed, save, and stop once solved or out of steps."""
@@ -325,17 +333,6 @@ class _DqnRun:
                                 target=self.target_return, title=f"DQN (SEED) on {self.config.env_id}")
         except Exception:  # a missing plot must not lose the run's other outputs
             log.exception("could not plot the learning curve")
-
-
-def weights_file(path: str | Path) -> Path:
-    """The weights file of a run folder (best, else final), or ``path`` itself if it is a file."""
-    path = Path(path)
-    if not path.is_dir():
-        return path
-    found = [candidate for candidate in (path / "best.safetensors", path / "final.safetensors") if candidate.is_file()]
-    if not found:
-        raise ConfigError(f"{path} holds no best.safetensors or final.safetensors; is it a run folder?")
-    return found[0]
 
 
 def is_dqn_weights(path: str | Path) -> bool:

@@ -31,7 +31,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
+from rqrl.algorithms.checkpoint import (
+    TrainingState,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    save_weights,
+    weights_file,
+)
 from rqrl.algorithms.common import (
     TrainResult,
     check_device,
@@ -380,7 +387,7 @@ class Learner:
     def save_weights(self, name: str) -> None:
         save_weights(self.run_dir / f"{name}.safetensors", self.model.state_dict(),
                      {"env_id": self.config.env_id, "hidden_size": self.config.hidden_size,
-                      "env_steps": self.env_steps, "mean_return": self.mean_return})
+                      "env_steps": self.env_steps, "updates": self.updates, "mean_return": self.mean_return})
 
 
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_lag_mean",
@@ -556,13 +563,7 @@ def _queue_bound(actors: DistributedActors) -> int | None:
 
 def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dict[str, Any]]:
     """An ActorCritic with the weights of a run folder (best, else final) or of a weights file."""
-    path = Path(path)
-    if path.is_dir():
-        candidates = [path / "best.safetensors", path / "final.safetensors"]
-        found = [candidate for candidate in candidates if candidate.is_file()]
-        if not found:
-            raise ConfigError(f"{path} holds no best.safetensors or final.safetensors; is it a run folder?")
-        path = found[0]
+    path = weights_file(path)
     state_dict, metadata = load_weights(path, device)
     if "counters" in metadata:  # a training checkpoint: model tensors under "model.", run facts in counters
         state_dict = load_checkpoint(path, device).model

@@ -272,7 +272,7 @@ class PpoLearner:
     def save_weights(self, name: str) -> None:
         save_weights(self.run_dir / f"{name}.safetensors", self.model.state_dict(),
                      {"env_id": self.config.env_id, "hidden_size": self.config.hidden_size, "algo": "ppo",
-                      "env_steps": self.env_steps, "mean_return": self.mean_return})
+                      "env_steps": self.env_steps, "updates": self.updates, "mean_return": self.mean_return})
 
 
 def max_episode_length(config: PpoConfig) -> int:
