@@ -116,13 +116,18 @@ def check_workers(workers: int | None) -> None:
         raise ConfigError(f"expected --workers >= 0 (0: only external `rqrl worker` processes), got {workers!r}")
 
 
-def write_config(run_dir: Path, config: Any, algo: str) -> None:
-    """The run's settings as config.json, with its algorithm and without Redis passwords."""
+def recorded_config(config: Any, algo: str) -> dict[str, Any]:
+    """The run's settings as config.json records them: with its algorithm, without Redis passwords."""
     stored = {**asdict(config), "algo": algo}
     for name in ("redis_url", "worker_redis_url"):
         if name in stored:
             stored[name] = redact_url(stored[name])
-    (run_dir / "config.json").write_text(json.dumps(stored, indent=2))
+    return stored
+
+
+def write_config(run_dir: Path, config: Any, algo: str) -> None:
+    """The run's settings as config.json (recorded_config)."""
+    (run_dir / "config.json").write_text(json.dumps(recorded_config(config, algo), indent=2))
 
 
 def run_folder(resume: str | Path) -> Path:

@@ -37,6 +37,7 @@ from rqrl.algorithms.checkpoint import (
 from rqrl.algorithms.common import TrainResult, check_device, check_resume, env_spaces, make_flat_env, write_config
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RqrlError
@@ -99,12 +100,17 @@ class DqnConfig:
                 "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
                 "(default: none)."})
     eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
+    wandb: bool = field(default=False, metadata={
+        "help": "Also log the config and every metrics row's scalars to Weights & Biases (pip install "
+                "'rqrl[wandb]'; WANDB_MODE=offline keeps them in the run folder's wandb/)."})
+    wandb_project: str = field(default="rqrl", metadata={"help": "The Weights & Biases project of --wandb."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
     progress_seconds: float = field(default=10.0, metadata={
         "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
+        check_wandb(self.wandb)
         check_evaluation(self.eval_every, self.eval_episodes)
         for name in ("seconds", "total_env_steps", "hidden_size", "learning_rate", "learner_threads",
                      "checkpoint_seconds", "progress_seconds"):
@@ -295,9 +301,11 @@ class _DqnRun:
     def open_run_folder(self) -> None:
         """The run folder, its config.json and metrics, once the trainer runs."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(self.run_dir, dataclasses.replace(self.config, run_name=self.run_name), "dqn")
+        recorded = dataclasses.replace(self.config, run_name=self.run_name)
+        write_config(self.run_dir, recorded, "dqn")
         self.metrics = MetricsWriter(self.run_dir, METRIC_FIELDS,
-                                     resume_step=self.before["env_steps"] if self.config.resume else None)
+                                     resume_step=self.before["env_steps"] if self.config.resume else None,
+                                     tracker=tracker(recorded, self.run_dir, "dqn"))
 
     def write_row(self, trainer: Trainer, now: dict[str, Any]) -> None:
         """A metrics row per state, with an evaluation's figures when one is due (--eval-every): none for a tick

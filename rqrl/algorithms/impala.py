@@ -50,6 +50,7 @@ from rqrl.algorithms.common import (
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
+from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.observations import TensorObs, map_tree
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
@@ -115,6 +116,10 @@ class ImpalaConfig:
                 "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
                 "(default: none)."})
     eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
+    wandb: bool = field(default=False, metadata={
+        "help": "Also log the config and every metrics row's scalars to Weights & Biases (pip install "
+                "'rqrl[wandb]'; WANDB_MODE=offline keeps them in the run folder's wandb/)."})
+    wandb_project: str = field(default="rqrl", metadata={"help": "The Weights & Biases project of --wandb."})
     learner_timeout: float = field(default=300.0, metadata={
         "help": "Seconds after this learner's last heartbeat (it dies or hangs) at which the run's jobs stop and "
                 "free their workers; --resume re-runs them."})
@@ -123,6 +128,7 @@ class ImpalaConfig:
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_wandb(self.wandb)
         check_evaluation(self.eval_every, self.eval_episodes)
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
                     "learner_threads", "progress_seconds",
@@ -461,7 +467,8 @@ class _TrainingLoop:
         learner.open_run_folder()
         self.metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
                                      resume_step=learner.env_steps if self.config.resume else None,
-                                     every_seconds=self.config.metrics_seconds, reductions=METRIC_REDUCTIONS)
+                                     every_seconds=self.config.metrics_seconds, reductions=METRIC_REDUCTIONS,
+                                     tracker=tracker(self.config, learner.run_dir, "impala"))
         self.progress.announce_redis(str(self.config.run_name), getattr(actors, "redis_url", None))
         self.step_started = time.monotonic()
         while learner.env_steps < self.config.total_env_steps and not learner.solved:

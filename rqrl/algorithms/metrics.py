@@ -12,10 +12,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
+
+if TYPE_CHECKING:
+    from rqrl.algorithms.tracking import ScalarLog
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +35,15 @@ class MetricsWriter:
     Each ``write`` adds one update's values; a row is written (and flushed, so the files can be followed) once
     ``every_seconds`` have passed since the last, at the last update's env steps, each field reduced over the
     updates between by its entry in ``reductions`` ("mean", "max", "min", "sum"; default "last"), finite values
-    first. ``flush`` and ``close`` write what is pending. ``every_seconds`` 0: a row per ``write``.
+    first. ``flush`` and ``close`` write what is pending. ``every_seconds`` 0: a row per ``write``. ``tracker``
+    (--wandb's) gets each row's TensorBoard scalars too, and is closed with the writer.
 
     ``resume_step`` (a resumed run: the checkpoint's env steps) drops the rows and TensorBoard points an
     earlier learner wrote past it, so history is never written twice."""
 
     def __init__(self, run_dir: str | Path, fields: list[str], resume_step: int | None = None, *,
                  every_seconds: float = 0.0, reductions: Mapping[str, str] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 tracker: ScalarLog | None = None, clock: Callable[[], float] = time.monotonic):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.fields = ["env_steps", *fields]
@@ -57,6 +62,7 @@ class MetricsWriter:
         # purge_step: TensorBoard hides the earlier files' points from that step on
         self._tensorboard = EventFile(self.run_dir / "tensorboard",
                                       purge_step=resume_step + 1 if resume_step is not None else None)
+        self._tracker = tracker
         self._pending: dict[str, list[float]] = {}
         self._pending_step: int | None = None
         self._last_row: float | None = None
@@ -81,9 +87,12 @@ class MetricsWriter:
         row = {name: self._reduce(name, values) for name, values in self._pending.items()}
         self._csv.writerow({"env_steps": self._pending_step, **row})
         self._file.flush()
-        self._tensorboard.write_scalars(self._pending_step, {
-            tensorboard_tag(name): value for name, value in row.items() if value is not None and math.isfinite(value)})
+        scalars = {tensorboard_tag(name): value for name, value in row.items()
+                   if value is not None and math.isfinite(value)}
+        self._tensorboard.write_scalars(self._pending_step, scalars)
         self._tensorboard.flush()
+        if self._tracker is not None and scalars:
+            self._tracker.log(self._pending_step, scalars)
         self._pending, self._pending_step = {}, None
 
     def _reduce(self, name: str, values: list[float]) -> float | None:
@@ -102,6 +111,8 @@ class MetricsWriter:
         self._write_row()
         self._file.close()
         self._tensorboard.close()
+        if self._tracker is not None:
+            self._tracker.close()
 
 
 LOSS_TERMS = frozenset({"entropy", "clip_fraction", "mean_rho"})

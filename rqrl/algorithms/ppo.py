@@ -46,6 +46,7 @@ from rqrl.algorithms.common import (
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.impala import ActorCritic
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RunStoppedError
@@ -99,6 +100,10 @@ class PpoConfig:
                 "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
                 "(default: none)."})
     eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
+    wandb: bool = field(default=False, metadata={
+        "help": "Also log the config and every metrics row's scalars to Weights & Biases (pip install "
+                "'rqrl[wandb]'; WANDB_MODE=offline keeps them in the run folder's wandb/)."})
+    wandb_project: str = field(default="rqrl", metadata={"help": "The Weights & Biases project of --wandb."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
     progress_seconds: float = field(default=10.0, metadata={
@@ -106,6 +111,7 @@ class PpoConfig:
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_wandb(self.wandb)
         check_evaluation(self.eval_every, self.eval_episodes)
         for name in ("total_env_steps", "n_workers", "num_samples", "epochs", "minibatch_size", "hidden_size",
                      "learner_threads"):
@@ -323,7 +329,8 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
             learner.open_run_folder()
             metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
                                     resume_step=learner.env_steps if config.resume else None,
-                                    every_seconds=config.metrics_seconds, reductions=METRIC_REDUCTIONS)
+                                    every_seconds=config.metrics_seconds, reductions=METRIC_REDUCTIONS,
+                                    tracker=tracker(config, learner.run_dir, "ppo"))
             while learner.env_steps < config.total_env_steps and not learner.solved:
                 batch = sampler.obtain_samples(learner.updates, config.num_samples, learner.cpu_state_dict())
                 learner.env_steps += int(batch.lengths.sum())

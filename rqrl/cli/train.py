@@ -157,9 +157,13 @@ def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | N
         settings["redis_url"] = os.environ.get("REDIS_URL")
     trainers: dict[str, Callable[..., TrainResult]] = {"impala": impala.train, "ppo": ppo.train, "dqn": dqn.train}
     train = trainers[algo]
+    try:
+        config = config_class(algo)(**settings)  # its checks refuse bad settings before anything starts
+    except RqrlError as error:
+        raise click.ClickException(str(error)) from error
     terminate_like_ctrl_c()  # `docker stop`, `docker compose stop` and Kubernetes send SIGTERM
     try:
-        result = train(config_class(algo)(**settings), secret=secret_from_env(), redis_server=redis_server_from_env())
+        result = train(config, secret=secret_from_env(), redis_server=redis_server_from_env())
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
     report(result)
