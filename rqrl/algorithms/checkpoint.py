@@ -17,7 +17,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from rqrl.errors import CheckpointError
+from rqrl.errors import CheckpointError, ConfigError
 
 
 def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
@@ -45,6 +45,17 @@ def load_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch
     except (OSError, ValueError, safetensors.SafetensorError) as error:
         raise CheckpointError(f"cannot read weights file {path}: {error}") from error
     return tensors, metadata
+
+
+def weights_file(path: str | Path) -> Path:
+    """The weights file of a run folder (best, else final), or ``path`` itself if it is a file."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    found = [candidate for candidate in (path / "best.safetensors", path / "final.safetensors") if candidate.is_file()]
+    if not found:
+        raise ConfigError(f"{path} holds no best.safetensors or final.safetensors; is it a run folder?")
+    return found[0]
 
 
 @dataclass

@@ -55,11 +55,11 @@ EXTRAS = {"box2d": "box2d"}
 """Words in gymnasium's missing-dependency message -> rqrl's extra that installs it."""
 
 
-def make_env(env_id: str) -> gymnasium.Env:
-    """``gymnasium.make(env_id)``; ConfigError in one line for an unknown id (with the nearest ids) or an env whose
-    dependency is missing (with the rqrl extra that installs it)."""
+def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
+    """``gymnasium.make(env_id, **kwargs)``; ConfigError in one line for an unknown id (with the nearest ids) or an
+    env whose dependency is missing (with the rqrl extra that installs it)."""
     try:
-        return gymnasium.make(env_id)
+        return gymnasium.make(env_id, **kwargs)
     except gymnasium.error.UnregisteredEnv as error:
         close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `python -c 'import gymnasium; " \
@@ -85,9 +85,10 @@ def env_spaces(env_id: str) -> tuple[int, int, float | None]:
         env.close()
 
 
-def make_flat_env(env_id: str) -> gymnasium.Env:
-    """The env with observations flattened to a float32 vector (what the MLP expects)."""
-    env = make_env(env_id)
+def make_flat_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
+    """The env (``kwargs`` go to gymnasium.make) with observations flattened to a float32 vector (what the MLP
+    expects)."""
+    env = make_env(env_id, **kwargs)
     shape = env.observation_space.shape
     if shape is None or len(shape) != 1:  # None: a Dict or Tuple space
         env = gymnasium.wrappers.FlattenObservation(env)
@@ -115,13 +116,18 @@ def check_workers(workers: int | None) -> None:
         raise ConfigError(f"expected --workers >= 0 (0: only external `rqrl worker` processes), got {workers!r}")
 
 
-def write_config(run_dir: Path, config: Any, algo: str) -> None:
-    """The run's settings as config.json, with its algorithm and without Redis passwords."""
+def recorded_config(config: Any, algo: str) -> dict[str, Any]:
+    """The run's settings as config.json records them: with its algorithm, without Redis passwords."""
     stored = {**asdict(config), "algo": algo}
     for name in ("redis_url", "worker_redis_url"):
         if name in stored:
             stored[name] = redact_url(stored[name])
-    (run_dir / "config.json").write_text(json.dumps(stored, indent=2))
+    return stored
+
+
+def write_config(run_dir: Path, config: Any, algo: str) -> None:
+    """The run's settings as config.json (recorded_config)."""
+    (run_dir / "config.json").write_text(json.dumps(recorded_config(config, algo), indent=2))
 
 
 def run_folder(resume: str | Path) -> Path:

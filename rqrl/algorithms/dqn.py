@@ -26,9 +26,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
+from rqrl.algorithms.checkpoint import (
+    TrainingState,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    save_weights,
+    weights_file,
+)
 from rqrl.algorithms.common import TrainResult, check_device, check_resume, env_spaces, make_flat_env, write_config
+from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RqrlError
@@ -38,7 +47,7 @@ from rqrl.seed.agent import Agent, AgentConfig, QModel
 log = logging.getLogger(__name__)
 
 METRIC_FIELDS = ["seconds", "train_steps", "steps_per_second", "mean_return", "episodes", "weights_version",
-                 "replay_size"]
+                 "replay_size", "eval_return", "eval_return_std", "eval_seconds"]
 
 
 @dataclass
@@ -86,12 +95,23 @@ class DqnConfig:
         "help": "Run folder or checkpoint file to continue from (networks, optimizer, counters; the replay starts "
                 "empty and refills to minimum_buffer_size)."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
+    eval_every: float | None = field(default=None, metadata={
+        "help": "Seconds of training between two evaluations: --eval-episodes greedy episodes on an env of their own, "
+                "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
+                "(default: none)."})
+    eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
+    wandb: bool = field(default=False, metadata={
+        "help": "Also log the config and every metrics row's scalars to Weights & Biases (pip install "
+                "'rqrl[wandb]'; WANDB_MODE=offline keeps them in the run folder's wandb/)."})
+    wandb_project: str = field(default="rqrl", metadata={"help": "The Weights & Biases project of --wandb."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
     progress_seconds: float = field(default=10.0, metadata={
         "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
+        check_wandb(self.wandb)
+        check_evaluation(self.eval_every, self.eval_episodes)
         for name in ("seconds", "total_env_steps", "hidden_size", "learning_rate", "learner_threads",
                      "checkpoint_seconds", "progress_seconds"):
             if not getattr(self, name) > 0:
@@ -210,6 +230,7 @@ class _DqnRun:
                               initial=int(self.before["env_steps"]), enabled=config.progress,
                               interval=config.progress_seconds)
         self.started = self.last_checkpoint = time.monotonic()
+        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed)
         # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
         self.last_row = (self.before["env_steps"], self.before["train_steps"]) if config.resume else None
 
@@ -255,7 +276,8 @@ class _DqnRun:
         return {"algo": "dqn", "env_id": config.env_id, "hidden_size": config.hidden_size,
                 "distributional": config.distributional, "dueling": config.dueling,
                 "n_atoms": self.agent_config.n_atoms, "v_min": config.v_min, "v_max": config.v_max,
-                "env_steps": self.env_steps(trainer), "mean_return": self.mean_return(trainer)}
+                "env_steps": self.env_steps(trainer), "train_steps": self.counters(trainer)["train_steps"],
+                "mean_return": self.mean_return(trainer)}
 
     def tick(self, trainer: Trainer) -> None:
         """The trainer's progress callback: write what changed, save, and stop once solved or out of steps."""
@@ -279,17 +301,21 @@ class _DqnRun:
     def open_run_folder(self) -> None:
         """The run folder, its config.json and metrics, once the trainer runs."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(self.run_dir, dataclasses.replace(self.config, run_name=self.run_name), "dqn")
+        recorded = dataclasses.replace(self.config, run_name=self.run_name)
+        write_config(self.run_dir, recorded, "dqn")
         self.metrics = MetricsWriter(self.run_dir, METRIC_FIELDS,
-                                     resume_step=self.before["env_steps"] if self.config.resume else None)
+                                     resume_step=self.before["env_steps"] if self.config.resume else None,
+                                     tracker=tracker(recorded, self.run_dir, "dqn"))
 
     def write_row(self, trainer: Trainer, now: dict[str, Any]) -> None:
-        """A metrics row per state: none for a tick that saw nothing new."""
+        """A metrics row per state, with an evaluation's figures when one is due (--eval-every): none for a tick
+        that saw nothing new."""
         if self.last_row == (now["env_steps"], now["train_steps"]) or self.metrics is None:
             return
         self.last_row = (now["env_steps"], now["train_steps"])
+        evaluated = self.evaluation.maybe_run(self.agent.model_instance) or {}
         seconds = time.monotonic() - self.started
-        self.metrics.write(now["env_steps"], {
+        self.metrics.write(now["env_steps"], {**evaluated,
             "seconds": now["seconds"], "train_steps": now["train_steps"], "mean_return": self.mean_return(trainer),
             "steps_per_second": trainer.stats.transitions_received / max(seconds, 1e-9),
             "episodes": now["episodes"], "weights_version": now["weights_version"],
@@ -300,8 +326,10 @@ class _DqnRun:
         """The run's end state on disk: the last row, final weights, checkpoint, metrics and plot."""
         if self.metrics is None and not trainer.stats.weights_version:  # the trainer never started: no folder,
             self.shown.close()  # no untrained weights for evaluate or --resume
+            self.evaluation.close()
             return
         self.tick(trainer)  # the last row (and the folder, if it ended before its first tick)
+        self.evaluation.close()
         self.shown.close()
         save_weights(self.run_dir / "final.safetensors", self.agent.model_instance.network.state_dict(),
                      self.weights_metadata(trainer))
@@ -313,17 +341,6 @@ class _DqnRun:
                                 target=self.target_return, title=f"DQN (SEED) on {self.config.env_id}")
         except Exception:  # a missing plot must not lose the run's other outputs
             log.exception("could not plot the learning curve")
-
-
-def weights_file(path: str | Path) -> Path:
-    """The weights file of a run folder (best, else final), or ``path`` itself if it is a file."""
-    path = Path(path)
-    if not path.is_dir():
-        return path
-    found = [candidate for candidate in (path / "best.safetensors", path / "final.safetensors") if candidate.is_file()]
-    if not found:
-        raise ConfigError(f"{path} holds no best.safetensors or final.safetensors; is it a run folder?")
-    return found[0]
 
 
 def is_dqn_weights(path: str | Path) -> bool:

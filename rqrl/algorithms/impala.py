@@ -31,7 +31,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, load_weights, save_checkpoint, save_weights
+from rqrl.algorithms.checkpoint import (
+    TrainingState,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    save_weights,
+    weights_file,
+)
 from rqrl.algorithms.common import (
     TrainResult,
     check_device,
@@ -41,7 +48,9 @@ from rqrl.algorithms.common import (
     make_flat_env,
     write_config,
 )
+from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
+from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.observations import TensorObs, map_tree
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
@@ -99,6 +108,18 @@ class ImpalaConfig:
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every --progress-seconds (a file, a "
                 "pipe, a container log); --no-progress shows neither, the final summary always prints."})
+    metrics_seconds: float = field(default=1.0, metadata={
+        "help": "Seconds between two rows of metrics.csv and TensorBoard points: the updates between are averaged "
+                "(losses, lags), or their last value kept (counters, returns); 0: a row per update."})
+    eval_every: float | None = field(default=None, metadata={
+        "help": "Seconds of training between two evaluations: --eval-episodes greedy episodes on an env of their own, "
+                "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
+                "(default: none)."})
+    eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
+    wandb: bool = field(default=False, metadata={
+        "help": "Also log the config and every metrics row's scalars to Weights & Biases (pip install "
+                "'rqrl[wandb]'; WANDB_MODE=offline keeps them in the run folder's wandb/)."})
+    wandb_project: str = field(default="rqrl", metadata={"help": "The Weights & Biases project of --wandb."})
     learner_timeout: float = field(default=300.0, metadata={
         "help": "Seconds after this learner's last heartbeat (it dies or hangs) at which the run's jobs stop and "
                 "free their workers; --resume re-runs them."})
@@ -107,6 +128,8 @@ class ImpalaConfig:
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_wandb(self.wandb)
+        check_evaluation(self.eval_every, self.eval_episodes)
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
                     "learner_threads", "progress_seconds",
                     "learner_timeout")
@@ -120,6 +143,8 @@ class ImpalaConfig:
             raise ConfigError(f"expected 0 < discount <= 1, got {self.discount}")
         if self.max_policy_lag is not None and self.max_policy_lag < 0:
             raise ConfigError(f"expected max_policy_lag >= 0, got {self.max_policy_lag}")
+        if not self.metrics_seconds >= 0:
+            raise ConfigError(f"expected metrics_seconds >= 0, got {self.metrics_seconds}")
 
 
 class ActorCritic(nn.Module):
@@ -368,16 +393,22 @@ class Learner:
     def save_weights(self, name: str) -> None:
         save_weights(self.run_dir / f"{name}.safetensors", self.model.state_dict(),
                      {"env_id": self.config.env_id, "hidden_size": self.config.hidden_size,
-                      "env_steps": self.env_steps, "mean_return": self.mean_return})
+                      "env_steps": self.env_steps, "updates": self.updates, "mean_return": self.mean_return})
 
 
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_lag_mean",
                  "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped",
                  "steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
-                 "update_seconds"]
+                 "update_seconds", "eval_return", "eval_return_std", "eval_seconds"]
 """metrics.csv's columns and TensorBoard's scalars: steps_per_second is the average since the start,
 steps_per_second_10s over the last 10 s; the lags are those of the rollouts trained on; dequeue_seconds is
-collect_outputs' wait, update_seconds the gradient step and broadcast."""
+collect_outputs' wait, update_seconds the gradient step and broadcast; the eval_ figures are those of an evaluation
+(--eval-every), in the rows after one. A row covers the updates since the last
+(metrics_seconds): METRIC_REDUCTIONS says how each figure is reduced over them, the others are the last update's."""
+METRIC_REDUCTIONS = {
+    **dict.fromkeys(("policy_loss", "value_loss", "entropy", "mean_rho", "policy_lag_mean", "queue_size",
+                     "dequeue_seconds", "update_seconds"), "mean"),
+    "policy_lag_max": "max", "policy_lag_min": "min", "dropped": "sum"}
 
 
 def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secret: str | bytes | None = None,
@@ -423,6 +454,7 @@ class _TrainingLoop:
                                  enabled=config.progress, interval=config.progress_seconds)
         self.started = self.last_checkpoint = self.step_started = time.monotonic()
         self.bottleneck = Bottleneck()
+        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed)
 
     @property
     def seconds(self) -> float:
@@ -434,7 +466,9 @@ class _TrainingLoop:
         actors.broadcast_updated_policy(learner.model.state_dict())
         learner.open_run_folder()
         self.metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
-                                     resume_step=learner.env_steps if self.config.resume else None)
+                                     resume_step=learner.env_steps if self.config.resume else None,
+                                     every_seconds=self.config.metrics_seconds, reductions=METRIC_REDUCTIONS,
+                                     tracker=tracker(self.config, learner.run_dir, "impala"))
         self.progress.announce_redis(str(self.config.run_name), getattr(actors, "redis_url", None))
         self.step_started = time.monotonic()
         while learner.env_steps < self.config.total_env_steps and not learner.solved:
@@ -461,8 +495,9 @@ class _TrainingLoop:
         actors.broadcast_updated_policy(learner.model.state_dict())
         update_seconds = time.perf_counter() - update_started
         trained_lag = (learner_version - fresh.policy_version).float()
+        evaluated = self.evaluation.maybe_run(learner.model) or {}
         assert self.metrics is not None, "run() made it"
-        self.metrics.write(learner.env_steps, {
+        self.metrics.write(learner.env_steps, {**evaluated,
             "seconds": self.seconds, "updates": learner.updates,
             "steps_per_second": learner.env_steps / max(self.seconds, 1e-9), "mean_return": learner.mean_return,
             "episodes": learner.episodes, "policy_lag_mean": float(trained_lag.mean()),
@@ -501,6 +536,7 @@ class _TrainingLoop:
     def close(self) -> float:
         """The run's end state on disk (checkpoint, final weights, metrics, plot); returns its training time."""
         self.progress.close()
+        self.evaluation.close()
         seconds = self.seconds
         if self.metrics is None:  # the run never started: no folder, no untrained weights for evaluate or --resume
             return seconds
@@ -534,13 +570,7 @@ def _queue_bound(actors: DistributedActors) -> int | None:
 
 def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dict[str, Any]]:
     """An ActorCritic with the weights of a run folder (best, else final) or of a weights file."""
-    path = Path(path)
-    if path.is_dir():
-        candidates = [path / "best.safetensors", path / "final.safetensors"]
-        found = [candidate for candidate in candidates if candidate.is_file()]
-        if not found:
-            raise ConfigError(f"{path} holds no best.safetensors or final.safetensors; is it a run folder?")
-        path = found[0]
+    path = weights_file(path)
     state_dict, metadata = load_weights(path, device)
     if "counters" in metadata:  # a training checkpoint: model tensors under "model.", run facts in counters
         state_dict = load_checkpoint(path, device).model
@@ -551,27 +581,3 @@ def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dic
     model = ActorCritic(obs_size, n_actions, int(metadata["hidden_size"])).to(device)
     model.load_state_dict(state_dict)
     return model.eval(), metadata
-
-
-def evaluate(model: nn.Module, env_id: str, episodes: int = 10, seed: int = 0, greedy: bool = True) -> list[float]:
-    """Returns of ``episodes`` episodes with ``model`` (argmax of its outputs if ``greedy``: an ActorCritic's
-    logits, a DQN's Q-values)."""
-    env = make_flat_env(env_id)
-    generator = torch.Generator().manual_seed(seed)
-    returns = []
-    try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            done, total = False, 0.0
-            while not done:
-                with torch.no_grad():
-                    logits = model(torch.as_tensor(obs).unsqueeze(0))
-                    action = (int(logits.argmax(-1)) if greedy
-                              else int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)))
-                obs, reward, terminated, truncated, _ = env.step(action)
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
-    finally:
-        env.close()
-    return returns

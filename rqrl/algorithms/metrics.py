@@ -6,29 +6,51 @@ import csv
 import logging
 import math
 import socket
+import statistics
 import struct
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
 
+if TYPE_CHECKING:
+    from rqrl.algorithms.tracking import ScalarLog
+
 log = logging.getLogger(__name__)
 
 
+REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
+    "mean": statistics.fmean, "max": max, "min": min, "sum": math.fsum, "last": lambda values: values[-1]}
+"""How a field's values of the updates between two rows become the row's value (MetricsWriter's reductions)."""
+
+
 class MetricsWriter:
-    """Appends one row per learner update to ``metrics.csv`` and the same scalars to TensorBoard.
+    """Appends rows to ``metrics.csv`` and the same scalars to TensorBoard, at most one row per ``every_seconds``.
+
+    Each ``write`` adds one update's values; a row is written (and flushed, so the files can be followed) once
+    ``every_seconds`` have passed since the last, at the last update's env steps, each field reduced over the
+    updates between by its entry in ``reductions`` ("mean", "max", "min", "sum"; default "last"), finite values
+    first. ``flush`` and ``close`` write what is pending. ``every_seconds`` 0: a row per ``write``. ``tracker``
+    (--wandb's) gets each row's TensorBoard scalars too, and is closed with the writer.
 
     ``resume_step`` (a resumed run: the checkpoint's env steps) drops the rows and TensorBoard points an
     earlier learner wrote past it, so history is never written twice."""
 
-    def __init__(self, run_dir: str | Path, fields: list[str], resume_step: int | None = None):
+    def __init__(self, run_dir: str | Path, fields: list[str], resume_step: int | None = None, *,
+                 every_seconds: float = 0.0, reductions: Mapping[str, str] | None = None,
+                 tracker: ScalarLog | None = None, clock: Callable[[], float] = time.monotonic):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.fields = ["env_steps", *fields]
+        self.every_seconds, self.reductions, self._clock = every_seconds, dict(reductions or {}), clock
+        unknown = sorted(set(self.reductions.values()) - set(REDUCTIONS))
+        if unknown:
+            raise ValueError(f"unknown reduction(s) {unknown}: use {', '.join(REDUCTIONS)}")
         self.csv_path = self.run_dir / "metrics.csv"
         if resume_step is not None:
             truncate_rows(self.csv_path, resume_step, self.fields)
@@ -40,20 +62,57 @@ class MetricsWriter:
         # purge_step: TensorBoard hides the earlier files' points from that step on
         self._tensorboard = EventFile(self.run_dir / "tensorboard",
                                       purge_step=resume_step + 1 if resume_step is not None else None)
+        self._tracker = tracker
+        self._pending: dict[str, list[float]] = {}
+        self._pending_step: int | None = None
+        self._last_row: float | None = None
 
     def write(self, env_steps: int, values: Mapping[str, float | None]) -> None:
-        """One CSV row (None: an empty cell) and the finite values as TensorBoard scalars (tensorboard_tag)."""
-        self._csv.writerow({"env_steps": env_steps, **values})
-        self._tensorboard.write_scalars(env_steps, {tensorboard_tag(name): value for name, value in values.items()
-                                                    if value is not None and math.isfinite(value)})
+        """Add one update's values (None: nothing to add); write a row if ``every_seconds`` have passed."""
+        self._pending_step = env_steps
+        for name, value in values.items():
+            self._pending.setdefault(name, [])
+            if value is not None:
+                self._pending[name].append(value)
+        now = self._clock()
+        if self._last_row is None or now - self._last_row >= self.every_seconds:
+            self._write_row()
+            self._last_row = now
+
+    def _write_row(self) -> None:
+        """The pending values as one CSV row (None: an empty cell) and their finite values as TensorBoard scalars
+        (tensorboard_tag)."""
+        if self._pending_step is None:
+            return
+        row = {name: self._reduce(name, values) for name, values in self._pending.items()}
+        self._csv.writerow({"env_steps": self._pending_step, **row})
+        self._file.flush()
+        scalars = {tensorboard_tag(name): value for name, value in row.items()
+                   if value is not None and math.isfinite(value)}
+        self._tensorboard.write_scalars(self._pending_step, scalars)
+        self._tensorboard.flush()
+        if self._tracker is not None and scalars:
+            self._tracker.log(self._pending_step, scalars)
+        self._pending, self._pending_step = {}, None
+
+    def _reduce(self, name: str, values: list[float]) -> float | None:
+        finite = [value for value in values if math.isfinite(value)]
+        if not finite:
+            return values[-1] if values else None
+        return REDUCTIONS[self.reductions.get(name, "last")](finite)
 
     def flush(self) -> None:
+        """Write the pending row, if any, and flush the files."""
+        self._write_row()
         self._file.flush()
         self._tensorboard.flush()
 
     def close(self) -> None:
+        self._write_row()
         self._file.close()
         self._tensorboard.close()
+        if self._tracker is not None:
+            self._tracker.close()
 
 
 LOSS_TERMS = frozenset({"entropy", "clip_fraction", "mean_rho"})

@@ -43,8 +43,10 @@ from rqrl.algorithms.common import (
     make_flat_env,
     write_config,
 )
+from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.impala import ActorCritic
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RunStoppedError
@@ -90,6 +92,18 @@ class PpoConfig:
     run_name: str | None = field(default=None, metadata={"help": "Run folder and Redis namespace (default: random)."})
     resume: str | None = field(default=None, metadata={"help": "Run folder or checkpoint file to continue from."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
+    metrics_seconds: float = field(default=1.0, metadata={
+        "help": "Seconds between two rows of metrics.csv and TensorBoard points: the updates between are averaged "
+                "(losses, lags), or their last value kept (counters, returns); 0: a row per update."})
+    eval_every: float | None = field(default=None, metadata={
+        "help": "Seconds of training between two evaluations: --eval-episodes greedy episodes on an env of their own, "
+                "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
+                "(default: none)."})
+    eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
+    wandb: bool = field(default=False, metadata={
+        "help": "Also log the config and every metrics row's scalars to Weights & Biases (pip install "
+                "'rqrl[wandb]'; WANDB_MODE=offline keeps them in the run folder's wandb/)."})
+    wandb_project: str = field(default="rqrl", metadata={"help": "The Weights & Biases project of --wandb."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
     progress_seconds: float = field(default=10.0, metadata={
@@ -97,11 +111,15 @@ class PpoConfig:
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_wandb(self.wandb)
+        check_evaluation(self.eval_every, self.eval_episodes)
         for name in ("total_env_steps", "n_workers", "num_samples", "epochs", "minibatch_size", "hidden_size",
                      "learner_threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"expected {name} to be an int >= 1, got {value!r}")
+        if not self.metrics_seconds >= 0:
+            raise ConfigError(f"expected metrics_seconds >= 0, got {self.metrics_seconds}")
         for name in ("learning_rate", "clip_ratio", "max_grad_norm", "progress_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
@@ -260,7 +278,7 @@ class PpoLearner:
     def save_weights(self, name: str) -> None:
         save_weights(self.run_dir / f"{name}.safetensors", self.model.state_dict(),
                      {"env_id": self.config.env_id, "hidden_size": self.config.hidden_size, "algo": "ppo",
-                      "env_steps": self.env_steps, "mean_return": self.mean_return})
+                      "env_steps": self.env_steps, "updates": self.updates, "mean_return": self.mean_return})
 
 
 def max_episode_length(config: PpoConfig) -> int:
@@ -286,7 +304,9 @@ def make_sampler(config: PpoConfig, model: ActorCritic, *, secret: str | bytes |
 
 
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_loss", "value_loss",
-                 "entropy", "clip_fraction", "dropped_episodes"]
+                 "entropy", "clip_fraction", "dropped_episodes", "eval_return", "eval_return_std", "eval_seconds"]
+METRIC_REDUCTIONS = dict.fromkeys(("policy_loss", "value_loss", "entropy", "clip_fraction"), "mean")
+"""How the figures of the iterations a row covers (metrics_seconds) are reduced; the others are the last's."""
 
 
 def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None = None,
@@ -300,6 +320,7 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     progress = Progress(f"PPO {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
                         enabled=config.progress, interval=config.progress_seconds)
     started, last_checkpoint = time.monotonic(), time.monotonic()
+    evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed)
     stopped_by: str | None = None
     try:
         with sampler:
@@ -307,7 +328,9 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
             progress.announce_redis(str(config.run_name), getattr(sampler, "redis_url", None))
             learner.open_run_folder()
             metrics = MetricsWriter(learner.run_dir, METRIC_FIELDS,
-                                    resume_step=learner.env_steps if config.resume else None)
+                                    resume_step=learner.env_steps if config.resume else None,
+                                    every_seconds=config.metrics_seconds, reductions=METRIC_REDUCTIONS,
+                                    tracker=tracker(config, learner.run_dir, "ppo"))
             while learner.env_steps < config.total_env_steps and not learner.solved:
                 batch = sampler.obtain_samples(learner.updates, config.num_samples, learner.cpu_state_dict())
                 learner.env_steps += int(batch.lengths.sum())
@@ -315,8 +338,9 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
                 learner.recent_returns.extend(episode_returns(batch))
                 terms = ppo_update(learner.model, learner.optimizer, batch, config, learner.device, learner.generator)
                 learner.updates += 1
+                evaluated = evaluation.maybe_run(learner.model) or {}
                 seconds = learner.elapsed_before + time.monotonic() - started
-                metrics.write(learner.env_steps, {
+                metrics.write(learner.env_steps, {**evaluated,
                     "seconds": seconds, "updates": learner.updates,
                     "steps_per_second": learner.env_steps / max(seconds, 1e-9), "mean_return": learner.mean_return,
                     "episodes": learner.episodes, "policy_loss": terms.policy, "value_loss": terms.value,
@@ -339,6 +363,7 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
         log.warning("%s: writing a checkpoint; resume with --resume %s", error, learner.run_dir)
     finally:
         progress.close()
+        evaluation.close()
         seconds = learner.elapsed_before + time.monotonic() - started
         if metrics is not None:  # else the run never started: no folder, no untrained weights
             _close_run_folder(learner, metrics, seconds)

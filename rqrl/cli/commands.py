@@ -287,14 +287,22 @@ def status(redis_url: str, run_name: str | None, watch: float | None) -> None:
 @click.argument("run_dir", required=False, type=click.Path(exists=True, file_okay=False))
 @click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False),
               help="A weights file (best/final/checkpoint .safetensors) instead of RUN_DIR's best weights.")
-@click.option("--episodes", default=10, show_default=True, help="Episodes to run.")
+@click.option("--episodes", default=10, show_default=True, type=click.IntRange(min=1), help="Episodes to run.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the first episode's reset.")
 @click.option("--sample", is_flag=True, help="Sample actions instead of taking the most likely one.")
-def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: int, sample: bool) -> None:
-    """Run episodes with a trained policy and print the mean and std of the returns."""
+@click.option("--video", is_flag=True, help="Film the episodes too: an mp4 file per episode in --video-dir "
+                                            "(gymnasium's RecordVideo; needs `pip install 'rqrl[video]'`).")
+@click.option("--video-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder of the --video files (default: videos/ in the folder of the weights).")
+def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: int, sample: bool, video: bool,
+             video_dir: str | None) -> None:
+    """Run episodes with a trained policy (RUN_DIR's best weights, else its final ones) and print which weights
+    they were and the mean and std of the returns."""
     import numpy as np
 
-    from rqrl.algorithms.impala import evaluate as run_episodes
+    from rqrl.algorithms.checkpoint import weights_file
+    from rqrl.algorithms.evaluation import check_video_support
+    from rqrl.algorithms.evaluation import evaluate as run_episodes
     from rqrl.algorithms.impala import load_policy
     from rqrl.errors import RqrlError
 
@@ -302,15 +310,38 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     if len(sources) != 1:
         raise click.UsageError("give either RUN_DIR or --checkpoint")
     try:
+        if video:
+            check_video_support()  # before loading anything: one line naming the extra
+    except RqrlError as error:
+        raise click.ClickException(str(error)) from None
+    try:
         from rqrl.algorithms.dqn import is_dqn_weights, load_q_model
 
-        model, metadata = load_q_model(sources[0]) if is_dqn_weights(sources[0]) else load_policy(sources[0])
+        path = weights_file(sources[0])
+        model, metadata = load_q_model(path) if is_dqn_weights(path) else load_policy(path)
     except (RqrlError, KeyError) as error:
         raise click.ClickException(f"cannot load a policy from {sources[0]}: {error}") from error
-    returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample)
+    click.echo(f"weights: {path} ({describe_weights(metadata)})")
+    folder = (video_dir or path.parent / "videos") if video else None
+    try:
+        returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample, video_folder=folder)
+    except RqrlError as error:
+        raise click.ClickException(str(error)) from error
     click.echo(f"{metadata['env_id']}: {episodes} episodes, return {np.mean(returns):.1f} +- {np.std(returns):.1f} "
                f"(min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+    if folder is not None:
+        click.echo(f"videos: {folder} ({episodes} mp4 file(s))")
 
+
+def describe_weights(metadata: dict[str, Any]) -> str:
+    """When the weights were written: env steps, updates (or train steps) and the mean training return then."""
+    facts = [f"{metadata['env_steps']:,} env steps" if "env_steps" in metadata else "env steps not recorded"]
+    for name in ("updates", "train_steps"):
+        if isinstance(metadata.get(name), int):
+            facts.append(f"{name.replace('_', ' ')} {metadata[name]:,}")
+    if isinstance(metadata.get("mean_return"), int | float):
+        facts.append(f"mean training return {metadata['mean_return']:.1f}")
+    return ", ".join(facts)
 
 
 def _demo_policy(obs_size: int, n_actions: int) -> torch.nn.Sequential:

@@ -1,7 +1,8 @@
 """``rqrl train``: IMPALA (``rqrl train`` or ``rqrl train impala``), PPO (``rqrl train ppo``) and DQN
 (``rqrl train dqn``), each with its own flags and true defaults, built from the algorithm's config dataclass.
 ``--resume RUN_DIR`` takes the run's recorded settings (config.json); flags given with it override them and
-say so, and the settings that shape the networks cannot change."""
+say so, and the settings that shape the networks cannot change. ``--config FILE`` takes the settings of a JSON file
+with config.json's keys (rqrl.cli.config_file), for a new run; flags given with it override them."""
 
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ def config_options(config_class: type[DataclassInstance]) -> Callable[[_Command]
 def common_options(command: _Command) -> _Command:
     """The flags every algorithm's command has besides its config's."""
     command = click.option("--env", "env_alias", default=None, help="Alias of --env-id.")(command)
+    command = click.option("--config", "config_file", default=None, type=click.Path(exists=True, dir_okay=False),
+                           help="JSON file of settings with the keys of a run's config.json (a recorded "
+                                "config.json repeats that run in a new folder); flags given override it.")(command)
     return click.option("--log-level", default="WARNING", show_default=True,
                         type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level.")(command)
 
@@ -110,8 +114,29 @@ def resume_options(chosen: str | None, options: dict[str, Any], given: set[str])
     return algo, settings
 
 
-def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | None, log_level: str) -> None:
-    """Train ``chosen`` (None: IMPALA, or a resumed run's algorithm) with the command's options."""
+def file_options(chosen: str | None, path: str, options: dict[str, Any], given: set[str]) -> tuple[str, dict[str, Any]]:
+    """The algorithm and settings of a run from the config file ``path`` (its ``algo``, else ``chosen``, else
+    IMPALA), overridden by the flags given. UsageError for another algorithm's file or flags."""
+    from rqrl.cli.config_file import file_algorithm, file_settings, read_settings
+
+    if options.get("resume"):
+        raise click.UsageError("--config with --resume: a resumed run takes its own config.json; give flags to "
+                               "override its settings")
+    data = read_settings(path)
+    algo = file_algorithm(path, data, chosen)
+    fields = {spec.name for spec in dataclasses.fields(config_class(algo))}
+    foreign = sorted(name for name in given if name not in fields)
+    if foreign:
+        flags = ", ".join("--" + name.replace("_", "-") for name in foreign)
+        raise click.UsageError(f"{flags}: no flag of {algo}, the algorithm of --config {path}")
+    settings = file_settings(path, data, algo, config_class(algo))
+    settings.update({name: options[name] for name in given if name in fields})
+    return algo, settings
+
+
+def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | None, log_level: str,
+                 config_file: str | None = None) -> None:
+    """Train ``chosen`` (None: IMPALA, or a resumed run's or config file's algorithm) with the command's options."""
     from rqrl.algorithms import dqn, impala, ppo
     from rqrl.cli.commands import redis_server_from_env, secret_from_env
     from rqrl.engine.process import terminate_like_ctrl_c
@@ -122,7 +147,9 @@ def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | N
     given = given_options(click.get_current_context(), options)
     if env_alias:
         options["env_id"], given = env_alias, given | {"env_id"}
-    if options.get("resume"):
+    if config_file is not None:
+        algo, settings = file_options(chosen, config_file, options, given)
+    elif options.get("resume"):
         algo, settings = resume_options(chosen, options, given)
     else:
         algo, settings = chosen or "impala", options
@@ -130,9 +157,13 @@ def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | N
         settings["redis_url"] = os.environ.get("REDIS_URL")
     trainers: dict[str, Callable[..., TrainResult]] = {"impala": impala.train, "ppo": ppo.train, "dqn": dqn.train}
     train = trainers[algo]
+    try:
+        config = config_class(algo)(**settings)  # its checks refuse bad settings before anything starts
+    except RqrlError as error:
+        raise click.ClickException(str(error)) from error
     terminate_like_ctrl_c()  # `docker stop`, `docker compose stop` and Kubernetes send SIGTERM
     try:
-        result = train(config_class(algo)(**settings), secret=secret_from_env(), redis_server=redis_server_from_env())
+        result = train(config, secret=secret_from_env(), redis_server=redis_server_from_env())
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
     report(result)
@@ -158,11 +189,11 @@ def algorithm_command(algo: str) -> click.Command:
 
     @click.command(name=algo, help=f"{SUMMARY[algo]}\n\nWrites RUN_DIR/RUN_NAME (weights, checkpoint, metrics.csv, "
                                    f"TensorBoard events, learning_curve.png). With --resume, the run's recorded "
-                                   f"settings are taken; flags given override them.")
+                                   f"settings are taken, with --config FILE a file's; flags given override them.")
     @config_options(config_class(algo))
     @common_options
-    def command(env_alias: str | None, log_level: str, **options: Any) -> None:
-        run_training(algo, options, env_alias, log_level)
+    def command(env_alias: str | None, log_level: str, config_file: str | None, **options: Any) -> None:
+        run_training(algo, options, env_alias, log_level, config_file)
 
     return command
 
@@ -174,16 +205,19 @@ def train_group() -> click.Group:
     @click.group(name="train", cls=click.Group, invoke_without_command=True, help=(
         "Train until the env is solved or the budget ends: IMPALA by default (the flags below), `rqrl train ppo` "
         "or `rqrl train dqn` for the others (each with its own --help). `rqrl train --resume RUN_DIR` continues "
-        "any run with its recorded algorithm and settings."))
+        "any run with its recorded algorithm and settings; `rqrl train --config FILE` starts a new run with a "
+        "file's (a run's config.json repeats that run)."))
     @config_options(ImpalaConfig)
     @common_options
     @click.option("--algo", hidden=True, expose_value=False, callback=_refuse_algo)
     @click.pass_context
-    def group(ctx: click.Context, /, env_alias: str | None, log_level: str, **options: Any) -> None:
+    def group(ctx: click.Context, /, env_alias: str | None, log_level: str, config_file: str | None,
+              **options: Any) -> None:
         if ctx.invoked_subcommand is None:
-            run_training(None, options, env_alias, log_level)
+            run_training(None, options, env_alias, log_level, config_file)
             return
-        typed = given_options(ctx, options) | ({"env"} if env_alias else set())
+        typed = (given_options(ctx, options) | ({"env"} if env_alias else set())
+                 | ({"config"} if config_file else set()))
         if typed:
             flags = ", ".join("--" + name.replace("_", "-") for name in sorted(typed))
             raise click.UsageError(f"{flags} before `{ctx.invoked_subcommand}`: an algorithm's flags go after its "

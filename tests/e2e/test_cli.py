@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import uuid
 
 import pytest
 
+from rqrl.algorithms.checkpoint import save_weights
+from rqrl.algorithms.impala import ActorCritic
 from tests.children import (
     REPO_ROOT,
     alive,
@@ -128,3 +131,20 @@ def test_sigterm_to_demo_stops_it_cleanly_with_its_summary():
     assert "interrupted (SIGTERM):" in stdout and "Traceback" not in stderr, stdout + stderr[-3000:]
     wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,
                message="the demo's processes to exit")
+
+
+def test_evaluate_video_writes_an_mp4_of_each_greedy_episode(tmp_path):
+    missing = [name for name in ("moviepy", "pygame") if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed: pip install 'rqrl[video]'")
+    save_weights(tmp_path / "final.safetensors", ActorCritic(4, 2, 16).state_dict(),
+                 {"env_id": "CartPole-v1", "hidden_size": 16, "env_steps": 640, "updates": 10, "mean_return": 9.0})
+    result = run_rqrl("evaluate", str(tmp_path), "--episodes", "2", "--video", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"weights: {tmp_path / 'final.safetensors'} (640 env steps, updates 10" in result.stdout, result.stdout
+    videos = sorted((tmp_path / "videos").glob("*.mp4"))
+    assert len(videos) == 2, result.stdout + result.stderr[-2000:]
+    for video in videos:
+        data = video.read_bytes()
+        assert len(data) > 1000 and data[4:8] == b"ftyp", video  # an ISO media file, with frames in it
+    assert f"videos: {tmp_path / 'videos'} (2 mp4 file(s))" in result.stdout

@@ -32,7 +32,7 @@ TRIVIAL_ENV = "tests.fixtures:RqrlGuessSign-v0"
 
 def test_a_short_run_writes_the_run_folder(tmp_path):
     result = run_rqrl("train", "dqn", "--env", TRIVIAL_ENV, "--seconds", "4", "--run-dir", str(tmp_path),
-                      "--run-name", "short", "--target-return", "1000", timeout=120)
+                      "--run-name", "short", "--target-return", "1000", "--eval-every", "1", timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("time budget reached:"), result.stdout  # --seconds ended it, not the steps
     assert "run short on Redis unix://" in result.stderr, result.stderr[-3000:]
@@ -43,6 +43,7 @@ def test_a_short_run_writes_the_run_folder(tmp_path):
     assert json.loads((run / "config.json").read_text())["algo"] == "dqn"
     rows = read_rows(run / "metrics.csv")
     assert rows and {"env_steps", "mean_return", "train_steps", "weights_version"} <= set(rows[0])
+    assert any(row["eval_return"] for row in rows), "--eval-every 1: greedy returns in the rows"
     assert "run folder:" in result.stdout
     evaluated = run_rqrl("evaluate", str(run), "--episodes", "1", timeout=120)
     assert evaluated.returncode == 0 and "RqrlGuessSign-v0: 1 episodes" in evaluated.stdout, evaluated.stderr[-2000:]

@@ -49,7 +49,7 @@ def rows_written(run, learner: subprocess.Popen) -> int:
 def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
     result = rqrl("train", "--env", TRIVIAL_ENV, "--total-env-steps", "60000", "--n-actors", "4",
                   "--batch-size", "4", "--n-rollout-steps", "20", "--workers", "2", "--run-dir", str(tmp_path),
-                  "--run-name", "trivial", "--seed", "1")
+                  "--run-name", "trivial", "--seed", "1", "--eval-every", "1", "--eval-episodes", "3")
     assert result.returncode == 0, result.stderr[-3000:]
     # the embedded Redis is named, so `rqrl status` and `rqrl stop` can reach it from another shell
     assert "run trivial on Redis unix://" in result.stderr and "rqrl status --redis-url unix://" in result.stderr
@@ -61,12 +61,17 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
     assert (run / "learning_curve.png").read_bytes()[:8] == PNG_SIGNATURE
     rows = read_rows(run / "metrics.csv")
     assert rows and {"env_steps", "mean_return", "policy_lag_mean", "queue_size"} <= set(rows[0])
+    seconds = json.loads((run / "summary.json").read_text())["seconds"]
+    assert len(rows) <= seconds + 2, f"{len(rows)} rows in {seconds:.1f} s: more than one a second"
+    evaluated = [float(row["eval_return"]) for row in rows if row["eval_return"]]  # --eval-every 1
+    assert evaluated and all(0 <= value <= 20 for value in evaluated), evaluated
     # windowed throughput, lag range, workers, rejected records and learner timings, in the CSV and TensorBoard
     windowed = {"steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
                 "update_seconds"}
     assert windowed <= set(rows[0])
     assert float(rows[-1]["workers_alive"]) == 2 and float(rows[-1]["steps_per_second_10s"]) > 0
-    assert {f"charts/{name}" for name in windowed} <= {tag for _, tag, _ in tensorboard_scalars(run)}
+    assert {f"charts/{name}" for name in windowed} | {"charts/eval_return"} <= {tag for _, tag, _ in
+                                                                               tensorboard_scalars(run)}
     summary = json.loads((run / "summary.json").read_text())
     random_policy_return = 10.0  # 20 coin flips
     assert summary["mean_return"] > random_policy_return + 5, summary
@@ -91,7 +96,7 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path):
     learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     run = tmp_path / "interrupted"
-    wait_until(lambda: rows_written(run, learner) >= 20, 120, interval=0.2, message="20 rows of metrics.csv")
+    wait_until(lambda: rows_written(run, learner) >= 5, 120, interval=0.2, message="5 rows of metrics.csv")
     children = descendants(learner.pid)
     assert len(children) >= 3, "expected local workers and a redis-server under the learner"
     os.killpg(learner.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
@@ -387,3 +392,18 @@ def test_a_launch_against_a_redis_where_nothing_answers_fails_fast_and_leaves_no
     assert "nothing answers at Redis" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert time.monotonic() - started < 30, "the launch waited for the outage window"
     assert not (tmp_path / "failed").exists(), "a launch that never started left a run folder"
+
+
+def test_a_recorded_config_json_repeats_the_run_in_a_new_folder(tmp_path):
+    first = rqrl("train", "--env", TRIVIAL_ENV, "--total-env-steps", "1500", "--n-actors", "2", "--batch-size", "2",
+                 "--n-rollout-steps", "10", "--hidden-size", "16", "--workers", "1", "--learning-rate", "0.002",
+                 "--run-dir", str(tmp_path), "--run-name", "original")
+    assert first.returncode == 0, first.stderr[-3000:]
+    recorded = json.loads((tmp_path / "original" / "config.json").read_text())
+    again = rqrl("train", "--config", str(tmp_path / "original" / "config.json"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "its run_name 'original' is not taken" in again.stderr
+    (repeated,) = [path for path in tmp_path.iterdir() if path.name != "original"]
+    assert json.loads((repeated / "config.json").read_text()) == {**recorded, "run_name": repeated.name}
+    assert json.loads((repeated / "summary.json").read_text())["env_steps"] >= 1500
+    assert json.loads((tmp_path / "original" / "summary.json").read_text())["env_steps"] < 3000, "left alone"

@@ -75,3 +75,37 @@ def test_demo_refuses_an_env_its_policy_cannot_act_in():
     assert result.exit_code == 1, result.stderr
     assert "needs a flat Box observation space and a Discrete action space" in result.stderr
     assert "Pendulum-v1" in result.stderr
+
+
+@pytest.fixture
+def weights_run(tmp_path):
+    """A run folder whose best weights are an untrained CartPole policy, as IMPALA writes them."""
+    import torch
+
+    from rqrl.algorithms.checkpoint import save_weights
+    from rqrl.algorithms.impala import ActorCritic
+
+    torch.manual_seed(0)
+    save_weights(tmp_path / "best.safetensors", ActorCritic(4, 2, 16).state_dict(),
+                 {"env_id": "CartPole-v1", "hidden_size": 16, "env_steps": 12345, "updates": 67, "mean_return": 21.5})
+    return tmp_path
+
+
+def test_evaluate_says_which_weights_it_evaluated(weights_run):
+    result = invoke("evaluate", str(weights_run), "--episodes", "2")
+    assert result.exit_code == 0, result.stderr
+    assert (f"weights: {weights_run / 'best.safetensors'} (12,345 env steps, updates 67, mean training return 21.5)"
+            in result.stdout), result.stdout
+    assert "CartPole-v1: 2 episodes, return" in result.stdout
+
+
+def test_evaluate_video_without_moviepy_names_the_extra(weights_run, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "moviepy", None)  # what `import moviepy` finds where it is not installed
+    result = invoke("evaluate", str(weights_run), "--video")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "Error: --video needs moviepy (gymnasium's RecordVideo writes mp4 files with it), which is not installed: "
+        "pip install 'rqrl[video]'"]
+    assert not (weights_run / "videos").exists()

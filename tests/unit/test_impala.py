@@ -16,12 +16,12 @@ import torch
 
 from rqrl import ConfigError, RqrlError
 from rqrl.algorithms.checkpoint import load_checkpoint, load_weights
+from rqrl.algorithms.evaluation import evaluate
 from rqrl.algorithms.impala import (
     ActorCritic,
     ImpalaConfig,
     Learner,
     drop_stale,
-    evaluate,
     impala_loss,
     load_policy,
     make_flat_env,
@@ -446,7 +446,8 @@ def serial_actors(config: ImpalaConfig, seed_offset: int = 0) -> SerialDistribut
 
 def small_config(tmp_path, **changes) -> ImpalaConfig:
     settings = dict(env_id="CartPole-v1", total_env_steps=4096, n_actors=4, batch_size=4, n_rollout_steps=16,
-                    hidden_size=32, progress=False, run_dir=str(tmp_path), run_name="smoke", seed=0)
+                    hidden_size=32, progress=False, run_dir=str(tmp_path), run_name="smoke", seed=0,
+                    metrics_seconds=0)  # a metrics row per update: the rows show the loop's bookkeeping
     return ImpalaConfig(**{**settings, **changes})
 
 
@@ -480,6 +481,32 @@ def test_train_writes_the_run_folder(trained_run):
     assert summary["run_dir"] == str(run)
     counters = load_checkpoint(run / "checkpoint.safetensors").counters
     assert (counters["env_steps"], counters["updates"]) == (4096, result.updates)
+
+
+def test_a_run_writes_about_a_metrics_row_per_second_whatever_its_update_rate(tmp_path):
+    config = small_config(tmp_path, total_env_steps=12_000, metrics_seconds=1.0, max_policy_lag=0)
+    result = train(config, actors=serial_actors(config))
+    rows = read_rows(tmp_path / "smoke" / "metrics.csv")
+    assert result.updates > 5 * result.seconds, "an update rate well above a row per second"
+    assert 1 <= len(rows) <= result.seconds + 2, (len(rows), result.seconds)
+    assert len({step for step, tag, _ in tensorboard_scalars(tmp_path / "smoke") if tag == "losses/policy_loss"}) \
+        == len(rows), "a TensorBoard point per row"
+    last = rows[-1]  # the run's end is written, whatever the time since the row before
+    assert (int(last["env_steps"]), int(last["updates"])) == (result.env_steps, result.updates)
+    assert sum(float(row["dropped"]) for row in rows) == 0  # summed over the updates a row covers
+
+
+def test_eval_every_logs_greedy_returns_beside_the_training_returns(tmp_path):
+    config = small_config(tmp_path, total_env_steps=6400, eval_every=0.2, eval_episodes=2)
+    result = train(config, actors=serial_actors(config))
+    rows = read_rows(tmp_path / "smoke" / "metrics.csv")
+    evaluated = [row for row in rows if row["eval_return"]]
+    assert evaluated and len(evaluated) < len(rows), "evaluations every 0.2 s, not every update"
+    assert all(1 <= float(row["eval_return"]) <= 500 and float(row["eval_seconds"]) > 0 for row in evaluated)
+    assert all(row["mean_return"] for row in evaluated[1:]), "beside the training returns"
+    tagged = [step for step, tag, _ in tensorboard_scalars(tmp_path / "smoke") if tag == "charts/eval_return"]
+    assert tagged == [int(row["env_steps"]) for row in evaluated]
+    assert result.env_steps == 6400
 
 
 def test_train_resumes_from_the_run_folder(tmp_path):

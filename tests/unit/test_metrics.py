@@ -34,6 +34,48 @@ def test_writes_csv_rows_and_tensorboard_scalars(tmp_path):
     assert all(math.isfinite(value) for _, _, value in scalars)
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rows_come_at_most_every_n_seconds_with_the_updates_between_reduced(tmp_path):
+    clock = Clock()
+    writer = MetricsWriter(tmp_path, ["loss", "lag_max", "dropped", "updates", "eval"], every_seconds=1.0,
+                           reductions={"loss": "mean", "lag_max": "max", "dropped": "sum"}, clock=clock)
+    writer.write(10, {"loss": 9.0, "lag_max": 1, "dropped": 1, "updates": 1, "eval": None})  # the first: a row
+    for step, loss in ((20, 1.0), (30, float("nan")), (40, 3.0)):  # within the second: pending
+        clock.now += 0.3
+        writer.write(step, {"loss": loss, "lag_max": step / 10, "dropped": 2, "updates": step / 10, "eval": None})
+    assert len(read_rows(tmp_path / "metrics.csv")) == 1, "no row before a second has passed"
+    clock.now += 0.2
+    writer.write(50, {"loss": 5.0, "lag_max": 0, "dropped": 0, "updates": 5, "eval": 7.5})
+    writer.write(60, {"loss": 6.0, "lag_max": 0, "dropped": 0, "updates": 6, "eval": None})
+    writer.close()  # writes what is pending
+    rows = [(row["env_steps"], row["loss"], row["lag_max"], row["dropped"], row["updates"], row["eval"])
+            for row in read_rows(tmp_path / "metrics.csv")]
+    # mean of the finite losses (1, 3, 5), the largest lag, the dropped summed, the last update count, the eval
+    assert rows == [("10", "9.0", "1", "1.0", "1", ""), ("50", "3.0", "4.0", "6.0", "5", "7.5"),
+                    ("60", "6.0", "0", "0.0", "6", "")]
+    scalars = tensorboard_scalars(tmp_path)
+    assert sorted(step for step, tag, _ in scalars if tag == "charts/loss") == [10, 50, 60]
+    assert [(step, value) for step, tag, value in scalars if tag == "charts/eval"] == [(50, 7.5)]
+
+
+def test_flush_writes_the_pending_row(tmp_path):
+    clock = Clock()
+    writer = MetricsWriter(tmp_path, ["x"], every_seconds=60.0, clock=clock)
+    writer.write(1, {"x": 1.0})
+    writer.write(2, {"x": 2.0})
+    writer.flush()  # a checkpoint at 2 env steps: its row is on disk with it
+    assert [row["env_steps"] for row in read_rows(tmp_path / "metrics.csv")] == ["1", "2"]
+    writer.close()
+    assert len(read_rows(tmp_path / "metrics.csv")) == 2
+
+
 def test_writing_metrics_starts_no_thread_so_ctrl_c_cannot_strand_one(tmp_path):
     # tensorboardX's SummaryWriter feeds a thread through a multiprocessing.Queue; a Ctrl-C inside its put could
     # leave close() waiting for that thread forever. Our writer works in the caller's thread alone.

@@ -12,6 +12,7 @@ from rqrl.algorithms.common import make_flat_env
 from rqrl.algorithms.impala import ActorCritic
 from rqrl.algorithms.ppo import PpoConfig, advantages_and_returns, gae, train
 from tests import fixtures  # noqa: F401 - registers RqrlGuessSign-v0
+from tests.run_files import read_rows
 
 
 def test_gae_stops_at_episode_ends_and_uses_the_given_next_values():
@@ -83,3 +84,14 @@ def test_the_training_loop_learns_a_trivial_env_and_writes_the_run_folder(tmp_pa
     for name in ("final.safetensors", "best.safetensors", "checkpoint.safetensors", "metrics.csv", "summary.json",
                  "learning_curve.png", "config.json"):
         assert (tmp_path / "ppo" / name).is_file(), name
+
+
+def test_eval_every_writes_greedy_returns_into_the_rows(tmp_path, one_torch_thread):
+    env_id = "tests.fixtures:RqrlGuessSign-v0"
+    config = PpoConfig(env_id=env_id, total_env_steps=2_000, num_samples=400, minibatch_size=100, epochs=1,
+                       run_dir=str(tmp_path), run_name="ppo", progress=False, eval_every=0.01, eval_episodes=2,
+                       metrics_seconds=0)
+    train(config, sampler=InProcessSampler(None, env_id))
+    rows = read_rows(tmp_path / "ppo" / "metrics.csv")
+    evaluated = [float(row["eval_return"]) for row in rows if row["eval_return"]]
+    assert evaluated and all(0 <= value <= 20 for value in evaluated), rows
