@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,21 @@ FROZEN_ON_RESUME: dict[str, tuple[str, ...]] = {
 """Per algorithm, the settings a resumed run must keep: they shape the networks in its checkpoint."""
 NOT_RESUMED = frozenset({"resume", "run_name", "run_dir", "redis_url", "worker_redis_url"})
 """Settings of config.json a resumed run does not take over: where it runs and where it writes."""
+
+
+@dataclass
+class Tracking:
+    """The settings every learner's config shares for evaluation during training and experiment tracking."""
+
+    eval_every: float | None = field(default=None, metadata={
+        "help": "Seconds of training between two evaluations: --eval-episodes greedy episodes on an env of their own, "
+                "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
+                "(default: none)."})
+    eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
+    wandb: bool = field(default=False, metadata={
+        "help": "Also log the config and every metrics row's scalars to Weights & Biases (pip install "
+                "'rqrl[wandb]'; WANDB_MODE=offline keeps them in the run folder's wandb/)."})
+    wandb_project: str = field(default="rqrl", metadata={"help": "The Weights & Biases project of --wandb."})
 
 
 @dataclass

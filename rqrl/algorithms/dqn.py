@@ -34,7 +34,15 @@ from rqrl.algorithms.checkpoint import (
     save_weights,
     weights_file,
 )
-from rqrl.algorithms.common import TrainResult, check_device, check_resume, env_spaces, make_flat_env, write_config
+from rqrl.algorithms.common import (
+    Tracking,
+    TrainResult,
+    check_device,
+    check_resume,
+    env_spaces,
+    make_flat_env,
+    write_config,
+)
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
 from rqrl.algorithms.tracking import check_wandb, tracker
@@ -51,7 +59,7 @@ METRIC_FIELDS = ["seconds", "train_steps", "steps_per_second", "mean_return", "e
 
 
 @dataclass
-class DqnConfig:
+class DqnConfig(Tracking):
     """Settings of one DQN run; each field's ``metadata["help"]`` is its one-line help."""
 
     env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector observations, "
@@ -95,15 +103,6 @@ class DqnConfig:
         "help": "Run folder or checkpoint file to continue from (networks, optimizer, counters; the replay starts "
                 "empty and refills to minimum_buffer_size)."})
     checkpoint_seconds: float = field(default=60.0, metadata={"help": "Write a checkpoint at least this often."})
-    eval_every: float | None = field(default=None, metadata={
-        "help": "Seconds of training between two evaluations: --eval-episodes greedy episodes on an env of their own, "
-                "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
-                "(default: none)."})
-    eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
-    wandb: bool = field(default=False, metadata={
-        "help": "Also log the config and every metrics row's scalars to Weights & Biases (pip install "
-                "'rqrl[wandb]'; WANDB_MODE=offline keeps them in the run folder's wandb/)."})
-    wandb_project: str = field(default="rqrl", metadata={"help": "The Weights & Biases project of --wandb."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
     progress_seconds: float = field(default=10.0, metadata={

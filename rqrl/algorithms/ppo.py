@@ -35,6 +35,7 @@ from torch import nn
 
 from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, save_checkpoint, save_weights
 from rqrl.algorithms.common import (
+    Tracking,
     TrainResult,
     check_device,
     check_resume,
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class PpoConfig:
+class PpoConfig(Tracking):
     """Settings of one PPO run; each field is also a ``rqrl train ppo`` flag."""
 
     env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector observations, "
@@ -95,15 +96,6 @@ class PpoConfig:
     metrics_seconds: float = field(default=1.0, metadata={
         "help": "Seconds between two rows of metrics.csv and TensorBoard points: the updates between are averaged "
                 "(losses, lags), or their last value kept (counters, returns); 0: a row per update."})
-    eval_every: float | None = field(default=None, metadata={
-        "help": "Seconds of training between two evaluations: --eval-episodes greedy episodes on an env of their own, "
-                "in the learner's process, logged as eval_return (charts/eval_return) beside the training returns "
-                "(default: none)."})
-    eval_episodes: int = field(default=5, metadata={"help": "Greedy episodes per evaluation (--eval-every)."})
-    wandb: bool = field(default=False, metadata={
-        "help": "Also log the config and every metrics row's scalars to Weights & Biases (pip install "
-                "'rqrl[wandb]'; WANDB_MODE=offline keeps them in the run folder's wandb/)."})
-    wandb_project: str = field(default="rqrl", metadata={"help": "The Weights & Biases project of --wandb."})
     progress: bool = field(default=True, metadata={
         "help": "Show progress: a live bar on a terminal, else a plain line every progress_seconds."})
     progress_seconds: float = field(default=10.0, metadata={

@@ -36,8 +36,13 @@ def config_options(config_class: type[DataclassInstance]) -> Callable[[_Command]
     """Decorator adding one click option per dataclass field, with the field's help and default."""
     hints = typing.get_type_hints(config_class)
 
+    from rqrl.algorithms.common import Tracking
+
+    shared = {spec.name for spec in dataclasses.fields(Tracking)}  # a base class's fields come first: list them last
+    ordered = sorted(dataclasses.fields(config_class), key=lambda spec: spec.name in shared)
+
     def decorate(command: _Command) -> _Command:
-        for spec in reversed(dataclasses.fields(config_class)):
+        for spec in reversed(ordered):
             hint = hints[spec.name]
             optional = type(None) in typing.get_args(hint)
             base = next((arg for arg in typing.get_args(hint) if arg is not type(None)), hint)
