@@ -36,7 +36,7 @@ from rqrl.engine.codec import (
 from rqrl.engine.keys import DEFAULT_QUEUE, RunKeys
 from rqrl.engine.run_config import RunConfig, split_actors
 from rqrl.engine.run_store import RunStore
-from rqrl.errors import ConfigError, RecordError, RunStoppedError
+from rqrl.errors import ConfigError, RecordError, RunStoppedError, SignatureError
 
 EVENTS_KEPT = 1000
 """Newest events (thread deaths, ...) kept in Redis for the trainer to log."""
@@ -63,6 +63,9 @@ def unseal(blob: bytes, key: bytes) -> tuple[dict[str, np.ndarray], dict[str, st
 
 
 SETTINGS_MAGIC = b"RQRLSET1"
+EVENT_MAGIC = b"RQRLEVT1"
+_EVENT_FIELDS: dict[str, type] = {"kind": str, "actor": int, "thread": int, "error": str}
+"""What an actor's event holds (``Actor`` reports a thread that died): anything else is refused."""
 """The magic of a run's signed settings (under ``SeedRun.settings_key``)."""
 LEARNER_TIMEOUT = 60.0
 """Seconds after the trainer's last heartbeat that ``rqrl health --run`` calls it dead and ``rqrl stop`` cleans
@@ -184,8 +187,10 @@ class SeedRun:
         return stopped
 
     def report(self, kind: str, **fields: Any) -> None:
-        """Append an event (JSON) for the trainer to log; the list keeps the newest EVENTS_KEPT."""
-        event = json.dumps({"kind": kind, "time": time.time(), **fields})
+        """Append an event (JSON, signed with the run's message key) for the trainer to log; the list keeps the
+        newest EVENTS_KEPT."""
+        event = sign(json.dumps({"kind": kind, "time": time.time(), **fields}).encode(), self.message_key,
+                     EVENT_MAGIC)
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.rpush(self.keys.seed("events"), event)
             pipe.ltrim(self.keys.seed("events"), -EVENTS_KEPT, -1)
@@ -206,12 +211,22 @@ class SeedRun:
             return []
         events = []
         for item in raw:
-            event = _json_object(item)
+            event = self._event(item)
             if event is None:
-                self.refuse(f"dropping an entry of {key} that is no event: {item!r:.80}")
+                self.refuse(f"dropping an entry of {key} that is no event of this run's actors: {item!r:.80}")
             else:
                 events.append(event)
         return events
+
+    def _event(self, item: bytes) -> dict[str, Any] | None:
+        """The event ``item`` holds if an actor of this run signed it and it has an event's fields, else None."""
+        try:
+            event = _json_object(verify(item, self.message_key, EVENT_MAGIC))
+        except SignatureError:
+            return None
+        if event is None or any(not isinstance(event.get(name), kind) for name, kind in _EVENT_FIELDS.items()):
+            return None
+        return event
 
     def counters(self) -> dict[str, int]:
         """The run's counters: transitions pushed, pushes that found the list full, batches by trigger, ... (a

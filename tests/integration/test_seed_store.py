@@ -72,9 +72,10 @@ def test_a_trainer_refuses_a_run_name_another_familys_run_holds(connection, run_
 def test_events_that_are_no_events_are_dropped_and_counted(connection, run_name, caplog):
     run = seed_run(connection, run_name)
     run.report("thread_died", actor=0, thread=1, error="boom")
-    connection.rpush(run.keys.seed("events"), "not json", "[1]", b"\xff\xfe")
+    planted = json.dumps({"kind": "actor_thread_died", "actor": 0, "thread": 0, "error": "forged"})
+    connection.rpush(run.keys.seed("events"), "not json", "[1]", b"\xff\xfe", '{"kind": 3}', planted)
     assert [event["kind"] for event in run.take_events()] == ["thread_died"]
-    assert run.junk == 3 and "is no event" in caplog.text
+    assert run.junk == 5 and "is no event of this run's actors" in caplog.text
     connection.set(run.keys.seed("events"), "a string, not a list")
     assert run.take_events() == [] and not connection.exists(run.keys.seed("events"))
 

@@ -7,6 +7,7 @@ The tests here start processes; the in-process ones are in tests/integration/tes
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -188,4 +189,59 @@ def test_servers_that_keep_dying_at_start_make_start_raise_with_the_cause(redis_
         trainer.start(120)
     assert time.monotonic() - started < 60, "start() waited out its duration instead of giving up"
     assert "if __name__ == '__main__':" in str(raised.value)
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
+@pytest.mark.timeout(120)
+def test_replayed_messages_and_junk_replies_from_a_redis_writer_train_nothing_and_kill_no_thread(
+        redis_url, connection, run_name):
+    """Issue 24, items 2 and 5, with real actor and server processes: while the run trains, a Redis writer
+    without the secret pushes every transition message it sees 20 more times and junk onto the actors' reply
+    lists. The trainer trains exactly what the actors pushed, refuses every copy, and no actor thread dies."""
+    transitions, requests = f"rqrl:{run_name}:seed:transitions", f"rqrl:{run_name}:seed:requests"
+    attacks = {"copies": 0, "junk replies": 0}
+    copied: set[bytes] = set()
+
+    def attack(trainer):
+        for message in connection.lrange(transitions, 0, -1):
+            if message not in copied:  # each message 20 times, not the copies again
+                copied.add(message)
+                connection.rpush(transitions, *[message] * 20)
+                attacks["copies"] += 20
+        for request in connection.lrange(requests, 0, -1):
+            for reply in set(re.findall(rb'"reply":"(rqrl:[^"]+)"', request)):
+                connection.rpush(reply, os.urandom(48), b"\x00" * 8)
+                attacks["junk replies"] += 2
+
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name, inference_delay=0.05), make_cartpole,
+                      on_progress=attack, progress_seconds=0.05)
+    trainer.start(8.0)
+    stats = trainer.stats
+    assert attacks["copies"] > 0 and attacks["junk replies"] > 0, f"the attack found nothing to copy: {attacks}"
+    assert stats.transitions_received == stats.counters["pushed"] > 0, "a replayed message was trained"
+    assert stats.messages_rejected >= 1
+    assert stats.restarts == [], f"an actor thread or process died of the junk: {stats.restarts}"
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
+@pytest.mark.timeout(120)
+def test_junk_events_and_a_wrong_typed_counter_neither_crash_the_trainer_nor_stop_the_actors(
+        redis_url, connection, run_name):
+    """Issue 24, item 4, with real processes: events that are no event and a counter that is no integer,
+    written while the run trains, are refused; transitions keep arriving and the run ends clean."""
+    events, stats_key = f"rqrl:{run_name}:seed:events", f"rqrl:{run_name}:seed:stats"
+    received_at_attack: list[int] = []
+
+    def attack(trainer):
+        if not received_at_attack and trainer.stats.transitions_received > 0:
+            connection.rpush(events, b"not json", b"[1]", b'{"kind": 3}')
+            connection.hset(stats_key, "pushed", "abc")
+            received_at_attack.append(trainer.stats.transitions_received)
+
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_cartpole, on_progress=attack,
+                      progress_seconds=0.1)
+    trainer.start(8.0)
+    assert received_at_attack, "the run never received a transition to attack after"
+    assert trainer.stats.transitions_received > received_at_attack[0] + 100, "transitions stopped after the junk"
+    assert trainer.stats.restarts == []
     assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
