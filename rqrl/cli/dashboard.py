@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 from flask import current_app, jsonify, request
-from flask.sansio.blueprints import BlueprintSetupState
+from flask.blueprints import BlueprintSetupState  # flask.sansio only from Flask 3
 from rq.exceptions import DeserializationError, InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
