@@ -84,7 +84,8 @@ class ImpalaConfig(Tracking):
         "help": "Redis URL of the local workers, if their ACL user is not the learner's (default: --redis-url)."})
     actors_per_job: int | None = field(default=None, metadata={
         "help": "Actors one job steps together with one batched policy call (default: n_actors / local workers; "
-                "1 with external workers only). Larger is faster per worker, smaller spreads over more workers."})
+                "with external workers only, n_actors / the workers registered at the start, 1 if none). Larger "
+                "is faster per worker, smaller spreads over more workers."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate."})
     discount: float = field(default=0.99, metadata={"help": "Discount factor gamma."})
     rho_bar: float = field(default=1.0, metadata={"help": "V-trace clip of the importance ratio in the TD errors."})

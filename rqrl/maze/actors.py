@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -45,7 +46,7 @@ from rqrl.engine.progress import MAX_PACE_SECONDS, Throughput, pace_seconds
 from rqrl.engine.rq_safety import rollout_queue
 from rqrl.engine.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.engine.run_store import RunStore
-from rqrl.engine.supervisor import Supervisor
+from rqrl.engine.supervisor import Supervisor, count_live_workers
 from rqrl.engine.timings import protocol_timings
 from rqrl.engine.trajectories import Popped, QueueIndicesLost, TrajectoryQueue
 from rqrl.engine.weights import WeightStore
@@ -54,6 +55,8 @@ from rqrl.maze.inbox import Inbox, probe_spec
 from rqrl.maze.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.maze.rollout import EnvFactory
 from rqrl.maze.stats import EpochStatsAggregator, RolloutEvents, StatsReader, record_batch
+
+log = logging.getLogger(__name__)
 
 
 class DistributedActors(StatsReader, abc.ABC):
@@ -125,7 +128,8 @@ class RedisDistributedActors(DistributedActors):
     ``connection``; ``run_name`` namespaces every key so runs can share a Redis; ``n_local_workers``
     worker processes started here (default: one per core with an embedded Redis, none with an
     external one); ``actors_per_job`` actors stepped together by one job (one batched policy call
-    per step); ``collect_timeout`` seconds before collect_outputs gives up;
+    per step; default: the actors spread over the local workers, or with none over the workers registered on
+    the queue at ``start()``, one per job if none is); ``collect_timeout`` seconds before collect_outputs gives up;
     ``min_job_seconds`` is how long a job runs before it yields its worker to a waiting job (a job yields
     only then, or when its worker shuts down: ``max_job_seconds`` no longer ends one by itself);
     ``worker_redis_url`` is the URL local workers connect with (default: the learner's), for a
@@ -184,6 +188,7 @@ class RedisDistributedActors(DistributedActors):
         self.embedded = connection is None and not self.redis_url
         from_environment = options.redis_url is None and connection is None and self.redis_url is not None
         self.secret: str | bytes = run_secret(options, self.embedded, redis_from_environment=from_environment)
+        self._split_by_workers = options.actors_per_job is None and not options.resume  # see _split_for_workers
         self.options = resolve_workers(options, n_actors, self.embedded, bool(self.redis_url))
         self.config = self._run_config(queue_bound(batch_size, queue_out_of_sync_factor))
         self.keys = RunKeys(self.config.run_name)
@@ -351,7 +356,24 @@ class RedisDistributedActors(DistributedActors):
         with self._redis_errors():
             self._start()
 
+    def _split_for_workers(self) -> None:
+        """With only external workers and no actors_per_job given, split the actors evenly over the workers
+        registered on the queue now (one group each), not one actor per job: a worker steps a group's envs
+        with one batched policy call, and fewer groups than workers would leave workers idle. Workers that
+        register later join in as groups yield; with none registered yet, one actor per job."""
+        if not self._split_by_workers or self.n_local_workers:
+            return
+        workers = count_live_workers(self._connect(), self._rq_queue, self.config.timings.liveness)
+        per_job = math.ceil(self.n_actors / workers) if workers else 1
+        if per_job != self.options.actors_per_job:
+            self.options = dataclasses.replace(self.options, actors_per_job=per_job)
+            self.config = dataclasses.replace(self.config, actor_groups=split_actors(self.n_actors, per_job))
+        log.info("run %s: %d actors in %d groups of up to %d, for the %d worker(s) registered on queue %r (set "
+                 "actors_per_job to choose)", self.run_name, self.n_actors, len(self.config.actor_groups), per_job,
+                 workers, self.config.queue_name)
+
     def _start(self) -> None:
+        self._split_for_workers()
         config, is_new = self._run_store.open(self.config, self.env_factory, self.policy, self.options.resume)
         if config is not self.config:  # adopted: the previous learner's run id, so its records stay readable
             self.config = config

@@ -151,3 +151,9 @@ def test_queue_bytes_prints_redis_cpu_per_megabyte_for_each_entry_size() -> None
         assert len(rows) == 1, out
         cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
         assert all(float(cell) >= 0 for cell in cells[1:4]) and float(cells[4]) > 0, rows[0]
+
+
+@pytest.mark.timeout(300)
+def test_actors_per_job_prints_both_splits_and_their_ratio() -> None:
+    out = run_benchmark("actors_per_job.py", "--workers", "1", "--actors", "2", "--seconds", "1", "--rounds", "1")
+    assert "| 1 (before) |" in out and "| auto (now) |" in out and "auto / 1 = " in out

@@ -132,3 +132,9 @@ def test_junk_on_the_queue_drains_at_once_and_a_missing_doorbell_stalls_nothing(
     assert collected.record.batch_size == 2 and actors.records_rejected == 1000
     assert actors.records_rejected_by_reason == {"unauthenticated": 1000}
     assert waited < 20, f"1000 junk entries took {waited:.1f} s (2 per doorbell wait would take 125 s)"
+
+
+def test_with_no_worker_registered_yet_each_actor_is_a_job_of_its_own(connection, redis_url, run_name):
+    with local_actors(redis_url, run_name, n_local_workers=0, n_actors=4) as actors:
+        assert actors.config.actor_groups == [[0], [1], [2], [3]]
+        assert actors.options.actors_per_job == 1

@@ -26,7 +26,7 @@ from rqrl.engine.options import RunOptions
 from rqrl.maze.group_records import encode_group
 from tests import fixtures
 from tests.children import REPO_ROOT, alive, worker_env
-from tests.factories import rollout_record
+from tests.factories import redis_actors, rollout_record
 from tests.integration.test_actors import local_actors  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
 
@@ -455,3 +455,19 @@ def test_rollouts_too_large_for_one_entry_arrive_once_each_in_order(connection, 
             if rollout > 0:
                 assert bool(record.continues_previous[column])
     assert {actor: ids for actor, ids in delivered.items()} == {actor: list(range(6)) for actor in range(4)}
+
+
+def test_with_only_external_workers_the_actors_are_split_over_the_workers_registered(connection, redis_url,
+                                                                                     run_name, workers):
+    """Issue 25: 8 actors and 2 registered workers make 2 groups of 4 (one batched policy call per step on each
+    worker), not 8 jobs of one actor; a given actors_per_job is kept."""
+    for index in range(2):
+        workers.start(f"split-{index}")
+    workers.wait_registered(connection, 2)
+    with redis_actors(redis_url, run_name, n_actors=8, batch_size=8, n_local_workers=0) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        record = actors.collect_outputs("cpu").record
+        assert actors.config.actor_groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert sorted(record.actor_id.tolist()) == list(range(8))
+    with redis_actors(redis_url, f"{run_name}-given", n_actors=8, n_local_workers=0, actors_per_job=1) as actors:
+        assert len(actors.config.actor_groups) == 8
