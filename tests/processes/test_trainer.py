@@ -6,6 +6,7 @@ The tests here start processes; the in-process ones are in tests/integration/tes
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from rqrl.errors import ProcessesDiedError
-from rqrl.seed import Trainer
+from rqrl.seed import Config, Trainer
 from rqrl.seed.agent import Agent
 from tests.children import alive
 from tests.integration.test_trainer import config  # noqa: F401 - shared with the in-process tests
@@ -244,4 +245,38 @@ def test_junk_events_and_a_wrong_typed_counter_neither_crash_the_trainer_nor_sto
     assert received_at_attack, "the run never received a transition to attack after"
     assert trainer.stats.transitions_received > received_at_attack[0] + 100, "transitions stopped after the junk"
     assert trainer.stats.restarts == []
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
+@pytest.mark.timeout(150)
+def test_rewritten_settings_start_no_process_and_train_nothing(redis_url, connection, run_name, capfd):
+    """Issue 24, item 3, with real processes: a Redis writer rewrites seed:settings as it appears (gamma 1.0,
+    epsilon 1.0, n_step 10), then the actor process dies: each replacement refuses the unsigned settings and
+    exits, so no transition made under them reaches the trainer."""
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_cartpole)
+    thread = threading.Thread(target=trainer.start, args=(90.0,), daemon=True)
+    thread.start()
+
+    def pushed():
+        return int(connection.hget(f"rqrl:{run_name}:seed:stats", "pushed") or 0)
+
+    try:
+        wait_until(lambda: pushed() > 20, 60, message="transitions to flow")
+        connection.set(f"rqrl:{run_name}:seed:settings", json.dumps(
+            {**Config().process_settings(), "actor_processes": 1, "n_actions": 2, "gamma": 1.0, "epsilon": 1.0,
+             "n_step": 10}))
+        actor = trainer.processes["actor-0"]
+        os.kill(actor.pid, signal.SIGKILL)
+        wait_until(lambda: sum("actor-0" in line for line in trainer.stats.restarts) >= 3, 60,
+                   message=lambda: f"replacements of actor-0 to refuse the settings: {trainer.stats.restarts}")
+        received = trainer.stats.transitions_received
+        time.sleep(2.0)  # the point: no replacement ever runs, so nothing more arrives
+        assert trainer.stats.transitions_received == received
+    finally:
+        trainer.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    restarts = trainer.stats.restarts
+    assert any("actor-0" in line and "exited with code 1" in line for line in restarts), restarts
+    assert "SignatureError" in capfd.readouterr().err, "the replacements exited for another reason"
     assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
