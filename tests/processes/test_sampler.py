@@ -25,6 +25,7 @@ from rqrl import (
 )
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.rq_safety import failed_registry, rollout_queue
+from rqrl.garage.store import STACK, SamplerCall, SamplerStore
 from tests import fixtures
 from tests.conftest import TEST_SECRET
 from tests.integration.test_sampler import make_sampler  # noqa: F401 - shared with the in-process tests
@@ -334,3 +335,28 @@ def test_a_worker_with_another_secret_is_sidelined_and_the_sampler_goes_on(conne
         assert "different RQRL_SECRET" in sampler.sidelined_workers["bad"]
         assert set(sampler.sidelined_workers) == {"bad"}
         assert all(batch.lengths.tolist() == [10] * 4 for batch in batches), [b.lengths for b in batches]
+
+
+@pytest.mark.parametrize("forgery", ["unsigned rewrite", "call 1 copied"])
+def test_a_call_spec_a_redis_writer_replaced_is_run_by_no_worker_process(connection, redis_url, run_name, forgery,
+                                                                          monkeypatch):
+    """Issue 24, item 6, with a real worker process: the moment the learner writes call 2, a Redis writer replaces
+    it (every agent chain back to the initial agent, unsigned; or call 1's signed spec copied over it). The worker
+    refuses it, and obtain_samples raises instead of returning episodes sampled under other parameters."""
+    begin = SamplerStore.begin
+
+    def begin_then_forge(store, version, call, blobs, key):
+        begin(store, version, call, blobs, key)
+        if version == 2:
+            forged = (SamplerCall(call.mode, call.count, [[(0, -1, STACK)]] * len(call.agent_chains),
+                                  call.env_chains).to_json() if forgery == "unsigned rewrite"
+                      else connection.get(store.keys.sampler_call(1)))
+            connection.set(store.keys.sampler_call(2), forged)
+
+    monkeypatch.setattr(SamplerStore, "begin", begin_then_forge)
+    policy = fixtures.mlp_policy(seed=3)
+    with make_sampler(redis_url, policy, fixtures.make_cartpole(), n_workers=2, run_name=run_name,
+                      max_episode_length=20) as sampler:
+        sampler.obtain_samples(0, 40, policy.state_dict())
+        with pytest.raises(ActorFailedError, match="SignatureError"):
+            sampler.obtain_samples(1, 40, policy.state_dict())
