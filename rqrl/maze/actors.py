@@ -188,7 +188,7 @@ class RedisDistributedActors(DistributedActors):
         self.embedded = connection is None and not self.redis_url
         from_environment = options.redis_url is None and connection is None and self.redis_url is not None
         self.secret: str | bytes = run_secret(options, self.embedded, redis_from_environment=from_environment)
-        self._split_by_workers = options.actors_per_job is None and not options.resume  # see _split_for_workers
+        self._split_by_workers = options.actors_per_job is None  # see _split_for_workers
         self.options = resolve_workers(options, n_actors, self.embedded, bool(self.redis_url))
         self.config = self._run_config(queue_bound(batch_size, queue_out_of_sync_factor))
         self.keys = RunKeys(self.config.run_name)
@@ -363,6 +363,9 @@ class RedisDistributedActors(DistributedActors):
         register later join in as groups yield; with none registered yet, one actor per job."""
         if not self._split_by_workers or self.n_local_workers:
             return
+        if self.options.resume and (groups := self._stored_groups()) is not None:
+            self.config = dataclasses.replace(self.config, actor_groups=groups)  # the run's own split goes on
+            return
         workers = count_live_workers(self._connect(), self._rq_queue, self.config.timings.liveness)
         per_job = math.ceil(self.n_actors / workers) if workers else 1
         if per_job != self.options.actors_per_job:
@@ -371,6 +374,14 @@ class RedisDistributedActors(DistributedActors):
         log.info("run %s: %d actors in %d groups of up to %d, for the %d worker(s) registered on queue %r (set "
                  "actors_per_job to choose)", self.run_name, self.n_actors, len(self.config.actor_groups), per_job,
                  workers, self.config.queue_name)
+
+    def _stored_groups(self) -> list[list[int]] | None:
+        """The actor groups of the run stored under this name (resume takes them over), None if none parses."""
+        raw = self._connect().get(self.keys.config)
+        try:
+            return RunConfig.from_json(raw).actor_groups if raw is not None else None
+        except (ValueError, TypeError, RqrlError):  # junk: the run store's adopt() says what is wrong
+            return None
 
     def _start(self) -> None:
         self._split_for_workers()

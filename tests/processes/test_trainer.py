@@ -15,10 +15,13 @@ import time
 
 import pytest
 
-from rqrl.errors import ProcessesDiedError
+from rqrl.engine.keys import RunKeys
+from rqrl.errors import ProcessesDiedError, SignatureError
 from rqrl.seed import Config, Trainer
 from rqrl.seed.agent import Agent
+from rqrl.seed.store import SeedRun
 from tests.children import alive
+from tests.conftest import TEST_SECRET
 from tests.integration.test_trainer import config  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
 from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole, mlp_failing_in_children
@@ -249,7 +252,7 @@ def test_junk_events_and_a_wrong_typed_counter_neither_crash_the_trainer_nor_sto
 
 
 @pytest.mark.timeout(150)
-def test_rewritten_settings_start_no_process_and_train_nothing(redis_url, connection, run_name, capfd):
+def test_rewritten_settings_start_no_process_and_train_nothing(redis_url, connection, run_name):
     """Issue 24, item 3, with real processes: a Redis writer rewrites seed:settings as it appears (gamma 1.0,
     epsilon 1.0, n_step 10), then the actor process dies: each replacement refuses the unsigned settings and
     exits, so no transition made under them reaches the trainer."""
@@ -272,11 +275,12 @@ def test_rewritten_settings_start_no_process_and_train_nothing(redis_url, connec
         received = trainer.stats.transitions_received
         time.sleep(2.0)  # the point: no replacement ever runs, so nothing more arrives
         assert trainer.stats.transitions_received == received
+        with pytest.raises(SignatureError, match="unsigned"):  # what each replacement met when it read them
+            SeedRun.attach(connection, RunKeys(run_name), TEST_SECRET).settings()
     finally:
         trainer.stop()
         thread.join(30)
     assert not thread.is_alive()
     restarts = trainer.stats.restarts
     assert any("actor-0" in line and "exited with code 1" in line for line in restarts), restarts
-    assert "SignatureError" in capfd.readouterr().err, "the replacements exited for another reason"
     assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
