@@ -9,8 +9,9 @@
 #                     is started again with `--resume /runs/compose` and trains RESUME_STEPS more env steps.
 # Checks: every worker registered, the learner's exit codes, every worker's exit code 0, each container
 # stopped within its stop_grace_period, the checkpoint, the resumed run's steps. Prints per container:
-# exit code, seconds to stop, memory and CPU (`docker stats --no-stream`, mid-training), health status and
-# the longest healthcheck; and the cost of one `rqrl health --worker` in a worker container.
+# exit code, seconds from its SIGTERM to its exit, memory and CPU (`docker stats --no-stream`, mid-training),
+# health status just before the stop and the longest healthcheck; and the cost of one `rqrl health --worker`
+# in a worker container.
 #
 # Sets up what it needs, idempotently, on a Debian machine as root (each step with a timeout):
 # a Docker engine (Debian's docker.io, dockerd started here if none runs, stopped again at the end),
@@ -21,7 +22,7 @@
 #
 # Exit codes: 0 all checks passed; 1 the stack failed a check (a defect of the project); 2 the machine could
 # not be set up (apt, PyPI, debootstrap, dockerd: outside the project); 64 usage.
-# Environment: RQRL_SMOKE_SOLVE_SECONDS (pass 1's budget, 600), RQRL_SMOKE_SIGTERM_AFTER (seconds of training
+# Environment: RQRL_SMOKE_SOLVE_SECONDS (pass 1's budget, 600; a learner unsolved by then must stop with 143), RQRL_SMOKE_SIGTERM_AFTER (seconds of training
 # before the SIGTERM, 20), RQRL_SMOKE_RESUME_STEPS (20000), RQRL_SMOKE_CACHE (/var/cache/rqrl-compose-smoke),
 # RQRL_SMOKE_KEEP=1 (leave the stack, its images and the engine up).
 set -euo pipefail
@@ -83,7 +84,10 @@ cleanup() {
   fi
   exit "$status"
 }
+set -E  # the ERR trap in functions too
+trap 'echo "FAILED: line $LINENO: $BASH_COMMAND (exit $?)" >&2' ERR
 trap cleanup EXIT
+trap 'exit 143' TERM INT  # Ctrl-C or a CI timeout: clean up too
 
 compose() { docker compose -p "$PROJECT" "${COMPOSE_FILES[@]}" "$@"; }
 
@@ -226,7 +230,7 @@ build_images() {
 
 # --- the stack ------------------------------------------------------------------------------------------------
 
-container() { compose ps -a -q "$1" | head -1; }
+container() { compose ps -a -q "$1" | awk 'NR == 1'; }  # not head: compose exits 255 on the closed pipe
 containers() { compose ps -a -q; }
 state() { docker inspect -f "{{.State.$2}}" "$1"; }
 now() { date +%s.%N; }
@@ -277,16 +281,19 @@ wait_learner_exit() {  # wait_learner_exit LABEL BUDGET: poll until the learner'
 wait_training() {  # until the learner has printed a progress line with env steps
   local learner; learner="$(container learner)"
   local waited=0
-  until docker logs "$learner" 2>&1 | grep -qE '[0-9][0-9,]* env steps|steps/s'; do
+  until docker logs "$learner" 2>&1 | grep -E '[0-9][0-9,]* env steps|steps/s' >/dev/null; do  # not -q: pipefail
     [ "$(state "$learner" Status)" = running ] || stack_failed "the learner exited before training: $(learner_line)"
     [ $waited -lt 180 ] || stack_failed "no progress line from the learner within 180 s: $(learner_line)"
     sleep 2; waited=$((waited + 2))
   done
 }
 
-snapshot_stats() {  # docker stats --no-stream and each container's health, mid-training
-  local id
+snapshot_stats() {  # docker stats --no-stream, mid-training
   docker stats --no-stream --format '{{.Name}}\t{{.CPUPerc}}\t{{.MemUsage}}' $(containers) >"$LOGS/$1-stats.tsv"
+}
+
+snapshot_health() {  # each container's health (read before the stop: docker marks a stopped container unhealthy)
+  local id
   for id in $(containers); do
     docker inspect -f '{{.Name}}{{"\t"}}{{if .State.Health}}{{.State.Health.Status}}{{else}}-{{end}}' "$id" | sed 's#^/##'
   done >"$LOGS/$1-health.tsv"
@@ -298,8 +305,10 @@ measure_health_check() {  # cost of one `rqrl health --worker` in a worker conta
 begun = time.monotonic(); code = subprocess.run(sys.argv[1:], capture_output=True).returncode
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(f"{time.monotonic() - begun:.2f} s wall, {usage.ru_utime + usage.ru_stime:.2f} CPU-s, {usage.ru_maxrss / 1024:.0f} MB peak, exit {code}")'
-  HEALTH_COST="$(docker exec "$worker" python -c "$probe" rqrl health --redis-url "$REDIS_URL" --worker)"
-  TORCH_COST="$(docker exec "$worker" python -c "$probe" python -c 'import torch')"
+  HEALTH_COST="$(docker exec "$worker" python -c "$probe" rqrl health --redis-url "$REDIS_URL" --worker 2>&1)" \
+    || HEALTH_COST="not measured: docker exec exited $? ($HEALTH_COST)"
+  TORCH_COST="$(docker exec "$worker" python -c "$probe" python -c 'import torch' 2>&1)" \
+    || TORCH_COST="not measured: docker exec exited $? ($TORCH_COST)"
   note "rqrl health --worker in a worker container: $HEALTH_COST"
   note "for scale, python -c 'import torch' there:  $TORCH_COST"
 }
@@ -313,6 +322,7 @@ print(round(int(h or 0) * 3600 + int(m or 0) * 60 + float(s or 0)))' "$1"
 
 stop_stack() {  # stop_stack LABEL: docker compose stop, timed; a row per container
   local label="$1" sent took id name service code finished signalled seconds grace health longest mem cpu
+  snapshot_health "$label"
   say "$label: docker compose stop"
   sent="$(now)"
   compose stop >"$LOGS/$label-stop.log" 2>&1 || { cat "$LOGS/$label-stop.log" >&2; stack_failed "$label: docker compose stop"; }
@@ -332,7 +342,7 @@ stop_stack() {  # stop_stack LABEL: docker compose stop, timed; a row per contai
     seconds="$(awk -v a="${signalled:-$sent}" -v b="$finished" 'BEGIN {d = b - a; printf "%.1f", d < 0 ? 0 : d}')"
     grace="$(grace_of "$service")"
     awk -v n="$name" '$1 == n && $3 == 9 {found = 1} END {exit !found}' "$LOGS/$label-kills.txt" && code="$code(KILL)"
-    health="$(awk -F'\t' -v n="$name" '$1 == n {print $2}' "$LOGS/$label-health.tsv" 2>/dev/null)"
+    health="$(awk -F'\t' -v n="$name" '$1 == n {print $2}' "$LOGS/$label-health.tsv")"
     longest="$(docker inspect -f '{{if .State.Health}}{{json .State.Health.Log}}{{else}}[]{{end}}' "$id" | python3 -c '
 import json, sys
 from datetime import datetime
@@ -340,7 +350,10 @@ def t(s): return datetime.fromisoformat(s[:26].rstrip("Z"))
 log = json.load(sys.stdin)
 took = [(t(e["End"]) - t(e["Start"])).total_seconds() for e in log]
 print("%.1f s of %d" % (max(took), len(took)) if took else "-")')"
-    read -r cpu mem <<<"$(awk -F'\t' -v n="$name" '$1 == n {split($3, m, " / "); print $2, m[1]}' "$LOGS/$label-stats.tsv" 2>/dev/null)" || true
+    cpu=""; mem=""
+    if [ -f "$LOGS/$label-stats.tsv" ]; then
+      read -r cpu mem <<<"$(awk -F'\t' -v n="$name" '$1 == n {split($3, m, " / "); print $2, m[1]}' "$LOGS/$label-stats.tsv")" || true
+    fi
     printf '    %-26s %5s %7s %6s %10s %7s  %-10s %s\n' "$name" "$code" "$seconds" "$grace" "${mem:--}" "${cpu:--}" "${health:--}" "$longest" \
       >>"$LOGS/$label-table.txt"
     case "$service" in
@@ -366,16 +379,25 @@ solve_pass() {
   local solve_registered=$REGISTERED_SECONDS
   sleep 10
   snapshot_stats solve
-  local solved=0 learner
+  local solved=0 learner code
   wait_learner_exit solve "$SOLVE_SECONDS" && solved=1
   SOLVE_SECONDS_TOOK=$((SECONDS - UP_AT))
   learner="$(container learner)"
-  LEARNER_RESULT="$(docker logs "$learner" 2>&1 | grep -E '^(solved|interrupted|.* budget reached):' | tail -1 | cut -c1-160)"
-  local ok=0
-  [ "$solved" = 1 ] && [ "$(state "$learner" ExitCode)" = 0 ] && [[ "$LEARNER_RESULT" == solved:* ]] && ok=1
-  check "solve: the learner solved within ${SOLVE_SECONDS} s and exited 0 (exit $(state "$learner" ExitCode)): $LEARNER_RESULT" \
-    [ $ok = 1 ]
-  stop_stack solve
+  if [ "$solved" = 1 ]; then
+    LEARNER_RESULT="$(docker logs "$learner" 2>&1 | grep -E '^(solved|interrupted|.* budget reached):' | tail -1 | cut -c1-160)"
+    local ok=0
+    [ "$(state "$learner" ExitCode)" = 0 ] && [[ "$LEARNER_RESULT" == solved:* ]] && ok=1
+    check "solve: the learner solved and exited 0 (exit $(state "$learner" ExitCode)): $LEARNER_RESULT" [ $ok = 1 ]
+    stop_stack solve
+  else
+    # CartPole's IMPALA solves in 100-260 s at 4 workers on 2 cores, but not always: an unsolved run is RL
+    # variance, not a defect of the stack; the stop then checks the SIGTERM path of a training learner
+    LEARNER_RESULT="not solved within ${SOLVE_SECONDS} s (RQRL_SMOKE_SOLVE_SECONDS); stopped with SIGTERM"
+    note "solve: $LEARNER_RESULT"
+    stop_stack solve
+    code="$(state "$learner" ExitCode)"
+    check "solve: the learner, stopped unsolved, exited 143 (got $code)" [ "$code" = 143 ]
+  fi
   SOLVE_ROW="solve pass: workers registered in ${solve_registered} s, up to learner exit ${SOLVE_SECONDS_TOOK} s, stop ${STOP_SECONDS} s"
 }
 
@@ -401,6 +423,8 @@ sigterm_pass() {
   local target=$((steps + RESUME_STEPS))
   start_stack resume "$(learner_command_with --resume /runs/compose --total-env-steps "$target")"
   wait_registered resume
+  wait_training
+  snapshot_stats resume
   wait_learner_exit resume 600 || true
   learner="$(container learner)"
   local resumed
