@@ -29,10 +29,15 @@ REDIS_URL_HELP = "Redis to connect to, e.g. redis://host:6379/0 (env: REDIS_URL)
 
 
 def secret_from_env() -> str | None:
-    """The learner's and workers' shared secret, RQRL_SECRET (an env var, never a flag: flags show in `ps`)."""
+    """The learner's and workers' shared secret, RQRL_SECRET or the file RQRL_SECRET_FILE names (never a flag:
+    flags show in `ps`)."""
     from rqrl.engine.codec import secret_from_environment
+    from rqrl.errors import ConfigError
 
-    return secret_from_environment()
+    try:
+        return secret_from_environment()
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from error
 
 
 def redis_server_from_env() -> str | None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import numpy as np
 
-from rqrl.errors import RecordError, SignatureError
+from rqrl.errors import ConfigError, RecordError, SignatureError
 
 if TYPE_CHECKING:
     import torch
@@ -188,11 +188,28 @@ TAG_SIZE = len(_SIGNATURE_MAGIC) + _DIGEST_SIZE
 
 SECRET_VARIABLE = "RQRL_SECRET"
 """The environment variable that holds the shared secret (never a flag: flags show in `ps`)."""
+SECRET_FILE_VARIABLE = "RQRL_SECRET_FILE"
+"""The environment variable that names a file holding the shared secret (compose's and Kubernetes' secret files,
+e.g. /run/secrets/rqrl_secret: the secret stays out of the environment and `docker inspect`)."""
 
 
 def secret_from_environment() -> str | None:
-    """The shared secret RQRL_SECRET holds, or None if it is unset or empty."""
-    return os.environ.get(SECRET_VARIABLE) or None
+    """The shared secret RQRL_SECRET holds, else the contents of the file RQRL_SECRET_FILE names (without its
+    trailing newline); None if neither is set. ConfigError if that file cannot be read or is empty."""
+    if secret := os.environ.get(SECRET_VARIABLE):
+        return secret
+    path = os.environ.get(SECRET_FILE_VARIABLE)
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            secret = file.read().rstrip("\r\n")
+    except OSError as error:
+        raise ConfigError(f"{SECRET_FILE_VARIABLE}={path}: cannot read the secret file ({error.strerror}); "
+                          f"create it (e.g. openssl rand -hex 32 > FILE) and make it readable by this user") from error
+    if not secret:
+        raise ConfigError(f"{SECRET_FILE_VARIABLE}={path}: the secret file is empty; put a long random string in it")
+    return secret
 
 
 def secret_bytes(secret: str | bytes) -> bytes:

@@ -54,11 +54,20 @@ def rqrl_arguments(service: dict, redis_url: str, volumes: dict[str, Path] | Non
     return command[1:]
 
 
-def service_env(service: dict) -> dict[str, str]:
-    """The service's environment as compose sets it (with the test secret), on top of the test's own."""
-    variables = {"RQRL_SECRET": TEST_SECRET}
-    return worker_env(**{name: interpolate(str(value), variables)
-                         for name, value in service.get("environment", {}).items()})
+def service_env(service: dict, secrets: Path) -> dict[str, str]:
+    """The service's environment as compose sets it, on top of the test's own without RQRL_SECRET: each compose
+    secret the service names is a file under ``secrets`` holding the test secret, and /run/secrets/NAME in the
+    environment points there (so rqrl reads the secret the way it does in a container)."""
+    environment = {}
+    for name, value in service.get("environment", {}).items():
+        value = interpolate(str(value), {})
+        for secret in service.get("secrets", []):
+            (secrets / secret).write_text(TEST_SECRET + "\n")
+            value = value.replace(f"/run/secrets/{secret}", str(secrets / secret))
+        environment[name] = value
+    env = worker_env(**environment)
+    env.pop("RQRL_SECRET", None)
+    return env
 
 
 def grace_seconds(service: dict) -> float:
@@ -119,18 +128,30 @@ def test_the_learner_trains_into_a_named_volume_its_user_owns(compose):
 def test_services_have_healthchecks_restart_policies_and_rotated_logs(compose):
     services = compose["services"]
     for name in ("worker", "learner"):
-        test = services[name]["healthcheck"]["test"]
-        assert test[:3] == ["CMD", "rqrl", "health"], name
-        assert services[name].get("init") is True, f"{name}: SIGTERM must reach the rqrl process (and zombies reaped)"
+        healthcheck = services[name]["healthcheck"]
+        assert healthcheck["test"][:3] == ["CMD", "rqrl", "health"], name
+        # a check costs 0.4 CPU-s (rqrl health imports no torch; torch took 3 CPU-s and every 25 s timeout under
+        # load): a timeout of at most 20 s, and at most one check a 30 s
+        assert grace_seconds({"stop_grace_period": healthcheck["timeout"]}) <= 20, f"{name}: healthcheck timeout"
+        assert grace_seconds({"stop_grace_period": healthcheck["interval"]}) >= 30, f"{name}: healthcheck interval"
+    for name in ("worker", "learner", "dashboard"):
+        # without init the process is PID 1, which ignores SIGTERM: every stop waits the grace period and kills it
+        assert services[name].get("init") is True, f"{name}: SIGTERM must reach the process (and zombies reaped)"
     assert services["redis"]["restart"] == "unless-stopped"
     for name, service in services.items():
         options = service["logging"]["options"]
         assert service["logging"]["driver"] == "json-file" and options["max-size"] and options["max-file"], name
 
 
-def test_workers_and_learner_share_a_required_secret(compose):
+def test_workers_and_learner_read_the_secret_from_a_compose_secrets_file(compose):
+    assert compose["secrets"]["rqrl_secret"] == {"file": "./secrets/rqrl_secret"}
     for name in ("worker", "learner"):
-        assert compose["services"][name]["environment"]["RQRL_SECRET"].startswith("${RQRL_SECRET:?"), name
+        service = compose["services"][name]
+        assert service["secrets"] == ["rqrl_secret"], name
+        assert service["environment"] == {"RQRL_SECRET_FILE": "/run/secrets/rqrl_secret"}, name
+    # a required variable (${RQRL_SECRET:?...}) given on `up` alone made every later compose command fail
+    # ("required variable RQRL_SECRET is missing a value"): the file needs none
+    assert "${RQRL_SECRET" not in (REPO_ROOT / "compose.yaml").read_text()
 
 
 def test_redis_port_is_never_published(compose):
@@ -155,7 +176,7 @@ def test_learner_service_command_trains_against_the_worker_service(compose, redi
     learner = compose["services"]["learner"]
     arguments = rqrl_arguments(learner, redis_url, {"runs": volume})
     result = subprocess.run([sys.executable, "-m", "rqrl", *arguments, "--total-env-steps", "2000",
-                             "--n-actors", "2", "--batch-size", "2"], cwd=volume, env=service_env(learner),
+                             "--n-actors", "2", "--batch-size", "2"], cwd=volume, env=service_env(learner, tmp_path),
                             capture_output=True, text=True, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((volume / "compose" / "summary.json").read_text())
@@ -167,7 +188,7 @@ def test_learner_service_command_trains_against_the_worker_service(compose, redi
 def start_service(service: dict, redis_url: str, volume: Path, *extra: str) -> subprocess.Popen:
     """The service's command as a local process, as compose runs it (env, working directory, volume)."""
     return subprocess.Popen([sys.executable, "-m", "rqrl", *rqrl_arguments(service, redis_url, {"runs": volume}),
-                             *extra], cwd=volume, env=service_env(service), stdout=subprocess.PIPE,
+                             *extra], cwd=volume, env=service_env(service, volume.parent), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 

@@ -22,11 +22,12 @@ from rqrl.engine.codec import (
     loads_object,
     read_metadata,
     records_key,
+    secret_from_environment,
     sign,
     verify,
     weights_key,
 )
-from rqrl.errors import RecordError, SignatureError
+from rqrl.errors import ConfigError, RecordError, SignatureError
 from tests import fixtures
 
 
@@ -287,3 +288,26 @@ def test_an_empty_state_dict_round_trips_with_its_metadata():
     """A policy without parameters publishes an empty state dict (safetensors 0.4.0 wrote that as invalid JSON)."""
     tensors, metadata = decode_state_dict(encode_state_dict({}, {"version": "3"}))
     assert tensors == {} and metadata == {"version": "3"}
+
+
+def test_the_secret_comes_from_rqrl_secret_or_else_the_file_rqrl_secret_file_names(monkeypatch, tmp_path):
+    monkeypatch.delenv("RQRL_SECRET", raising=False)
+    monkeypatch.delenv("RQRL_SECRET_FILE", raising=False)
+    assert secret_from_environment() is None
+    secret_file = tmp_path / "rqrl_secret"
+    secret_file.write_text("from-the-file\n")  # `openssl rand -hex 32 > FILE` ends it with a newline
+    monkeypatch.setenv("RQRL_SECRET_FILE", str(secret_file))
+    assert secret_from_environment() == "from-the-file"
+    monkeypatch.setenv("RQRL_SECRET", "from-the-variable")
+    assert secret_from_environment() == "from-the-variable", "the variable wins over the file"
+
+
+@pytest.mark.parametrize("content", [None, "\n"])
+def test_a_missing_or_empty_secret_file_is_an_error_that_names_it(monkeypatch, tmp_path, content):
+    monkeypatch.delenv("RQRL_SECRET", raising=False)
+    secret_file = tmp_path / "rqrl_secret"
+    if content is not None:
+        secret_file.write_text(content)
+    monkeypatch.setenv("RQRL_SECRET_FILE", str(secret_file))
+    with pytest.raises(ConfigError, match="RQRL_SECRET_FILE=.*rqrl_secret"):
+        secret_from_environment()
