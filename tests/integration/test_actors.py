@@ -96,19 +96,26 @@ def test_unpicklable_env_factory_is_refused(connection, redis_url, run_name):
     assert list(connection.scan_iter(match=f"rqrl:{run_name}:*")) == []
 
 
+def good_entry(actors) -> bytes:
+    """One queue entry as a worker pushes it: a signed group of actors 0 and 1's first rollouts."""
+    config = actors.config
+    group = ActorGroup(fixtures.make_cartpole, [0, 1], config.actor_env_seeds, config.actor_agent_seeds,
+                       config.n_rollout_steps)
+    try:
+        records = group.run(make_act_function(actors.policy, group.action_space), 0, actors.policy_version,
+                            cut_at_end=False)
+    finally:
+        group.close()
+    return encode_signed_group(records, config.run_id, records_key(TEST_SECRET, config.run_id))
+
+
 def test_an_oversized_junk_entry_is_dropped_in_redis_and_never_read(connection, redis_url, run_name):
     """A 65 MB entry before a good one: counted as oversized, dropped in Redis; the learner reads only the good."""
     with local_actors(redis_url, run_name, n_local_workers=0, no_worker_timeout=60) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
-        config = actors.config
-        group = ActorGroup(fixtures.make_cartpole, [0, 1], config.actor_env_seeds, config.actor_agent_seeds,
-                           config.n_rollout_steps)
-        records = group.run(make_act_function(actors.policy, group.action_space), 0, actors.policy_version,
-                            cut_at_end=False)
-        good = encode_signed_group(records, config.run_id, records_key(TEST_SECRET, config.run_id))
+        good = good_entry(actors)
         connection.rpush(actors.keys.trajectories, b"x" * (MAX_ENTRY_BYTES + 2**20), good)
         collected = actors.collect_outputs("cpu")
-        group.close()
     assert collected.record.batch_size == 2
     assert actors.records_rejected_by_reason == {"oversized": 1}
 
@@ -117,18 +124,12 @@ def test_junk_on_the_queue_drains_at_once_and_a_missing_doorbell_stalls_nothing(
     """1000 junk entries before a good one, the doorbell deleted: refused in a few large pops, not 2 per wait."""
     with local_actors(redis_url, run_name, n_local_workers=0, no_worker_timeout=60) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
-        config = actors.config
-        group = ActorGroup(fixtures.make_cartpole, [0, 1], config.actor_env_seeds, config.actor_agent_seeds,
-                           config.n_rollout_steps)
-        records = group.run(make_act_function(actors.policy, group.action_space), 0, actors.policy_version,
-                            cut_at_end=False)
-        good = encode_signed_group(records, config.run_id, records_key(TEST_SECRET, config.run_id))
+        good = good_entry(actors)
         connection.rpush(actors.keys.trajectories, *[os.urandom(32) for _ in range(1000)], good)
         connection.delete(actors.keys.doorbell)
         started = time.monotonic()
         collected = actors.collect_outputs("cpu")
         waited = time.monotonic() - started
-        group.close()
     assert collected.record.batch_size == 2 and actors.records_rejected == 1000
     assert actors.records_rejected_by_reason == {"unauthenticated": 1000}
     assert waited < 20, f"1000 junk entries took {waited:.1f} s (2 per doorbell wait would take 125 s)"
