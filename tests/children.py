@@ -27,6 +27,7 @@ def worker_env(**overrides: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
     env.pop("REDIS_URL", None)
+    env.setdefault("PYTHONFAULTHANDLER", "1")  # a child that dies of a signal (SIGSEGV) prints its threads' stacks
     env.update(overrides)
     return env
 
