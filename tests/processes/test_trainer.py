@@ -27,6 +27,11 @@ from tests.polling import wait_until
 from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole, mlp_failing_in_children
 
 
+def pushed(connection, run_name) -> int:
+    """Transitions the run's actors pushed so far (their counter in Redis)."""
+    return int(connection.hget(f"rqrl:{run_name}:seed:stats", "pushed") or 0)
+
+
 def assert_nothing_left(trainer, connection, run_name, pids):
     assert not trainer.processes
     assert [pid for pid in pids if alive(pid)] == []
@@ -114,25 +119,23 @@ def test_a_killed_server_and_a_killed_actor_are_replaced(redis_url, connection, 
     thread = threading.Thread(target=trainer.start, args=(90.0,), daemon=True)
     thread.start()
 
-    def pushed():
-        raw = connection.hget(f"rqrl:{run_name}:seed:stats", "pushed")
-        return int(raw or 0)
-
     def pid_of(name):
         process = trainer.processes.get(name)
         return process.pid if process is not None and process.is_alive() else None
 
     try:
-        wait_until(lambda: pushed() > 20, 60, message="transitions to flow")
+        wait_until(lambda: pushed(connection, run_name) > 20, 60, message="transitions to flow")
         killed = {name: pid_of(name) for name in ("server-0", "actor-0")}
         os.kill(killed["server-0"], signal.SIGKILL)
         wait_until(lambda: pid_of("server-0") not in (None, killed["server-0"]), 20, message="a new server")
-        before = pushed()
-        wait_until(lambda: pushed() > before + 20, 30, message="transitions after the server's restart")
+        before = pushed(connection, run_name)
+        wait_until(lambda: pushed(connection, run_name) > before + 20, 30,
+                   message="transitions after the server's restart")
         os.kill(killed["actor-0"], signal.SIGKILL)
         wait_until(lambda: pid_of("actor-0") not in (None, killed["actor-0"]), 20, message="a new actor")
-        before = pushed()
-        wait_until(lambda: pushed() > before + 20, 30, message="transitions after the actor's restart")
+        before = pushed(connection, run_name)
+        wait_until(lambda: pushed(connection, run_name) > before + 20, 30,
+                   message="transitions after the actor's restart")
     finally:
         trainer.stop()
         thread.join(30)
@@ -260,11 +263,8 @@ def test_rewritten_settings_start_no_process_and_train_nothing(redis_url, connec
     thread = threading.Thread(target=trainer.start, args=(90.0,), daemon=True)
     thread.start()
 
-    def pushed():
-        return int(connection.hget(f"rqrl:{run_name}:seed:stats", "pushed") or 0)
-
     try:
-        wait_until(lambda: pushed() > 20, 60, message="transitions to flow")
+        wait_until(lambda: pushed(connection, run_name) > 20, 60, message="transitions to flow")
         connection.set(f"rqrl:{run_name}:seed:settings", json.dumps(
             {**Config().process_settings(), "actor_processes": 1, "n_actions": 2, "gamma": 1.0, "epsilon": 1.0,
              "n_step": 10}))
