@@ -307,3 +307,43 @@ def make_slow_echo_env() -> gymnasium.Env:
 
 def make_very_slow_echo_env() -> gymnasium.Env:
     return EchoEnv(length=8, step_sleep=0.25)
+
+
+class FrameEnv(gymnasium.Env):
+    """Random ``size`` x ``size`` uint8 frames (a fast stand-in for Atari's 84x84); episodes terminate after 11
+    steps."""
+
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, size: int = 12) -> None:
+        self.observation_space = spaces.Box(0, 255, (size, size), np.uint8)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._steps = 0
+        return self._frame(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self._steps += 1
+        return self._frame(), float(action), self._steps >= 11, False, {}
+
+    def _frame(self) -> np.ndarray:
+        return self.np_random.integers(0, 256, self.observation_space.shape, dtype=np.uint8)
+
+
+def make_frame_stack_env(max_episode_steps: int = 7, size: int = 12) -> gymnasium.Env:
+    """gymnasium's FrameStackObservation of 4 FrameEnv frames, (4, size, size) uint8, truncated after 7 steps."""
+    env = gymnasium.wrappers.TimeLimit(FrameEnv(size), max_episode_steps)
+    return gymnasium.wrappers.FrameStackObservation(env, 4)
+
+
+class FramePolicy(torch.nn.Module):
+    """Categorical policy over (4, 12, 12) uint8 frame stacks: one linear layer on the scaled pixels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(4 * 12 * 12, 2)
+
+    def act(self, obs: torch.Tensor, generator: torch.Generator) -> PolicyStep:
+        return categorical_step(self.linear(obs.flatten(1).float() / 255.0), generator)

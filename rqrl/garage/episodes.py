@@ -25,6 +25,8 @@ import gymnasium
 import numpy as np
 
 from rqrl.engine.codec import decode_arrays, encode_arrays
+from rqrl.engine.compression import compress, decompress, worth_compressing
+from rqrl.engine.frames import pack_series, unpack_series
 from rqrl.engine.observations import Obs, flatten_obs, map_tree, unflatten_obs
 from rqrl.errors import RecordError
 
@@ -315,13 +317,17 @@ EPISODES_FORMAT = "rqrl-episodes-1"
 
 def encode_episodes(batch: EpisodeBatch, metadata: Mapping[str, str] | None = None) -> bytes:
     """``batch`` (without its env_spec, which both sides know) as one safetensors buffer; dict observations
-    and infos are flattened to ``field/key/sub`` names. Raises RecordError for values safetensors cannot hold
-    (strings, objects)."""
+    and infos are flattened to ``field/key/sub`` names. Frame stacks go as their unique frames
+    (``rqrl.engine.frames``) and a batch with images is compressed (``rqrl.engine.compression``). Raises
+    RecordError for values safetensors cannot hold (strings, objects)."""
     arrays: dict[str, np.ndarray] = {}
     infos = {"episode_infos": batch.episode_infos_by_episode, "env_infos": batch.env_infos,
              "agent_infos": batch.agent_infos}
+    observations = flatten_obs(batch.observations, "observations")
+    packed = pack_series(arrays, {name: (leaf, 1) for name, leaf in observations.items() if leaf.ndim >= 4})
     for name in _FIELDS:
-        arrays.update(flatten_obs(getattr(batch, name), name))
+        leaves = observations if name == "observations" else flatten_obs(getattr(batch, name), name)
+        arrays.update({leaf: array for leaf, array in leaves.items() if leaf + "@frames" not in arrays})
     for name, info in infos.items():
         for key in info:
             arrays.update(flatten_obs(info[key], f"{name}/{key}"))
@@ -329,12 +335,14 @@ def encode_episodes(batch: EpisodeBatch, metadata: Mapping[str, str] | None = No
         if array.dtype.kind not in "biuf":
             raise RecordError(f"{name} has dtype {array.dtype}, which safetensors cannot carry; keep infos and "
                               f"observations numeric (bool, int, float)")
-    return encode_arrays(arrays, {**(metadata or {}), "format": EPISODES_FORMAT})
+    blob = encode_arrays(arrays, {**(metadata or {}), **packed, "format": EPISODES_FORMAT})
+    return compress(blob) if worth_compressing(observations.values(), 1) else blob
 
 
 def decode_episodes(blob: bytes, env_spec: EnvSpec) -> tuple[EpisodeBatch, dict[str, str]]:
     """Inverse of encode_episodes: the batch (validated against ``env_spec``) and the buffer's metadata."""
-    arrays, metadata = decode_arrays(blob)
+    arrays, metadata = decode_arrays(decompress(blob))
+    unpack_series(arrays, metadata)
     if metadata.get("format") != EPISODES_FORMAT:
         raise RecordError(f"expected an episodes buffer of format {EPISODES_FORMAT!r}, got "
                           f"{metadata.get('format')!r}")

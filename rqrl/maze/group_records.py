@@ -22,6 +22,8 @@ from typing import NamedTuple
 import numpy as np
 
 from rqrl.engine.codec import MAX_ID, RECORD_MAGIC, ArrayParts, decode_arrays, encode_arrays, sign, verified_view
+from rqrl.engine.compression import compress, decompress, worth_compressing
+from rqrl.engine.frames import pack_series, unpack_series
 from rqrl.engine.observations import Obs, empty_like_batch, flatten_obs, select, stack_obs, unflatten_obs
 from rqrl.errors import RecordError
 from rqrl.maze.records import (
@@ -90,14 +92,14 @@ def encode_group(records: Sequence[RolloutRecord], run_id: str) -> bytes:
 def _encode_with_actors(arrays: dict[str, np.ndarray | ArrayParts], actor_ids: Sequence[int],
                         continues_previous: Sequence[bool], final_obs_counts: Sequence[int],
                         episode_counts: Sequence[int], policy_version: int, rollout_id: int, worker: str,
-                        run_id: str) -> bytes:
+                        run_id: str, extra_metadata: dict[str, str] | None = None) -> bytes:
     """``arrays`` with the per-actor arrays and the metadata every group entry ends with, encoded."""
     arrays["actor_ids"] = np.array(actor_ids, np.int64)
     arrays["continues_previous"] = np.array(continues_previous, bool)
     arrays["final_obs_counts"] = np.array(final_obs_counts, np.int64)
     arrays["episode_counts"] = np.array(episode_counts, np.int64)
     metadata = {"format": GROUP_FORMAT, "run_id": run_id, "policy_version": str(policy_version),
-                "rollout_id": str(rollout_id), "worker": worker}
+                "rollout_id": str(rollout_id), "worker": worker, **(extra_metadata or {})}
     return encode_arrays(arrays, metadata)
 
 
@@ -164,14 +166,19 @@ class RolloutSteps:
 def encode_steps_group(steps: RolloutSteps, actor_ids: Sequence[int], continues_previous: Sequence[bool],
                        policy_version: int, rollout_id: int, worker: str, run_id: str) -> bytes:
     """The buffer ``encode_group`` makes of the group's records, made straight from its ``[T, n]`` buffers: one
-    numpy copy per array instead of one record per actor (a worker's cost per rollout)."""
+    numpy copy per array instead of one record per actor (a worker's cost per rollout). Frame stacks go as their
+    unique frames (``rqrl.engine.frames``) and entries with images are compressed (``rqrl.engine.compression``):
+    then the bytes differ from ``encode_group``'s, and decode to the same records."""
     n_steps = len(steps.rewards)
     arrays: dict[str, np.ndarray | ArrayParts] = {name: _actor_major(getattr(steps, name)) for name in STEP_FIELDS}
     if steps.logits is not None:
         arrays["logits"] = _actor_major(steps.logits)
     obs = flatten_obs(steps.obs, "obs")
-    arrays.update({name: _actor_major(leaf[:n_steps]) for name, leaf in obs.items()})
-    arrays.update({"next_obs" + name[3:]: leaf[n_steps] for name, leaf in obs.items()})
+    # an image leaf's T + 1 observations per actor go as one series of unique frames (next_obs is its last step)
+    packed = pack_series(arrays, {name: (np.swapaxes(leaf, 0, 1), 2) for name, leaf in obs.items() if leaf.ndim >= 5})
+    plain = {name: leaf for name, leaf in obs.items() if name + "@frames" not in arrays}
+    arrays.update({name: _actor_major(leaf[:n_steps]) for name, leaf in plain.items()})
+    arrays.update({"next_obs" + name[3:]: leaf[n_steps] for name, leaf in plain.items()})
     final_names = {name: "final_obs" + name[3:] for name in obs}
     finals = [final for per_actor in steps.final_obs for _, final in per_actor]
     if finals:  # in the observations' order; leaves an env added or dropped go as they are, for the learner to refuse
@@ -184,9 +191,10 @@ def encode_steps_group(steps: RolloutSteps, actor_ids: Sequence[int], continues_
     arrays["episode_returns"] = np.array([ret for per_actor in steps.episodes for ret, _ in per_actor], np.float64)
     arrays["episode_lengths"] = np.array([length for per_actor in steps.episodes for _, length in per_actor],
                                          np.int64)
-    return _encode_with_actors(arrays, actor_ids, continues_previous, [len(finals) for finals in steps.final_obs],
+    blob = _encode_with_actors(arrays, actor_ids, continues_previous, [len(finals) for finals in steps.final_obs],
                                [len(episodes) for episodes in steps.episodes], policy_version, rollout_id, worker,
-                               run_id)
+                               run_id, packed)
+    return compress(blob) if worth_compressing(obs.values(), 2) else blob
 
 
 def _actor_major(array: np.ndarray) -> np.ndarray:
@@ -224,7 +232,7 @@ def encode_signed_steps(steps: RolloutSteps, actor_ids: Sequence[int], continues
 def decode_signed_entry(blob: bytes, run_id: str, key: bytes, spec: RecordSpec) -> DecodedEntry:
     """The rollouts of a queue entry of either format; SignatureError before anything is parsed if it was not
     tagged under ``key``, RecordError if it cannot be read as rollouts of this run at all."""
-    arrays, metadata = decode_arrays(verified_view(blob, key, RECORD_MAGIC))
+    arrays, metadata = _decode(verified_view(blob, key, RECORD_MAGIC))
     records = _split(arrays, _group_metadata(metadata, run_id))
     try:
         _check_group(arrays, records, spec)
@@ -236,12 +244,24 @@ def decode_signed_entry(blob: bytes, run_id: str, key: bytes, spec: RecordSpec) 
 def decode_group(blob: bytes | memoryview, run_id: str) -> list[RolloutRecord]:
     """The rollouts of an unsigned entry ``encode_group`` made, each checked as RolloutRecord checks it; RecordError
     for anything else. (The learner reads signed entries: ``decode_signed_entry``.)"""
-    arrays, metadata = decode_arrays(blob)
+    arrays, metadata = _decode(blob)
     records = _split(arrays, _group_metadata(metadata, run_id))
     try:
         return [dataclasses.replace(record) for record in records]  # the constructor's checks, per record
     except (ValueError, TypeError, IndexError) as error:
         raise RecordError(f"group entry holds a malformed rollout: {error}") from error
+
+
+def _decode(payload: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """An entry's arrays and metadata, decompressed and with its packed observation series rebuilt (each as the
+    actors' ``obs`` and ``next_obs``)."""
+    arrays, metadata = decode_arrays(decompress(payload))
+    for name in unpack_series(arrays, metadata):
+        series = arrays.pop(name)
+        if series.ndim < 2 or series.shape[1] < 2:
+            raise RecordError(f"group entry's packed {name} is {list(series.shape)}, expected [actors, steps + 1, ...]")
+        arrays[name], arrays["next_obs" + name[3:]] = series[:, :-1], series[:, -1]
+    return arrays, metadata
 
 
 def _group_metadata(metadata: dict[str, str], run_id: str) -> dict[str, str]:

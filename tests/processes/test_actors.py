@@ -224,6 +224,27 @@ def test_dict_observation_spaces(connection, redis_url, run_name):
     assert record.final_obs_index.shape == (int(record.truncated.sum()), 2)
 
 
+def test_frame_stacks_cross_redis_as_unique_frames_and_arrive_whole(connection, redis_url, run_name):
+    policy = fixtures.FramePolicy()
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_frame_stack_env, policy=policy,
+                      n_rollout_steps=24, n_actors=3, batch_size=3) as actors:
+        actors.broadcast_updated_policy(policy.state_dict())
+        actors.collect_outputs("cpu")
+        before = connection.info("stats")["total_net_input_bytes"]
+        records = [actors.collect_outputs("cpu").record for _ in range(4)]
+        pushed = connection.info("stats")["total_net_input_bytes"] - before
+    obs_bytes = sum(record.obs.numel() + record.next_obs.numel() for record in records)
+    assert pushed < 0.5 * obs_bytes, f"{pushed} bytes into Redis for {obs_bytes} bytes of observations"
+    for record in records:
+        assert record.obs.dtype == torch.uint8 and record.obs.shape == (24, 3, 4, 12, 12)
+        ended = record.terminated | record.truncated
+        shifted = (record.obs[1:, :, :3] == record.obs[:-1, :, 1:]).flatten(2).all(-1)
+        assert shifted[~ended[:-1]].all(), "within an episode each stack is the last one shifted by a frame"
+        last = (record.next_obs[:, :3] == record.obs[-1, :, 1:]).flatten(1).all(-1)
+        assert last[~ended[-1]].all()
+        assert record.final_obs.shape[0] == int(record.truncated.sum()) > 0
+
+
 def test_episodes_continue_across_rollouts_of_an_actor(connection, redis_url, run_name):
     # CountingEnv episodes last 50 steps; rollouts are 16 steps, so an episode spans 4 rollouts
     with local_actors(redis_url, run_name, env_factory=fixtures.make_counting_env, n_actors=1, batch_size=1,

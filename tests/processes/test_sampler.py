@@ -148,6 +148,22 @@ def test_step_types_timeout_terminal_and_last_observations(connection, redis_url
     assert truncated.last_observations[:, 0].tolist() == [3.0, 3.0]
 
 
+def test_frame_stack_episodes_cross_redis_as_unique_frames_and_arrive_whole(connection, redis_url):
+    with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_frame_stack_env(40, size=48),
+                      n_workers=2, max_episode_length=40) as sampler:
+        sampler.obtain_exact_episodes(1, None)
+        before = connection.info("stats")["total_net_input_bytes"]
+        batch = sampler.obtain_exact_episodes(3, None)
+        pushed = connection.info("stats")["total_net_input_bytes"] - before
+    obs = batch.observations
+    assert obs.dtype == np.uint8 and obs.shape == (6 * 11, 4, 48, 48)  # FrameEnv terminates after 11 steps
+    assert pushed < 0.5 * (obs.nbytes + batch.last_observations.nbytes), f"{pushed} bytes into Redis"
+    for episode in batch.split():
+        stacks = episode.observations
+        assert (stacks[1:, :3] == stacks[:-1, 1:]).all(), "each stack is the last one shifted by a frame"
+        assert (episode.last_observations[0, :3] == stacks[-1, 1:]).all()
+
+
 def test_an_env_that_raises_reaches_the_caller_with_the_workers_traceback(connection, redis_url, run_name):
     with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_failing_env(), n_workers=2,
                       run_name=run_name) as sampler:

@@ -26,6 +26,7 @@ from rqrl import (
     StepType,
     WorkerFactory,
 )
+from rqrl.engine.compression import COMPRESSED_MAGIC
 from rqrl.garage.episodes import decode_episodes, encode_episodes
 from rqrl.garage.worker import LogicalWorker, ModuleAgent, apply_env_update, check_env_update
 from tests import fixtures
@@ -531,3 +532,17 @@ def test_reseed_makes_an_episode_a_function_of_seed_worker_and_episode_index():
 def test_unseeded_workers_differ():
     first, second = cartpole_episodes(seed=None, number=0, n=1), cartpole_episodes(seed=None, number=0, n=1)
     assert not same_episodes(first[0], second[0])
+
+
+def test_frame_stack_episodes_go_as_unique_frames_compressed_and_round_trip():
+    built = worker(fixtures.make_frame_stack_env(max_episode_steps=9), ScriptedPolicy(0), max_length=9)
+    batch = EpisodeBatch.concatenate(built.rollout(), built.rollout(), built.rollout())
+    assert batch.observations.shape == (27, 4, 12, 12) and batch.observations.dtype == np.uint8
+    blob = encode_episodes(batch, {"worker": "0"})
+    assert blob.startswith(COMPRESSED_MAGIC)
+    assert len(blob) < 0.5 * batch.observations.nbytes, "each episode's shifted steps send one frame"
+    decoded, metadata = decode_episodes(blob, batch.env_spec)
+    assert metadata["worker"] == "0"
+    np.testing.assert_array_equal(decoded.observations, batch.observations)
+    np.testing.assert_array_equal(decoded.last_observations, batch.last_observations)
+    np.testing.assert_array_equal(decoded.next_observations, batch.next_observations)

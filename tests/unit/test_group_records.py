@@ -11,6 +11,7 @@ import safetensors.numpy
 import torch
 
 from rqrl.engine.codec import RECORD_MAGIC, TAG_SIZE, decode_arrays, encode_arrays, records_key, sign
+from rqrl.engine.compression import COMPRESSED_MAGIC
 from rqrl.engine.policy import PolicyStep, make_act_function
 from rqrl.errors import RecordError, SignatureError
 from rqrl.maze.group_records import (
@@ -233,3 +234,26 @@ def test_records_of_a_group_entry_equal_records_built_with_every_check():
         assert_records_equal(record, checked)
         assert (record.worker, record.continues_previous) == (checked.worker, checked.continues_previous)
     assert [record.continues_previous for record in decoded] == [False, True, False]
+
+
+@pytest.mark.parametrize("rollout_id", [0, 1])  # 1: cut at the end, every running episode truncated
+def test_frame_stacks_go_as_unique_frames_compressed_and_decode_to_the_records(rollout_id):
+    group = ActorGroup(fixtures.make_frame_stack_env, [2, 3, 4], [5, 6, 7], [8, 9, 10], 16)
+    act = make_act_function(fixtures.FramePolicy(), group.action_space)
+    for earlier in range(rollout_id):
+        group.run(act, earlier, 1, cut_at_end=False)
+    rollout = group.run_group(act, rollout_id, 4, cut_at_end=rollout_id == 1, worker="w7")
+    records = rollout.records()
+    continues = [record.continues_previous for record in records]
+    blob = encode_signed_steps(rollout.steps, rollout.actor_ids, continues, 4, rollout_id, "w7", RUN, KEY)
+    plain = encode_signed_group(records, RUN, KEY)  # every observation as it is
+    assert blob[TAG_SIZE:].startswith(COMPRESSED_MAGIC)
+    raw_obs = sum(record.obs.nbytes + record.next_obs.nbytes for record in records)
+    assert len(blob) < 0.5 * raw_obs < len(plain), "random frames do not compress: the unique frames are the saving"
+    spec = probe_spec(fixtures.make_frame_stack_env(), act, n_steps=16, n_actors=11)
+    entry = decode_signed_entry(blob, RUN, KEY, spec)
+    assert entry.problem is None
+    assert sum(len(r.final_obs_steps) for r in records) > 0, "truncated episodes: their final obs go too"
+    for decoded, original in zip(entry.records, records, strict=True):
+        assert_records_equal(decoded, original)
+        check_record(decoded, spec)

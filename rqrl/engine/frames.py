@@ -1,0 +1,161 @@
+"""Frame stacks sent as their unique frames: a series of stacked observations crosses the wire once per frame.
+
+An env wrapped in a frame stack (gymnasium's ``FrameStackObservation``, Atari's 4 x 84 x 84) returns, each
+step, the last K frames, oldest first: K - 1 of them were in the previous observation. ``pack_frames`` finds,
+along a series of observations (one actor's steps, back to back), the steps whose stack is the previous one
+shifted by a frame, and keeps only the frames no earlier step had; an index says which frames make each
+observation. ``unpack_frames`` gathers them back, bit for bit. Nothing is assumed: a step whose stack is not
+the shifted previous one (a reset, the next actor's series, an env that stacks another way) keeps all K of
+its frames, and a series where too few steps shift is not packed at all.
+
+>>> import numpy as np
+>>> frames = np.arange(6, dtype=np.uint8).reshape(6, 1, 1) * np.ones((6, 2, 2), np.uint8)
+>>> series = np.stack([frames[t:t + 3] for t in range(4)])  # 4 steps of 3-frame stacks: 6 unique frames
+>>> packed = pack_frames(series)
+>>> packed.frames.shape, packed.frame_index.tolist()
+((6, 2, 2), [[0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 5]])
+>>> bool((unpack_frames(packed.frames, packed.frame_index, packed.stack_axis) == series).all())
+True
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, MutableMapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rqrl.errors import RecordError
+
+MAX_STACK = 32
+"""The largest stack axis looked at: frame stacks are 2-16 frames deep."""
+MIN_SHIFTED = 0.25
+"""A series is packed only if at least this share of its steps are their predecessor shifted by one frame."""
+MIN_FRAME_DIMS = 2
+"""A frame has at least two axes (height and width): vectors are not frame stacks."""
+
+FRAMES_METADATA = "frames"
+"""The metadata entry that names a payload's packed series (JSON: name -> stack axis)."""
+
+__all__ = [
+    "FRAMES_METADATA", "PackedFrames", "pack_frames", "pack_series", "packed_names", "unpack_frames", "unpack_series",
+]
+
+
+class PackedFrames(NamedTuple):
+    """A series of frame stacks as its unique frames: ``frames[frame_index[s]]`` (stacked along ``stack_axis`` of
+    the observation, 0 or -1) is step ``s``'s observation."""
+
+    frames: np.ndarray
+    frame_index: np.ndarray
+    stack_axis: int
+
+
+def pack_frames(series: np.ndarray) -> PackedFrames | None:
+    """``series`` ``[S, *obs]`` (an observation per step, consecutive steps adjacent) as its unique frames, or
+    None when it holds no frame stack worth packing (too few dims, or too few shifted steps)."""
+    if series.ndim < 2 + MIN_FRAME_DIMS or len(series) < 2:
+        return None
+    best: tuple[np.ndarray, np.ndarray, int] | None = None
+    for axis in _stack_axes(series.shape[1:]):
+        stacks = _stacks_first(series, axis)  # [S, K, *frame]
+        shifted = _shifted_steps(stacks)
+        if shifted.mean() >= MIN_SHIFTED and (best is None or shifted.sum() > best[1].sum()):
+            best = (stacks, shifted, axis)
+    if best is None:
+        return None
+    stacks, shifted, axis = best
+    return _pack(stacks, shifted, axis)
+
+
+def unpack_frames(frames: np.ndarray, index: np.ndarray, stack_axis: int) -> np.ndarray:
+    """The series ``pack_frames`` packed: ``[*index.shape[:-1], *obs]``; RecordError if the index does not fit
+    the frames (the packed arrays came from the wire)."""
+    if index.dtype.kind not in "iu" or index.ndim < 2 or frames.ndim < 1 + MIN_FRAME_DIMS or stack_axis not in (0, -1):
+        raise RecordError(f"packed frames {frames.dtype}{list(frames.shape)} with index "
+                          f"{index.dtype}{list(index.shape)} and stack axis {stack_axis} are not a frame series")
+    if index.size and (int(index.min()) < 0 or int(index.max()) >= len(frames)):
+        raise RecordError(f"packed frame index points outside its {len(frames)} frames")
+    series = frames[index]  # [*lead, K, *frame]
+    if stack_axis == -1:
+        series = np.moveaxis(series, index.ndim - 1, -1)
+    return np.ascontiguousarray(series)
+
+
+def _stack_axes(obs_shape: tuple[int, ...]) -> list[int]:
+    """Where a stack axis may lie: first (channels first, gymnasium's FrameStackObservation) or last."""
+    return [axis for axis, size in ((0, obs_shape[0]), (-1, obs_shape[-1])) if 2 <= size <= MAX_STACK]
+
+
+def _stacks_first(series: np.ndarray, axis: int) -> np.ndarray:
+    """``series`` as ``[S, K, *frame]`` with each frame contiguous (a copy only for a last-axis stack)."""
+    if axis == 0:
+        return np.ascontiguousarray(series)
+    return np.ascontiguousarray(np.moveaxis(series, -1, 1))
+
+
+def _shifted_steps(stacks: np.ndarray) -> np.ndarray:
+    """``[S]`` bools: step s's first K - 1 frames are step s - 1's last K - 1 (False for step 0)."""
+    steps, depth = stacks.shape[:2]
+    flat = stacks.reshape(steps, -1)
+    frame_bytes = flat.shape[1] // depth * flat.itemsize
+    if frame_bytes % 8 == 0:  # compared as 8-byte words: 8x fewer comparisons
+        flat = flat.view(np.uint8).reshape(steps, -1).view(np.uint64)
+    frame = flat.shape[1] // depth
+    equal = flat[1:, : flat.shape[1] - frame] == flat[:-1, frame:]
+    return np.concatenate([[False], equal.all(axis=1)])
+
+
+def _pack(stacks: np.ndarray, shifted: np.ndarray, axis: int) -> PackedFrames:
+    """The unique frames of ``stacks`` ``[S, K, *frame]`` and each step's index into them."""
+    steps, depth = stacks.shape[:2]
+    new = np.ones((steps, depth), bool)
+    new[shifted, : depth - 1] = False  # a shifted step brings only its newest frame
+    ids = np.cumsum(new.ravel()).reshape(steps, depth) - 1
+    index = np.where(new, ids, -1)
+    for step in np.flatnonzero(shifted):  # its older frames are the previous step's newer ones
+        index[step, : depth - 1] = index[step - 1, 1:]
+    index_dtype = np.int32 if int(ids[-1, -1]) < 2**31 else np.int64
+    return PackedFrames(stacks[new], index.astype(index_dtype), axis)
+
+
+def pack_series(arrays: MutableMapping[str, Any], series: Mapping[str, tuple[np.ndarray, int]]) -> dict[str, str]:
+    """Put each named series that holds frame stacks (an array, and how many leading axes it has before an
+    observation, the last of them its steps) into ``arrays`` as ``name@frames`` and ``name@index``; the others
+    are left for the caller to send as they are. Returns the metadata that tells ``unpack_series`` which were
+    packed (``packed_names`` reads it)."""
+    axes = {}
+    for name, (array, leading) in series.items():
+        lead = array.shape[:leading]
+        packed = pack_frames(array.reshape(-1, *array.shape[leading:])) if leading else None
+        if packed is None:
+            continue
+        arrays[name + "@frames"] = packed.frames
+        arrays[name + "@index"] = packed.frame_index.reshape(*lead, -1)
+        axes[name] = packed.stack_axis
+    return {FRAMES_METADATA: json.dumps(axes)} if axes else {}
+
+
+def packed_names(metadata: Mapping[str, str]) -> list[str]:
+    """The series ``pack_series`` packed, by the metadata it returned."""
+    return list(json.loads(metadata[FRAMES_METADATA])) if FRAMES_METADATA in metadata else []
+
+
+def unpack_series(arrays: MutableMapping[str, np.ndarray], metadata: Mapping[str, str]) -> list[str]:
+    """Rebuild, in ``arrays``, the series ``pack_series`` packed (dropping their packed arrays); returns their
+    names. RecordError if the payload says it packed something it does not hold."""
+    raw = metadata.get(FRAMES_METADATA)
+    if raw is None:
+        return []
+    try:
+        axes = json.loads(raw)
+        names = [(str(name), int(axis)) for name, axis in axes.items()]
+        packed = [(name, axis, arrays.pop(name + "@frames"), arrays.pop(name + "@index")) for name, axis in names]
+    except (ValueError, TypeError, AttributeError, KeyError) as error:
+        raise RecordError(f"payload's packed frames are malformed ({FRAMES_METADATA}={raw!r}): {error}") from error
+    for name, axis, frames, index in packed:
+        if name in arrays:
+            raise RecordError(f"payload holds {name!r} both packed and as it is")
+        arrays[name] = unpack_frames(frames, index, axis)
+    return [name for name, *_ in packed]
