@@ -44,18 +44,22 @@ EPISODE_STEPS = 500
 
 
 class FrameStackEnv(gymnasium.Env):
-    """Returns stacks of random 84x84 uint8 frames; episodes end (truncated) after EPISODE_STEPS."""
+    """Returns stacks of random 84x84 uint8 frames, oldest first, stacked along the first axis (``(4, 84, 84)``, as
+    gymnasium's FrameStackObservation and Atari preprocessing give them) or the last (``(84, 84, 4)``); episodes
+    end (truncated) after EPISODE_STEPS."""
 
-    def __init__(self) -> None:
-        self.observation_space = gymnasium.spaces.Box(0, 255, (*FRAME, STACK), np.uint8)
+    def __init__(self, channels_first: bool = True) -> None:
+        self.channels_first = channels_first
+        shape = (STACK, *FRAME) if channels_first else (*FRAME, STACK)
+        self.observation_space = gymnasium.spaces.Box(0, 255, shape, np.uint8)
         self.action_space = gymnasium.spaces.Discrete(4)
-        self._stack = np.zeros((*FRAME, STACK), np.uint8)
+        self._stack = np.zeros((STACK, *FRAME), np.uint8)
         self._steps = 0
 
     def _push_frame(self) -> np.ndarray:
-        self._stack[..., :-1] = self._stack[..., 1:]
-        self._stack[..., -1] = self.np_random.integers(0, 256, FRAME, dtype=np.uint8)
-        return self._stack.copy()
+        self._stack[:-1] = self._stack[1:]
+        self._stack[-1] = self.np_random.integers(0, 256, FRAME, dtype=np.uint8)
+        return self._stack.copy() if self.channels_first else np.ascontiguousarray(np.moveaxis(self._stack, 0, -1))
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
@@ -69,22 +73,33 @@ class FrameStackEnv(gymnasium.Env):
 
 
 def make_env() -> gymnasium.Env:
+    """Channels-first stacks, ``(4, 84, 84)``."""
     return FrameStackEnv()
+
+
+def make_channels_last_env() -> gymnasium.Env:
+    """Channels-last stacks, ``(84, 84, 4)``."""
+    return FrameStackEnv(channels_first=False)
+
+
+ENV_FACTORIES = {"first": make_env, "last": make_channels_last_env}
 
 
 class ConvPolicy(torch.nn.Module):
     """A small conv net over uint8 frame stacks (scaled to [0, 1] inside), giving 4 logits."""
 
-    def __init__(self) -> None:
+    def __init__(self, channels_first: bool = True) -> None:
         super().__init__()
         torch.manual_seed(0)
+        self.channels_first = channels_first
         self.body = torch.nn.Sequential(
             torch.nn.Conv2d(STACK, 8, 8, stride=4), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 4, stride=2),
             torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 9 * 9, 4),
         )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.body(obs.permute(0, 3, 1, 2).float() / 255.0)
+        images = obs if self.channels_first else obs.permute(0, 3, 1, 2)
+        return self.body(images.float() / 255.0)
 
 
 @dataclass(frozen=True)
@@ -105,8 +120,8 @@ class Measurement:
 
 def measure_rqrl(workers: int, envs: int, args: argparse.Namespace) -> Measurement:
     n_actors = workers * envs
-    policy = ConvPolicy().eval()
-    actors = SubprocDistributedActors(make_env, policy, args.rollout_steps, n_actors, n_actors, 2.0, "fork",
+    policy = ConvPolicy(args.layout == "first").eval()
+    actors = SubprocDistributedActors(ENV_FACTORIES[args.layout], policy, args.rollout_steps, n_actors, n_actors, 2.0, "fork",
                                       list(range(n_actors)), [1000 + a for a in range(n_actors)],
                                       n_workers=workers, actors_per_job=envs)
     with actors:
@@ -125,10 +140,10 @@ def measure_rqrl(workers: int, envs: int, args: argparse.Namespace) -> Measureme
     return Measurement(steps, elapsed, cost)
 
 
-def _reference_process(envs: int, seed: int, counter, stop) -> None:  # noqa: ANN001 - multiprocessing values
+def _reference_process(envs: int, seed: int, layout: str, counter, stop) -> None:  # noqa: ANN001 - mp values
     torch.set_num_threads(1)
-    policy = ConvPolicy().eval()
-    vector = gymnasium.vector.SyncVectorEnv([make_env for _ in range(envs)])
+    policy = ConvPolicy(layout == "first").eval()
+    vector = gymnasium.vector.SyncVectorEnv([ENV_FACTORIES[layout] for _ in range(envs)])
     rng = np.random.default_rng(seed)
     obs, _ = vector.reset(seed=seed)
     try:
@@ -148,7 +163,7 @@ def _reference_process(envs: int, seed: int, counter, stop) -> None:  # noqa: AN
 def measure_reference(workers: int, envs: int, args: argparse.Namespace) -> Measurement:
     context = multiprocessing.get_context("fork")
     counter, stop = context.Value("q", 0), context.Event()
-    processes = [context.Process(target=_reference_process, args=(envs, index, counter, stop), daemon=True)
+    processes = [context.Process(target=_reference_process, args=(envs, index, args.layout, counter, stop), daemon=True)
                  for index in range(workers)]
     for process in processes:
         process.start()
@@ -171,7 +186,8 @@ def measure_reference(workers: int, envs: int, args: argparse.Namespace) -> Meas
 
 def print_table(args: argparse.Namespace, results: dict[int, list[dict[str, Measurement]]]) -> None:
     print()
-    print(f"## Image observations {FRAME[0]}x{FRAME[1]}x{STACK} uint8 ({OBS_BYTES:,} bytes), {args.workers} "
+    shape = f"{STACK}x{FRAME[0]}x{FRAME[1]}" if args.layout == "first" else f"{FRAME[0]}x{FRAME[1]}x{STACK}"
+    print(f"## Image observations {shape} uint8 ({OBS_BYTES:,} bytes), {args.workers} "
           f"workers, {args.rollout_steps}-step rollouts, {args.seconds:g} s window, {args.rounds} round(s)")
     print()
     print(f"machine: {os.cpu_count()} logical CPUs, {platform.python_implementation()} {platform.python_version()}, "
@@ -202,6 +218,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds")
     parser.add_argument("--rounds", type=int, default=1, help="rounds (sides alternate which goes first)")
+    parser.add_argument("--layout", choices=sorted(ENV_FACTORIES), default="first",
+                        help="stack axis: first, (4, 84, 84) as gymnasium's Atari preprocessing; or last, (84, 84, 4)")
     args = parser.parse_args(argv)
     if args.workers < 1 or min(args.envs) < 1 or args.rollout_steps < 1 or args.rounds < 1 or args.seconds <= 0:
         parser.error("expected --workers, --envs, --rollout-steps, --rounds >= 1 and --seconds > 0")

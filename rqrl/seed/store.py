@@ -33,6 +33,7 @@ from rqrl.engine.codec import (
     verify,
     weights_key,
 )
+from rqrl.engine.compression import compress, decompress, worth_compressing
 from rqrl.engine.keys import DEFAULT_QUEUE, RunKeys
 from rqrl.engine.run_config import RunConfig, split_actors
 from rqrl.engine.run_store import RunStore
@@ -52,13 +53,15 @@ def _json_object(raw: bytes | str) -> dict[str, Any] | None:
 
 
 def seal(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str], key: bytes) -> bytes:
-    """Arrays and string metadata as a signed safetensors buffer."""
-    return sign(encode_arrays(arrays, metadata), key, RECORD_MAGIC)
+    """Arrays and string metadata as a signed safetensors buffer, compressed when it holds images (uint8 arrays of
+    rows of two or more axes: observations, requests and transitions of pixel envs)."""
+    blob = encode_arrays(arrays, metadata)
+    return sign(compress(blob) if worth_compressing(arrays.values(), 1) else blob, key, RECORD_MAGIC)
 
 
 def unseal(blob: bytes, key: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Inverse of seal; SignatureError or RecordError for anything not sealed under ``key``."""
-    return decode_arrays(verify(blob, key, RECORD_MAGIC))
+    return decode_arrays(decompress(verify(blob, key, RECORD_MAGIC)))
 
 
 
