@@ -121,8 +121,8 @@ class Measurement:
 def measure_rqrl(workers: int, envs: int, args: argparse.Namespace) -> Measurement:
     n_actors = workers * envs
     policy = ConvPolicy(args.layout == "first").eval()
-    actors = SubprocDistributedActors(ENV_FACTORIES[args.layout], policy, args.rollout_steps, n_actors, n_actors, 2.0, "fork",
-                                      list(range(n_actors)), [1000 + a for a in range(n_actors)],
+    actors = SubprocDistributedActors(ENV_FACTORIES[args.layout], policy, args.rollout_steps, n_actors, n_actors,
+                                      2.0, "fork", list(range(n_actors)), [1000 + a for a in range(n_actors)],
                                       n_workers=workers, actors_per_job=envs)
     with actors:
         actors.broadcast_updated_policy(policy.state_dict())
