@@ -47,6 +47,7 @@ from rqrl.algorithms.common import (
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.impala import ActorCritic
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.algorithms.sample_ahead import SampleAhead
 from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
@@ -81,6 +82,10 @@ class PpoConfig(Tracking):
     gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda."})
     clip_ratio: float = field(default=0.2, metadata={"help": "PPO's clip of the probability ratio (epsilon)."})
     epochs: int = field(default=10, metadata={"help": "Passes over each iteration's samples."})
+    sample_ahead: bool = field(default=True, metadata={
+        "help": "Sample the next iteration while training on this one (its batch is then one update old; the "
+                "clipped surrogate is taken against the log-probs it was sampled with); off: strictly on-policy, "
+                "the workers idle while the learner trains."})
     minibatch_size: int = field(default=256, metadata={"help": "Steps per gradient step."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus."})
     value_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
@@ -311,7 +316,7 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     metrics: MetricsWriter | None = None  # made once the sampler has started
     progress = Progress(f"PPO {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
                         enabled=config.progress, interval=config.progress_seconds)
-    started, last_checkpoint = time.monotonic(), time.monotonic()
+    started = time.monotonic()
     evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed)
     stopped_by: str | None = None
     try:
@@ -323,30 +328,12 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
                                     resume_step=learner.env_steps if config.resume else None,
                                     every_seconds=config.metrics_seconds, reductions=METRIC_REDUCTIONS,
                                     tracker=tracker(config, learner.run_dir, "ppo"))
-            while learner.env_steps < config.total_env_steps and not learner.solved:
-                batch = sampler.obtain_samples(learner.updates, config.num_samples, learner.cpu_state_dict())
-                learner.env_steps += int(batch.lengths.sum())
-                learner.episodes += len(batch.lengths)
-                learner.recent_returns.extend(episode_returns(batch))
-                terms = ppo_update(learner.model, learner.optimizer, batch, config, learner.device, learner.generator)
-                learner.updates += 1
-                evaluated = evaluation.maybe_run(learner.model) or {}
-                seconds = learner.elapsed_before + time.monotonic() - started
-                metrics.write(learner.env_steps, {**evaluated,
-                    "seconds": seconds, "updates": learner.updates,
-                    "steps_per_second": learner.env_steps / max(seconds, 1e-9), "mean_return": learner.mean_return,
-                    "episodes": learner.episodes, "policy_loss": terms.policy, "value_loss": terms.value,
-                    "entropy": terms.entropy, "clip_fraction": terms.clip_fraction,
-                    "dropped_episodes": getattr(sampler, "dropped_episodes", 0)})
-                if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
-                        learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
-                    learner.best_mean_return = learner.mean_return
-                    learner.save_weights("best")
-                if time.monotonic() - last_checkpoint > config.checkpoint_seconds:
-                    learner.checkpoint(seconds)
-                    metrics.flush()
-                    last_checkpoint = time.monotonic()
-                progress.update(learner.env_steps, mean_return=learner.mean_return)
+            ahead = SampleAhead(sampler, config.num_samples) if config.sample_ahead else None
+            try:
+                _iterate(learner, sampler, ahead, metrics, evaluation, progress, started)
+            finally:
+                if ahead is not None:
+                    ahead.close()
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)
@@ -366,6 +353,39 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     if metrics is not None:
         (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result
+
+
+def _iterate(learner: PpoLearner, sampler: Any, ahead: SampleAhead | None, metrics: MetricsWriter,
+             evaluation: PeriodicEvaluation, progress: Progress, started: float) -> None:
+    """Iterations until solved or the step budget ends: sample, update, record."""
+    config = learner.config
+    last_checkpoint = time.monotonic()
+    while learner.env_steps < config.total_env_steps and not learner.solved:
+        weights = learner.cpu_state_dict()
+        batch = ahead.take(learner.updates, weights) if ahead else sampler.obtain_samples(
+            learner.updates, config.num_samples, weights)
+        learner.env_steps += int(batch.lengths.sum())
+        learner.episodes += len(batch.lengths)
+        learner.recent_returns.extend(episode_returns(batch))
+        terms = ppo_update(learner.model, learner.optimizer, batch, config, learner.device, learner.generator)
+        learner.updates += 1
+        evaluated = evaluation.maybe_run(learner.model) or {}
+        seconds = learner.elapsed_before + time.monotonic() - started
+        metrics.write(learner.env_steps, {**evaluated,
+            "seconds": seconds, "updates": learner.updates,
+            "steps_per_second": learner.env_steps / max(seconds, 1e-9), "mean_return": learner.mean_return,
+            "episodes": learner.episodes, "policy_loss": terms.policy, "value_loss": terms.value,
+            "entropy": terms.entropy, "clip_fraction": terms.clip_fraction,
+            "dropped_episodes": getattr(sampler, "dropped_episodes", 0)})
+        if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
+                learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
+            learner.best_mean_return = learner.mean_return
+            learner.save_weights("best")
+        if time.monotonic() - last_checkpoint > config.checkpoint_seconds:
+            learner.checkpoint(seconds)
+            metrics.flush()
+            last_checkpoint = time.monotonic()
+        progress.update(learner.env_steps, mean_return=learner.mean_return)
 
 
 def _close_run_folder(learner: PpoLearner, metrics: MetricsWriter, seconds: float) -> None:

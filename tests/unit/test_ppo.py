@@ -74,10 +74,11 @@ class InProcessSampler:
         pass
 
 
-def test_the_training_loop_learns_a_trivial_env_and_writes_the_run_folder(tmp_path, one_torch_thread):
+@pytest.mark.parametrize("sample_ahead", [True, False])
+def test_the_training_loop_learns_a_trivial_env_and_writes_the_run_folder(tmp_path, one_torch_thread, sample_ahead):
     env_id = "tests.fixtures:RqrlGuessSign-v0"
-    config = PpoConfig(env_id=env_id, total_env_steps=4_000, num_samples=400, minibatch_size=100, learning_rate=3e-3,
-                       epochs=4, run_dir=str(tmp_path),
+    config = PpoConfig(env_id=env_id, total_env_steps=5_000, num_samples=400, minibatch_size=100, learning_rate=3e-3,
+                       epochs=4, run_dir=str(tmp_path), sample_ahead=sample_ahead,
                        run_name="ppo", progress=False, seed=1)
     result = train(config, sampler=InProcessSampler(None, env_id))
     assert result.mean_return is not None and result.mean_return > 15  # a random policy scores about 10
