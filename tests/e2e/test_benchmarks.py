@@ -165,3 +165,13 @@ def test_queue_bytes_prints_redis_cpu_per_megabyte_for_each_entry_size() -> None
 def test_actors_per_job_prints_both_splits_and_their_ratio() -> None:
     out = run_benchmark("actors_per_job.py", "--workers", "1", "--actors", "2", "--seconds", "1", "--rounds", "1")
     assert "| 1 (before) |" in out and "| auto (now) |" in out and "auto / 1 = " in out
+
+
+@pytest.mark.timeout(300)
+def test_ppo_throughput_prints_each_side_against_the_sampler() -> None:
+    out = run_benchmark("ppo_throughput.py", "--n-workers", "2", "--num-samples", "300", "--iterations", "2",
+                        "--epochs", "1", "--processes", "1")
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert {"sampler", "ppo, sample ahead", "ppo, in turn"} <= set(rows), out
+    assert float(rows["sampler"].split("|")[3]) == 1.0
+    assert all(float(rows[side].split("|")[2].replace(",", "")) > 0 for side in rows if side != "side"), out
