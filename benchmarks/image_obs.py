@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 import rqrl
+from benchmarks.actors_throughput import cpu_snapshot, cpu_used
 from benchmarks.scale import RedisCost
 from rqrl.maze.actors import SubprocDistributedActors
 
@@ -107,6 +108,14 @@ class Measurement:
     steps: int
     seconds: float
     redis: RedisCost | None = None
+    cpu_seconds: dict[str, float] | None = None
+    """CPU seconds by role over the window: workers, learner, redis, other (see actors_throughput.cpu_snapshot)."""
+
+    def cpu_per_step(self, role: str) -> float | None:
+        """Microseconds of ``role``'s CPU per env step."""
+        if self.cpu_seconds is None or not self.steps:
+            return None
+        return self.cpu_seconds.get(role, 0.0) / self.steps * 1e6
 
     @property
     def steps_per_second(self) -> float:
@@ -130,14 +139,15 @@ def measure_rqrl(workers: int, envs: int, args: argparse.Namespace) -> Measureme
         warm_until = time.perf_counter() + args.warmup
         while time.perf_counter() < warm_until:
             actors.collect_outputs("cpu")
-        before = RedisCost.read(actors.connection)
+        before, cpu_before = RedisCost.read(actors.connection), cpu_snapshot()
         steps = 0
         started = time.perf_counter()
         while time.perf_counter() - started < args.seconds:
             steps += int(actors.collect_outputs("cpu").record.rewards.numel())
         elapsed = time.perf_counter() - started
+        cpu = cpu_used(cpu_before, cpu_snapshot())
         cost = RedisCost.read(actors.connection).since(before)
-    return Measurement(steps, elapsed, cost)
+    return Measurement(steps, elapsed, cost, cpu)
 
 
 def _reference_process(envs: int, seed: int, layout: str, counter, stop) -> None:  # noqa: ANN001 - mp values
@@ -172,16 +182,17 @@ def measure_reference(workers: int, envs: int, args: argparse.Namespace) -> Meas
         while counter.value == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(args.warmup)
-        before, started = counter.value, time.perf_counter()
+        before, started, cpu_before = counter.value, time.perf_counter(), cpu_snapshot()
         time.sleep(args.seconds)
         steps, elapsed = counter.value - before, time.perf_counter() - started
+        cpu = cpu_used(cpu_before, cpu_snapshot())
     finally:
         stop.set()
         for process in processes:
             process.join(10)
             if process.is_alive():
                 process.terminate()
-    return Measurement(steps, elapsed)
+    return Measurement(steps, elapsed, None, cpu)
 
 
 def print_table(args: argparse.Namespace, results: dict[int, list[dict[str, Measurement]]]) -> None:
@@ -205,8 +216,25 @@ def print_table(args: argparse.Namespace, results: dict[int, list[dict[str, Meas
               f"{middle(r['reference'].steps_per_second for r in rounds):,.0f} | {ratio:.2f} | {bytes_in:,.0f} | "
               f"{bytes_in / OBS_BYTES:.3f} | {bytes_out:,.0f} | {bytes_out / OBS_BYTES:.3f} |")
     print()
+    print("Where the CPU went, microseconds per env step (CPU seconds over the window / env steps delivered):")
+    print()
+    print("| envs per worker | rqrl workers | rqrl learner | redis-server | rqrl total | reference workers | "
+          "rqrl total / reference | other load (cores) |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for envs, rounds in results.items():
+        def per_step(side: str, role: str, rounds: list[dict[str, Measurement]] = rounds) -> float:
+            values = [value for r in rounds if (value := r[side].cpu_per_step(role)) is not None]
+            return statistics.median(values) if values else float("nan")
+        total = sum(per_step("rqrl", role) for role in ("workers", "learner", "redis"))
+        reference = per_step("reference", "workers")
+        other = statistics.median((r["rqrl"].cpu_seconds or {}).get("other", 0.0) / r["rqrl"].seconds for r in rounds)
+        print(f"| {envs} | {per_step('rqrl', 'workers'):.1f} | {per_step('rqrl', 'learner'):.1f} | "
+              f"{per_step('rqrl', 'redis'):.1f} | {total:.1f} | {reference:.1f} | {total / reference:.2f} | "
+              f"{other:.2f} |")
+    print()
     print("Medians over rounds; the ratio is the median of per-round ratios. Bytes are Redis's network counters "
-          "over the window divided by the env steps delivered in it.")
+          "over the window divided by the env steps delivered in it. CPU is read from /proc: the learner is this "
+          "process, workers and redis-server its children; other load is the machine's busy time not theirs.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -31,6 +31,7 @@ from rqrl.engine.connection import connect
 from rqrl.engine.health import host_worker_prefix
 from rqrl.engine.jobs import configure_secret, set_heartbeat_hook, set_worker_hooks
 from rqrl.engine.keys import DEFAULT_QUEUE
+from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.process import exit_when_orphaned
 from rqrl.engine.rq_safety import (
     TESTED_RQ_VERSIONS,
@@ -224,6 +225,7 @@ def run_worker(
     if parent_pid is not None:
         exit_when_orphaned(parent_pid)
         os.setsid()  # out of the terminal's process group: Ctrl-C goes to the learner, which stops us
+    keep_freed_memory()  # a job's buffers per rollout: no page faults (rqrl.engine.memory)
     connection = connect(redis_url)
     worker = RolloutWorker(list(queue_names), connection=connection, name=name or default_worker_name(),
                            secret=secret)

@@ -40,6 +40,7 @@ from rqrl.engine.codec import RECORD_MAGIC, records_key, verify, weights_key
 from rqrl.engine.connection import connect, first_contact, redis_errors
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import LocalWorkers
+from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
 from rqrl.engine.rq_safety import rollout_queue
 from rqrl.engine.run_config import RunConfig, split_actors
@@ -218,6 +219,7 @@ class MultiprocessingSampler:
         return redis_errors(url, self.options.redis_outage_seconds)
 
     def _start(self) -> None:
+        keep_freed_memory()  # the learner's buffers per episode: no page faults (rqrl.engine.memory)
         options = self.options
         url = options.redis_url
         if url is None and self._injected is None:

@@ -38,6 +38,7 @@ from rqrl.engine.codec import records_key, weights_key
 from rqrl.engine.connection import connect, first_contact, redis_errors
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import LocalWorkers, multiprocessing_context
+from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.observations import stack_obs, to_array, to_tensor
 from rqrl.engine.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
 from rqrl.engine.policy import Policy, check_state_dict, make_act_function, select_policy_state, state_dict_of
@@ -384,6 +385,7 @@ class RedisDistributedActors(DistributedActors):
             return None
 
     def _start(self) -> None:
+        keep_freed_memory()  # the learner's buffers per rollout: no page faults (rqrl.engine.memory)
         self._split_for_workers()
         config, is_new = self._run_store.open(self.config, self.env_factory, self.policy, self.options.resume)
         if config is not self.config:  # adopted: the previous learner's run id, so its records stay readable

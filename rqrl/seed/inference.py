@@ -361,10 +361,12 @@ def run_server_process(redis_url: str, run_name: str, secret: str | bytes, serve
     """Entry point of an inference server process: load the run's model factory and settings from Redis, serve
     until the run stops (or the learner that started it exits)."""
     from rqrl.engine.connection import connect
+    from rqrl.engine.memory import keep_freed_memory
     from rqrl.engine.process import exit_when_orphaned
 
     if learner_pid is not None:
         exit_when_orphaned(learner_pid)
+    keep_freed_memory()  # a server's buffers per batch: no page faults (rqrl.engine.memory)
     logging.basicConfig(level=logging.WARNING)
     run = SeedRun.attach(connect(redis_url), RunKeys(run_name), secret)
     settings = run.settings()

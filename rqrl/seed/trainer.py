@@ -36,6 +36,7 @@ from rqrl.engine.codec import secret_from_environment
 from rqrl.engine.connection import connect, first_contact
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
+from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.process import stop_processes
 from rqrl.engine.server import EmbeddedRedis
 from rqrl.engine.weights import WeightStore
@@ -117,6 +118,7 @@ class Trainer:
         if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
             raise ConfigError(f"expected duration > 0 seconds, got {duration!r}")
         deadline = time.monotonic() + duration
+        keep_freed_memory()  # the trainer's buffers per message and batch: no page faults (rqrl.engine.memory)
         config = self.config
         self._stop.clear()
         self.stopped_from_outside = False
