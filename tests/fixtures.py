@@ -347,3 +347,11 @@ class FramePolicy(torch.nn.Module):
 
     def act(self, obs: torch.Tensor, generator: torch.Generator) -> PolicyStep:
         return categorical_step(self.linear(obs.flatten(1).float() / 255.0), generator)
+
+
+class FramePolicy48(FramePolicy):
+    """FramePolicy over (4, 48, 48) frame stacks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4 * 48 * 48, 2)

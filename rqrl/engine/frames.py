@@ -10,9 +10,9 @@ its frames, and a series where too few steps shift is not packed at all.
 
 >>> import numpy as np
 >>> frames = np.arange(6, dtype=np.uint8).reshape(6, 1, 1) * np.ones((6, 2, 2), np.uint8)
->>> series = np.stack([frames[t:t + 3] for t in range(4)])  # 4 steps of 3-frame stacks: 6 unique frames
+>>> series = np.stack([frames[t:t + 3] for t in range(4)])[:, None]  # 4 steps of 3-frame stacks, 1 series
 >>> packed = pack_frames(series)
->>> packed.frames.shape, packed.frame_index.tolist()
+>>> packed.frames.shape, packed.frame_index[:, 0].tolist()
 ((6, 2, 2), [[0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 5]])
 >>> bool((unpack_frames(packed.frames, packed.frame_index, packed.stack_axis) == series).all())
 True
@@ -53,13 +53,14 @@ class PackedFrames(NamedTuple):
 
 
 def pack_frames(series: np.ndarray) -> PackedFrames | None:
-    """``series`` ``[S, *obs]`` (an observation per step, consecutive steps adjacent) as its unique frames, or
-    None when it holds no frame stack worth packing (too few dims, or too few shifted steps)."""
-    if series.ndim < 2 + MIN_FRAME_DIMS or len(series) < 2:
+    """``series`` ``[S, L, *obs]``, L series of S steps side by side (step s of every series at ``series[s]``, as a
+    rollout's ``[T + 1, n]`` buffers hold them), as their unique frames; None when it holds no frame stack worth
+    packing (too few dims, or too few shifted steps). The index is ``[S, L, K]``."""
+    if series.ndim < 3 + MIN_FRAME_DIMS or len(series) < 2:
         return None
     best: tuple[np.ndarray, np.ndarray, int] | None = None
-    for axis in _stack_axes(series.shape[1:]):
-        stacks = _stacks_first(series, axis)  # [S, K, *frame]
+    for axis in _stack_axes(series.shape[2:]):
+        stacks = _stacks_first(series, axis)  # [S, L, K, *frame]
         shifted = _shifted_steps(stacks)
         if shifted.mean() >= MIN_SHIFTED and (best is None or shifted.sum() > best[1].sum()):
             best = (stacks, shifted, axis)
@@ -89,50 +90,50 @@ def _stack_axes(obs_shape: tuple[int, ...]) -> list[int]:
 
 
 def _stacks_first(series: np.ndarray, axis: int) -> np.ndarray:
-    """``series`` as ``[S, K, *frame]`` with each frame contiguous (a copy only for a last-axis stack)."""
+    """``series`` ``[S, L, *obs]`` as ``[S, L, K, *frame]`` with each frame contiguous (no copy for a contiguous
+    first-axis stack)."""
     if axis == 0:
         return np.ascontiguousarray(series)
-    return np.ascontiguousarray(np.moveaxis(series, -1, 1))
+    return np.ascontiguousarray(np.moveaxis(series, -1, 2))
 
 
 def _shifted_steps(stacks: np.ndarray) -> np.ndarray:
-    """``[S]`` bools: step s's first K - 1 frames are step s - 1's last K - 1 (False for step 0)."""
-    steps, depth = stacks.shape[:2]
-    flat = stacks.reshape(steps, -1)
-    frame_bytes = flat.shape[1] // depth * flat.itemsize
-    if frame_bytes % 8 == 0:  # compared as 8-byte words: 8x fewer comparisons
-        flat = flat.view(np.uint8).reshape(steps, -1).view(np.uint64)
-    frame = flat.shape[1] // depth
-    equal = flat[1:, : flat.shape[1] - frame] == flat[:-1, frame:]
-    return np.concatenate([[False], equal.all(axis=1)])
+    """``[S, L]`` bools: step s's first K - 1 frames are step s - 1's last K - 1 (False for step 0)."""
+    steps, streams, depth = stacks.shape[:3]
+    flat = stacks.reshape(steps, streams, -1)
+    if flat.shape[2] // depth * flat.itemsize % 8 == 0:  # compared as 8-byte words: 8x fewer comparisons
+        flat = flat.view(np.uint8).reshape(steps, streams, -1).view(np.uint64)
+    frame = flat.shape[2] // depth
+    equal = flat[1:, :, : flat.shape[2] - frame] == flat[:-1, :, frame:]
+    return np.concatenate([np.zeros((1, streams), bool), equal.all(axis=2)])
 
 
 def _pack(stacks: np.ndarray, shifted: np.ndarray, axis: int) -> PackedFrames:
-    """The unique frames of ``stacks`` ``[S, K, *frame]`` and each step's index into them."""
-    steps, depth = stacks.shape[:2]
-    new = np.ones((steps, depth), bool)
+    """The unique frames of ``stacks`` ``[S, L, K, *frame]`` and each step's index into them, ``[S, L, K]``."""
+    steps, streams, depth = stacks.shape[:3]
+    new = np.ones((steps, streams, depth), bool)
     new[shifted, : depth - 1] = False  # a shifted step brings only its newest frame
-    ids = np.cumsum(new.ravel()).reshape(steps, depth) - 1
+    ids = np.cumsum(new.ravel()).reshape(steps, streams, depth) - 1
     index = np.where(new, ids, -1)
-    for step in np.flatnonzero(shifted):  # its older frames are the previous step's newer ones
-        index[step, : depth - 1] = index[step - 1, 1:]
-    index_dtype = np.int32 if int(ids[-1, -1]) < 2**31 else np.int64
+    for step in range(1, steps):  # a shifted step's older frames are the previous step's newer ones
+        moved = shifted[step]
+        index[step, moved, : depth - 1] = index[step - 1, moved, 1:]
+    index_dtype = np.int32 if int(ids[-1, -1, -1]) < 2**31 else np.int64
     return PackedFrames(stacks[new], index.astype(index_dtype), axis)
 
 
-def pack_series(arrays: MutableMapping[str, Any], series: Mapping[str, tuple[np.ndarray, int]]) -> dict[str, str]:
-    """Put each named series that holds frame stacks (an array, and how many leading axes it has before an
-    observation, the last of them its steps) into ``arrays`` as ``name@frames`` and ``name@index``; the others
-    are left for the caller to send as they are. Returns the metadata that tells ``unpack_series`` which were
-    packed (``packed_names`` reads it)."""
+def pack_series(arrays: MutableMapping[str, Any], series: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """Put each named series ``[S, L, *obs]`` (see ``pack_frames``) that holds frame stacks into ``arrays`` as
+    ``name@frames`` and ``name@index`` (``[L, S, K]``: each series' steps back to back); the others are left for the
+    caller to send as they are. Returns the metadata that tells ``unpack_series`` which were packed
+    (``packed_names`` reads it); each comes back as ``[L, S, *obs]``."""
     axes = {}
-    for name, (array, leading) in series.items():
-        lead = array.shape[:leading]
-        packed = pack_frames(array.reshape(-1, *array.shape[leading:])) if leading else None
+    for name, array in series.items():
+        packed = pack_frames(array)
         if packed is None:
             continue
         arrays[name + "@frames"] = packed.frames
-        arrays[name + "@index"] = packed.frame_index.reshape(*lead, -1)
+        arrays[name + "@index"] = np.ascontiguousarray(np.swapaxes(packed.frame_index, 0, 1))
         axes[name] = packed.stack_axis
     return {FRAMES_METADATA: json.dumps(axes)} if axes else {}
 

@@ -324,7 +324,7 @@ def encode_episodes(batch: EpisodeBatch, metadata: Mapping[str, str] | None = No
     infos = {"episode_infos": batch.episode_infos_by_episode, "env_infos": batch.env_infos,
              "agent_infos": batch.agent_infos}
     observations = flatten_obs(batch.observations, "observations")
-    packed = pack_series(arrays, {name: (leaf, 1) for name, leaf in observations.items() if leaf.ndim >= 4})
+    packed = pack_series(arrays, {name: leaf[:, None] for name, leaf in observations.items() if leaf.ndim >= 4})
     for name in _FIELDS:
         leaves = observations if name == "observations" else flatten_obs(getattr(batch, name), name)
         arrays.update({leaf: array for leaf, array in leaves.items() if leaf + "@frames" not in arrays})
@@ -342,7 +342,8 @@ def encode_episodes(batch: EpisodeBatch, metadata: Mapping[str, str] | None = No
 def decode_episodes(blob: bytes, env_spec: EnvSpec) -> tuple[EpisodeBatch, dict[str, str]]:
     """Inverse of encode_episodes: the batch (validated against ``env_spec``) and the buffer's metadata."""
     arrays, metadata = decode_arrays(decompress(blob))
-    unpack_series(arrays, metadata)
+    for name in unpack_series(arrays, metadata):  # one series of all the batch's steps: [1, S, *obs]
+        arrays[name] = arrays[name][0]
     if metadata.get("format") != EPISODES_FORMAT:
         raise RecordError(f"expected an episodes buffer of format {EPISODES_FORMAT!r}, got "
                           f"{metadata.get('format')!r}")

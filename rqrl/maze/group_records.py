@@ -175,7 +175,7 @@ def encode_steps_group(steps: RolloutSteps, actor_ids: Sequence[int], continues_
         arrays["logits"] = _actor_major(steps.logits)
     obs = flatten_obs(steps.obs, "obs")
     # an image leaf's T + 1 observations per actor go as one series of unique frames (next_obs is its last step)
-    packed = pack_series(arrays, {name: (np.swapaxes(leaf, 0, 1), 2) for name, leaf in obs.items() if leaf.ndim >= 5})
+    packed = pack_series(arrays, {name: leaf for name, leaf in obs.items() if leaf.ndim >= 5})
     plain = {name: leaf for name, leaf in obs.items() if name + "@frames" not in arrays}
     arrays.update({name: _actor_major(leaf[:n_steps]) for name, leaf in plain.items()})
     arrays.update({"next_obs" + name[3:]: leaf[n_steps] for name, leaf in plain.items()})
@@ -207,8 +207,20 @@ def records_per_entry(record: RolloutRecord, entry_bytes: int = ENTRY_BYTES) -> 
     the arrays whose size is fixed for the run (not final observations or episodes), so every rollout of a group
     is cut the same way and each part keeps its own stream of rollout ids."""
     fixed = [getattr(record, name) for name in STEP_FIELDS] + ([record.logits] if record.logits is not None else [])
-    fixed += [*flatten_obs(record.obs, "obs").values(), *flatten_obs(record.next_obs, "next_obs").values()]
-    return max(1, entry_bytes // max(1, sum(array.nbytes for array in fixed)))
+    size = sum(array.nbytes for array in fixed)
+    size += sum(_sent_bytes(leaf) for leaf in flatten_obs(record.obs, "obs").values())
+    size += sum(leaf.nbytes for leaf in flatten_obs(record.next_obs, "next_obs").values())
+    return max(1, entry_bytes // max(1, size))
+
+
+def _sent_bytes(steps: np.ndarray) -> int:
+    """About what one rollout's observations of a leaf ``[T, ...]`` weigh in an entry: a frame stack (uint8, a
+    first or last axis of 2-32 frames) goes about one frame per step (``rqrl.engine.frames``), anything else
+    whole. A guess from the shape, the same for every rollout of the run, so its groups are cut one way."""
+    if steps.dtype != np.uint8 or steps.ndim < 4:
+        return int(steps.nbytes)
+    depth = max((size for size in (steps.shape[1], steps.shape[-1]) if 2 <= size <= 32), default=1)
+    return int(steps.nbytes) // depth
 
 
 def entry_stream(group_id: int, part: int) -> int | str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import gymnasium
 import numpy as np
@@ -213,6 +214,13 @@ def test_a_group_is_cut_into_entries_of_whole_rollouts_that_fit_the_entry_size()
     assert records_per_entry(record, entry_bytes=10) == 1, "a rollout larger than an entry goes alone"
     assert records_per_entry(box_record(5, truncated_at=(1, 2, 3))) == records_per_entry(record)
     assert [entry_stream(7, part) for part in range(3)] == [7, "7.1", "7.2"]
+
+
+def test_frame_stacks_count_about_a_frame_per_step_when_a_group_is_cut():
+    group = ActorGroup(functools.partial(fixtures.make_frame_stack_env, size=48), [0], [1], [2], 16)
+    record = group.run(make_act_function(fixtures.FramePolicy48(), group.action_space), 0, 1, cut_at_end=False)[0]
+    stacks = record.obs.nbytes  # 16 steps of (4, 48, 48)
+    assert records_per_entry(record, entry_bytes=stacks) == 3, "a quarter of the stacks, plus the rest"
 
 
 @pytest.mark.parametrize("name", ["actions", "log_probs", "logits", "obs"])
