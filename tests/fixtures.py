@@ -310,8 +310,8 @@ def make_very_slow_echo_env() -> gymnasium.Env:
 
 
 class FrameEnv(gymnasium.Env):
-    """Random ``size`` x ``size`` uint8 frames (a fast stand-in for Atari's 84x84); episodes terminate after 11
-    steps."""
+    """``size`` x ``size`` uint8 frames, each a random block on black (a fast stand-in for Atari's 84x84); episodes
+    terminate after 11 steps."""
 
     action_space = spaces.Discrete(2)
 
@@ -328,7 +328,11 @@ class FrameEnv(gymnasium.Env):
         return self._frame(), float(action), self._steps >= 11, False, {}
 
     def _frame(self) -> np.ndarray:
-        return self.np_random.integers(0, 256, self.observation_space.shape, dtype=np.uint8)
+        """A dark frame with a bright random 3x3 block somewhere (compressible, as a game's frames are)."""
+        frame = np.zeros(self.observation_space.shape, np.uint8)
+        row, column = self.np_random.integers(0, frame.shape[0] - 2, 2)
+        frame[row:row + 3, column:column + 3] = self.np_random.integers(1, 256, (3, 3), dtype=np.uint8)
+        return frame
 
 
 def make_frame_stack_env(max_episode_steps: int = 7, size: int = 12) -> gymnasium.Env:

@@ -4,6 +4,9 @@ Chosen by measurement (``benchmarks/frame_bytes.py``): on Pong's 84x84 frames zs
 unique frames 190x at about 1 us of worker CPU per frame, against lz4's 77x at 0.5 us; an Atari step costs
 the env about 330 us. Vector observations (CartPole's four floats) gain little and are sent as they are.
 
+Noise does not compress: a payload whose middle 32 KB do not shrink by a tenth goes raw, for the cost of
+compressing those 32 KB (random 84x84 frames, ``benchmarks/image_obs.py``, would pay zstd's CPU for nothing).
+
 A compressed payload is ``COMPRESSED_MAGIC`` and one zstd frame that records its decompressed size; the
 signature covers the compressed bytes, so a payload is verified before it is decompressed, and a size over
 the reader's limit is refused before any memory is taken for it.
@@ -11,6 +14,10 @@ the reader's limit is refused before any memory is taken for it.
 >>> payload = compress(b"frame" * 1000)
 >>> len(payload) < 100, bytes(decompress(payload, limit=10_000)) == b"frame" * 1000
 (True, True)
+>>> import os
+>>> noise = os.urandom(100_000)  # does not shrink: sent as it is
+>>> compress(noise) == noise
+True
 >>> bytes(decompress(b"not compressed", limit=10))
 b'not compressed'
 """
@@ -32,13 +39,24 @@ MAX_DECOMPRESSED_BYTES = 512 * 2**20
 
 __all__ = ["COMPRESSED_MAGIC", "compress", "decompress", "worth_compressing"]
 
+MIN_SAVING = 0.1
+"""A payload is sent compressed only if that makes it at least this much smaller."""
+PROBE_BYTES = 32 * 1024
+"""How much of a payload is compressed first to see whether the whole is worth it."""
+
 _compressor = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True)
 _decompressor = zstandard.ZstdDecompressor()
 
 
 def compress(blob: bytes) -> bytes:
-    """``blob`` as a compressed payload."""
-    return COMPRESSED_MAGIC + _compressor.compress(blob)
+    """``blob`` as a compressed payload, or as it is when compressing does not pay: when ``PROBE_BYTES`` from its
+    middle (where the observations lie) shrink by less than ``MIN_SAVING`` (noise-like images), or the whole does."""
+    middle = len(blob) // 2
+    probe = blob[max(0, middle - PROBE_BYTES // 2): middle + PROBE_BYTES // 2]
+    if len(_compressor.compress(probe)) > (1 - MIN_SAVING) * len(probe):
+        return blob
+    payload = COMPRESSED_MAGIC + _compressor.compress(blob)
+    return payload if len(payload) <= (1 - MIN_SAVING) * len(blob) else blob
 
 
 def decompress(payload: bytes | memoryview, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes | memoryview:

@@ -54,3 +54,13 @@ def test_a_corrupt_payload_is_a_record_error(body):
 ])
 def test_only_payloads_with_images_are_worth_compressing(arrays, leading, expected):
     assert worth_compressing(arrays, leading) is expected
+
+
+def test_noise_is_sent_as_it_is():
+    noise = np.random.default_rng(1).bytes(200_000)
+    assert compress(noise) == noise
+
+
+def test_a_payload_whose_middle_is_noise_is_not_tried_whole():
+    blob = bytes(100_000) + np.random.default_rng(2).bytes(100_000) + bytes(100_000)
+    assert compress(blob) == blob, "the middle, where the observations lie, decides"

@@ -257,7 +257,7 @@ def test_frame_stacks_go_as_unique_frames_compressed_and_decode_to_the_records(r
     plain = encode_signed_group(records, RUN, KEY)  # every observation as it is
     assert blob[TAG_SIZE:].startswith(COMPRESSED_MAGIC)
     raw_obs = sum(record.obs.nbytes + record.next_obs.nbytes for record in records)
-    assert len(blob) < 0.5 * raw_obs < len(plain), "random frames do not compress: the unique frames are the saving"
+    assert len(blob) < 0.5 * raw_obs < len(plain), "unique frames, compressed"
     spec = probe_spec(fixtures.make_frame_stack_env(), act, n_steps=16, n_actors=11)
     entry = decode_signed_entry(blob, RUN, KEY, spec)
     assert entry.problem is None
