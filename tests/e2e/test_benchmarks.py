@@ -157,3 +157,16 @@ def test_queue_bytes_prints_redis_cpu_per_megabyte_for_each_entry_size() -> None
 def test_actors_per_job_prints_both_splits_and_their_ratio() -> None:
     out = run_benchmark("actors_per_job.py", "--workers", "1", "--actors", "2", "--seconds", "1", "--rounds", "1")
     assert "| 1 (before) |" in out and "| auto (now) |" in out and "auto / 1 = " in out
+
+
+@pytest.mark.timeout(60)
+def test_run_curve_prints_a_row_per_window_of_a_runs_metrics(tmp_path) -> None:
+    lines = ["env_steps,seconds,updates,mean_return,episodes",  # a row a second; returns from the 4th
+             *(f"{100 * second},{second}.5,{second},{'' if second < 3 else -21 + second / 10},{second // 3}"
+               for second in range(12))]
+    (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    out = run_benchmark("run_curve.py", str(tmp_path), "--window", "5")
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| ") and line[2].isdigit()]
+    assert [row[1:] for row in rows] == [  # 0-5 s, 5-10 s, 10-11.5 s: steps, steps/s, updates, episodes, return
+        ["400", "89", "4", "1", "-20.6"], ["900", "100", "9", "3", "-20.1"], ["1,100", "100", "11", "3", "-19.9"]], out
