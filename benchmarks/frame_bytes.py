@@ -21,6 +21,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import statistics
@@ -32,6 +33,7 @@ import gymnasium
 import torch
 
 import rqrl
+from rqrl.algorithms.atari import make_atari_env
 from rqrl.engine.compression import compress, decompress
 from rqrl.engine.policy import categorical_step, make_act_function
 from rqrl.maze.group_records import decode_group, encode_group, encode_steps_group
@@ -52,17 +54,8 @@ class RandomPolicy(torch.nn.Module):
 
 
 def atari_factory(env_id: str) -> Callable[[], gymnasium.Env]:
-    """An ALE env with the standard preprocessing, as ``rqrl train`` makes it."""
-
-    def make() -> gymnasium.Env:
-        import ale_py
-
-        gymnasium.register_envs(ale_py)
-        env = gymnasium.make(env_id, frameskip=1)
-        env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
-        return gymnasium.wrappers.FrameStackObservation(env, 4)
-
-    return make
+    """An ALE env with the standard preprocessing, as ``rqrl train`` makes it (``rqrl.algorithms.atari``)."""
+    return functools.partial(make_atari_env, env_id)
 
 
 def random_frames() -> gymnasium.Env:

@@ -3,6 +3,7 @@
     ```text
     RqrlError
     ├── ConfigError (also ValueError)      bad constructor or CLI arguments
+    │   └── MissingExtraError              ... or an optional package (an rqrl extra) is not installed
     ├── ServerError (also RuntimeError)    the embedded redis-server did not start or is not running
     │   └── RedisServerNotFoundError       ... because there is no usable redis-server binary
     ├── PolicyError                        a policy that does not follow the protocol
@@ -37,6 +38,15 @@ class RqrlError(Exception):
 
 class ConfigError(RqrlError, ValueError):
     """An argument is out of range or inconsistent; the message names it and the fix."""
+
+
+class MissingExtraError(ConfigError):
+    """What was asked for needs an optional package that is not installed; ``extra`` names the rqrl extra that
+    installs it, and the message says how (``pip install "rqrl[EXTRA]"``)."""
+
+    def __init__(self, message: str, *, extra: str):
+        super().__init__(f'{message}: pip install "rqrl[{extra}]"')
+        self.extra = extra
 
 
 class ServerError(RqrlError, RuntimeError):

@@ -200,6 +200,33 @@ gymnasium.register(id="RqrlGuessSign-v0", entry_point="tests.fixtures:GuessSignE
                    reward_threshold=19.0)
 
 
+class PixelSignEnv(gymnasium.Env):
+    """GuessSignEnv in pictures: a uint8 ``shape`` image (channels first), all 255 or all 0; reward 1 for action 1
+    on a bright image, 0 on a dark one; 20 steps. Image observations for the Nature CNN without ale-py; another
+    ``dtype`` or ``shape`` makes observations the learners flatten."""
+
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, shape: tuple[int, ...] = (2, 36, 36), dtype: type = np.uint8):
+        self.observation_space = spaces.Box(0, 255, shape, dtype)
+        self._bright = False
+
+    def _obs(self) -> np.ndarray:
+        self._bright = bool(self.np_random.integers(2))
+        return np.full(self.observation_space.shape, 255 if self._bright else 0, self.observation_space.dtype)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = 1.0 if int(action) == int(self._bright) else 0.0
+        return self._obs(), reward, False, False, {}
+
+
+gymnasium.register(id="RqrlPixelSign-v0", entry_point="tests.fixtures:PixelSignEnv", max_episode_steps=20)
+
+
 def make_nan_reward_env() -> gymnasium.Env:
     return NanRewardEnv(length=50)
 

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium
 import numpy as np
 
+from rqrl.algorithms.atari import check_atari_options, is_atari, make_atari_env, register_atari_envs
 from rqrl.engine.connection import redact_url
 from rqrl.errors import ConfigError
 
@@ -72,7 +74,10 @@ EXTRAS = {"box2d": "box2d"}
 
 def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
     """``gymnasium.make(env_id, **kwargs)``; ConfigError in one line for an unknown id (with the nearest ids) or an
-    env whose dependency is missing (with the rqrl extra that installs it)."""
+    env whose dependency is missing (with the rqrl extra that installs it). No preprocessing: make_train_env makes
+    the env the learners step."""
+    if is_atari(env_id):
+        register_atari_envs()
     try:
         return gymnasium.make(env_id, **kwargs)
     except gymnasium.error.UnregisteredEnv as error:
@@ -86,23 +91,63 @@ def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
         raise ConfigError(f"env {env_id!r} needs a package that is not installed ({error}): {fix}") from None
 
 
-def env_spaces(env_id: str) -> tuple[int, int, float | None]:
-    """Observation size, number of actions and reward threshold of a Gymnasium env."""
-    env = make_env(env_id)
+def is_image(space: gymnasium.Space[Any]) -> bool:
+    """Whether observations of ``space`` are images for the Nature CNN (rqrl.algorithms.cnn): a uint8 Box of rank 3,
+    channels first (Atari's stacked frames: ``(4, 84, 84)``)."""
+    return isinstance(space, gymnasium.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+
+
+def make_train_env(env_id: str, terminal_on_life_loss: bool = False, **kwargs: Any) -> gymnasium.Env:
+    """The env the learners' workers, their evaluations and ``rqrl evaluate`` step: an Atari id (``ALE/...``)
+    preprocessed by rqrl.algorithms.atari (``terminal_on_life_loss`` is its option), any other as make_env makes it
+    (``kwargs`` go to gymnasium.make); observations that are not images (is_image) flattened to a vector, as the
+    MLPs take them. Module level, so the env factory a learner sends its workers (a partial of this function)
+    pickles by reference and works wherever rqrl is installed."""
+    if is_atari(env_id):
+        env = make_atari_env(env_id, terminal_on_life_loss=terminal_on_life_loss, **kwargs)
+    else:
+        check_atari_options(env_id, terminal_on_life_loss)
+        env = make_env(env_id, **kwargs)
+    shape = env.observation_space.shape
+    if not is_image(env.observation_space) and (shape is None or len(shape) != 1):  # None: a Dict or Tuple space
+        env = gymnasium.wrappers.FlattenObservation(env)
+    return env
+
+
+def env_factory(config: Any) -> functools.partial[gymnasium.Env]:
+    """The env factory a learner's workers call: make_train_env with the run's ``env_id`` and Atari option."""
+    return functools.partial(make_train_env, config.env_id, terminal_on_life_loss=config.terminal_on_life_loss)
+
+
+class EnvSpaces(NamedTuple):
+    """What the learners size their networks by."""
+
+    obs_shape: tuple[int, ...]
+    """``(n,)`` for vector observations (flattened: make_train_env), ``(C, H, W)`` for images (is_image)."""
+    n_actions: int
+    reward_threshold: float | None
+    """The env's, None if it has none."""
+
+
+def env_spaces(env_id: str) -> EnvSpaces:
+    """The observation shape, number of actions and reward threshold of the env make_train_env makes of ``env_id``;
+    ConfigError unless its observations are a Box and its actions Discrete."""
+    env = make_train_env(env_id)
     try:
         obs_space, action_space = env.observation_space, env.action_space
         if not isinstance(obs_space, gymnasium.spaces.Box) or not isinstance(action_space, gymnasium.spaces.Discrete):
             raise ConfigError(f"rqrl's learners need Box observations and Discrete actions; {env_id} has "
                               f"{obs_space} and {action_space}")
         threshold = env.spec.reward_threshold if env.spec is not None else None
-        return int(np.prod(obs_space.shape)), int(action_space.n), threshold
+        shape = tuple(obs_space.shape) if is_image(obs_space) else (int(np.prod(obs_space.shape)),)
+        return EnvSpaces(shape, int(action_space.n), threshold)
     finally:
         env.close()
 
 
 def make_flat_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
     """The env (``kwargs`` go to gymnasium.make) with observations flattened to a float32 vector (what the MLP
-    expects)."""
+    expects), images too: make_train_env keeps images for the CNN and preprocesses Atari."""
     env = make_env(env_id, **kwargs)
     shape = env.observation_space.shape
     if shape is None or len(shape) != 1:  # None: a Dict or Tuple space

@@ -19,6 +19,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rqrl.algorithms.atari import TERMINAL_ON_LIFE_LOSS_HELP, check_atari_options
 from rqrl.algorithms.checkpoint import (
     TrainingState,
     load_checkpoint,
@@ -34,13 +36,14 @@ from rqrl.algorithms.checkpoint import (
     save_weights,
     weights_file,
 )
+from rqrl.algorithms.cnn import torso_for
 from rqrl.algorithms.common import (
     Tracking,
     TrainResult,
     check_device,
     check_resume,
+    env_factory,
     env_spaces,
-    make_flat_env,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -62,8 +65,9 @@ METRIC_FIELDS = ["seconds", "train_steps", "steps_per_second", "mean_return", "e
 class DqnConfig(Tracking):
     """Settings of one DQN run; each field's ``metadata["help"]`` is its one-line help."""
 
-    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector observations, "
-                                                                  "Discrete actions)."})
+    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector or image observations, "
+                                                                  "Discrete actions; ALE/... for Atari)."})
+    terminal_on_life_loss: bool = field(default=False, metadata={"help": TERMINAL_ON_LIFE_LOSS_HELP})
     seconds: float = field(default=600.0, metadata={"help": "Time budget of the run."})
     total_env_steps: int = field(default=2_000_000, metadata={"help": "Step budget: stop after this many env steps."})
     target_return: float | None = field(default=None, metadata={
@@ -79,9 +83,12 @@ class DqnConfig(Tracking):
                 "are these actors')."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate."})
     discount: float = field(default=0.99, metadata={"help": "Discount factor gamma."})
-    hidden_size: int = field(default=128, metadata={"help": "Width of the two hidden layers of the Q-network."})
+    hidden_size: int = field(default=128, metadata={"help": "Width of the two hidden layers of the Q-network (image "
+                                                            "observations: the Nature CNN's, 512)."})
     batch_size: int = field(default=64, metadata={"help": "Transitions per train step."})
-    replay_capacity: int = field(default=50_000, metadata={"help": "Transitions the replay holds."})
+    replay_capacity: int = field(default=50_000, metadata={
+        "help": "Transitions the replay holds (Atari: 56 KB each, observation and next one as uint8; 50,000 is "
+                "2.8 GB)."})
     minimum_buffer_size: int = field(default=1000, metadata={"help": "Transitions before training starts."})
     target_update_steps: int = field(default=100, metadata={"help": "Train steps between target-network copies."})
     max_train_frequency: float = field(default=-1, metadata={"help": "Most train steps per second; <= 0: no limit."})
@@ -109,6 +116,7 @@ class DqnConfig(Tracking):
         "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
+        check_atari_options(self.env_id, self.terminal_on_life_loss)
         check_wandb(self.wandb)
         check_evaluation(self.eval_every, self.eval_episodes)
         for name in ("seconds", "total_env_steps", "hidden_size", "learning_rate", "learner_threads",
@@ -118,16 +126,22 @@ class DqnConfig(Tracking):
 
 
 class QNetwork(nn.Module):
-    """A two-hidden-layer ReLU MLP with the output shape the agent's head expects (see rqrl.seed.agent)."""
+    """A two-hidden-layer ReLU MLP for vector observations, or a linear layer on the Nature CNN (rqrl.algorithms.cnn)
+    for images (an ``obs_shape`` ``(C, H, W)``), with the output shape the agent's head expects (see
+    rqrl.seed.agent)."""
 
-    def __init__(self, obs_size: int, n_actions: int, hidden_size: int, atoms: int | None, dueling: bool):
+    def __init__(self, obs_shape: int | Sequence[int], n_actions: int, hidden_size: int, atoms: int | None,
+                 dueling: bool):
         super().__init__()
         self.n_outputs, self.atoms, self.dueling = n_actions + int(dueling), atoms, dueling
-        self.layers = nn.Sequential(nn.Linear(obs_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size),
-                                    nn.ReLU(), nn.Linear(hidden_size, self.n_outputs * (atoms or 1)))
+        self.torso, in_size = torso_for(obs_shape)
+        outputs = self.n_outputs * (atoms or 1)
+        self.layers = (nn.Linear(in_size, outputs) if self.torso is not None else nn.Sequential(
+            nn.Linear(in_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size), nn.ReLU(),
+            nn.Linear(hidden_size, outputs)))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        out = self.layers(obs.flatten(1).float())
+        out = self.layers(obs.flatten(1).float() if self.torso is None else self.torso(obs))
         if self.atoms is None:
             return out
         logits = out.view(len(obs), self.n_outputs, self.atoms)
@@ -169,8 +183,7 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     check_device("--inference-device", config.inference_device)
     check_resume(config, "dqn")
     run = _DqnRun(config)
-    trainer = Trainer(run.agent, run.seed_config(secret, redis_server), functools.partial(make_flat_env, config.env_id),
-                      on_progress=run.tick)
+    trainer = Trainer(run.agent, run.seed_config(secret, redis_server), env_factory(config), on_progress=run.tick)
     stopped_by: str | None = None
     try:
         trainer.start(config.seconds)
@@ -199,7 +212,7 @@ class _DqnRun:
 
     def __init__(self, config: DqnConfig):
         self.config = config
-        obs_size, n_actions, threshold = env_spaces(config.env_id)
+        obs_shape, n_actions, threshold = env_spaces(config.env_id)
         self.target_return = config.target_return if config.target_return is not None else threshold
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.learner_threads)
@@ -208,12 +221,13 @@ class _DqnRun:
         self.run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / self.run_name
         self.agent_config = AgentConfig(
-            state_shape=(obs_size,), action_space_size=n_actions, replay_capacity=config.replay_capacity,
+            state_shape=obs_shape, state_dtype="uint8" if len(obs_shape) == 3 else "float32",
+            action_space_size=n_actions, replay_capacity=config.replay_capacity,
             batch_size=config.batch_size, target_update_steps=config.target_update_steps,
             discount_factor=config.discount, use_distributional=config.distributional, v_min=config.v_min,
             v_max=config.v_max, dueling=config.dueling, huber_loss=True, network_device=config.learner_device,
             seed=config.seed)
-        network = functools.partial(QNetwork, obs_size, n_actions, config.hidden_size,
+        network = functools.partial(QNetwork, obs_shape, n_actions, config.hidden_size,
                                     self.agent_config.n_atoms if config.distributional else None, config.dueling)
         self.agent = Agent(self.agent_config, network, functools.partial(torch.optim.Adam, lr=config.learning_rate))
         self.before: dict[str, Any] = {"env_steps": 0, "train_steps": 0, "episodes": 0, "seconds": 0.0,
@@ -355,15 +369,15 @@ def load_q_model(path: str | Path, device: str = "cpu") -> tuple[QModel, dict[st
     state_dict, metadata = load_weights(weights_file(path), device)
     if metadata.get("algo") != "dqn":
         raise ConfigError(f"{path} holds no DQN weights (written by rqrl.algorithms.dqn)")
-    obs_size, n_actions, _ = env_spaces(metadata["env_id"])
+    obs_shape, n_actions, _ = env_spaces(metadata["env_id"])
     defaults = DqnConfig()
     distributional = bool(metadata.get("distributional", defaults.distributional))
-    agent_config = AgentConfig(state_shape=(obs_size,), action_space_size=n_actions,
+    agent_config = AgentConfig(state_shape=obs_shape, action_space_size=n_actions,
                                n_atoms=int(metadata.get("n_atoms", 51)), use_distributional=distributional,
                                dueling=bool(metadata.get("dueling", defaults.dueling)),
                                v_min=float(metadata.get("v_min", defaults.v_min)),
                                v_max=float(metadata.get("v_max", defaults.v_max)))
-    network = QNetwork(obs_size, n_actions, int(metadata["hidden_size"]),
+    network = QNetwork(obs_shape, n_actions, int(metadata["hidden_size"]),
                        agent_config.n_atoms if distributional else None, agent_config.dueling)
     network.load_state_dict(state_dict)
     return QModel(network, agent_config).to(device).eval(), metadata

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rqrl.algorithms.common import make_flat_env
+from rqrl.algorithms.common import make_train_env
 from rqrl.errors import ConfigError
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -58,11 +58,12 @@ def evaluate(model: nn.Module, env_id: str, episodes: int = 10, seed: int = 0, g
     also an mp4 file there (gymnasium's RecordVideo: needs moviepy, and the env's renderer, pygame for the classic
     control envs: both in ``rqrl[video]``)."""
     if video_folder is None:
-        env = make_flat_env(env_id)
+        env = make_train_env(env_id)
     else:
         check_video_support()
-        env = gymnasium.wrappers.RecordVideo(make_flat_env(env_id, render_mode="rgb_array"), str(video_folder),
-                                             episode_trigger=lambda _: True, name_prefix=env_id.replace(":", "-"))
+        prefix = env_id.replace(":", "-").replace("/", "-")  # ALE/Pong-v5: no folder of its own
+        env = gymnasium.wrappers.RecordVideo(make_train_env(env_id, render_mode="rgb_array"), str(video_folder),
+                                             episode_trigger=lambda _: True, name_prefix=prefix)
     try:
         return run_episodes(model, env, episodes, seed, greedy)
     except gymnasium.error.DependencyNotInstalled as error:  # the renderer, on the first frame
@@ -87,7 +88,7 @@ class PeriodicEvaluation:
                  clock: Callable[[], float] = time.monotonic):
         self.every_seconds, self.episodes, self.seed = every_seconds, episodes, seed + EVAL_SEED_OFFSET
         self._clock = clock
-        self._env = make_flat_env(env_id) if every_seconds is not None else None
+        self._env = make_train_env(env_id) if every_seconds is not None else None
         self._next = clock() + every_seconds if every_seconds is not None else math.inf
 
     def maybe_run(self, model: nn.Module) -> dict[str, float] | None:

@@ -15,7 +15,6 @@ Actor-Learner Architectures" (V-trace: section 4, equations 1-2 and the policy g
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import logging
 import math
@@ -23,6 +22,7 @@ import os
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rqrl.algorithms.atari import TERMINAL_ON_LIFE_LOSS_HELP, check_atari_options
 from rqrl.algorithms.checkpoint import (
     TrainingState,
     load_checkpoint,
@@ -39,14 +40,15 @@ from rqrl.algorithms.checkpoint import (
     save_weights,
     weights_file,
 )
+from rqrl.algorithms.cnn import torso_for
 from rqrl.algorithms.common import (
     Tracking,
     TrainResult,
     check_device,
     check_resume,
     check_workers,
+    env_factory,
     env_spaces,
-    make_flat_env,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -66,8 +68,9 @@ log = logging.getLogger(__name__)
 class ImpalaConfig(Tracking):
     """Settings of one training run; each field is also a ``rqrl train`` flag."""
 
-    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector observations, "
-                                                                  "Discrete actions)."})
+    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector or image observations, "
+                                                                  "Discrete actions; ALE/... for Atari)."})
+    terminal_on_life_loss: bool = field(default=False, metadata={"help": TERMINAL_ON_LIFE_LOSS_HELP})
     total_env_steps: int = field(default=2_000_000, metadata={"help": "Step budget: stop after this many env steps."})
     target_return: float | None = field(default=None, metadata={
         "help": "Stop when the mean return of the last 100 episodes reaches this (default: the env's threshold)."})
@@ -94,7 +97,8 @@ class ImpalaConfig(Tracking):
     entropy_coef: float = field(default=0.01, metadata={"help": "Weight of the entropy bonus."})
     value_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
     max_grad_norm: float = field(default=10.0, metadata={"help": "Gradient norm clip."})
-    hidden_size: int = field(default=64, metadata={"help": "Width of the two hidden layers of each MLP."})
+    hidden_size: int = field(default=64, metadata={"help": "Width of the two hidden layers of each MLP (image "
+                                                           "observations: the Nature CNN's, 512)."})
     max_policy_lag: int | None = field(default=None, metadata={
         "help": "Drop rollouts made by weights more than this many updates old (default: keep all)."})
     seed: int = field(default=0, metadata={"help": "Seed of the model, env and agent seeds."})
@@ -121,6 +125,7 @@ class ImpalaConfig(Tracking):
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_atari_options(self.env_id, self.terminal_on_life_loss)
         check_wandb(self.wandb)
         check_evaluation(self.eval_every, self.eval_episodes)
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
@@ -141,30 +146,44 @@ class ImpalaConfig(Tracking):
 
 
 class ActorCritic(nn.Module):
-    """Separate tanh MLPs for the policy and the value; ``forward`` gives the policy's logits,
-    so actors can use the module as a plain categorical policy."""
+    """The policy's logits (``forward``) and the state's value (``values``): two separate tanh MLPs for vector
+    observations, or two linear heads on one shared Nature CNN (rqrl.algorithms.cnn) for images (an ``obs_shape``
+    ``(C, H, W)``). Actors use the module as a plain categorical policy."""
 
-    def __init__(self, obs_size: int, n_actions: int, hidden_size: int = 64):
+    def __init__(self, obs_shape: int | Sequence[int], n_actions: int, hidden_size: int = 64):
         super().__init__()
+        self.torso, in_size = torso_for(obs_shape)
 
-        def mlp(out: int, gain: float) -> nn.Sequential:
-            head = nn.Linear(hidden_size, out)
-            layers = [nn.Linear(obs_size, hidden_size), nn.Tanh(), nn.Linear(hidden_size, hidden_size), nn.Tanh(), head]
+        def head(out: int, gain: float) -> nn.Sequential:
+            last = nn.Linear(hidden_size if self.torso is None else in_size, out)
+            layers: list[nn.Module] = [last]
+            if self.torso is None:  # an MLP of its own
+                layers = [nn.Linear(in_size, hidden_size), nn.Tanh(), nn.Linear(hidden_size, hidden_size), nn.Tanh(),
+                          last]
             for layer in layers:
                 if isinstance(layer, nn.Linear):
                     nn.init.orthogonal_(layer.weight, math.sqrt(2))
                     nn.init.zeros_(layer.bias)
-            nn.init.orthogonal_(head.weight, gain)
+            nn.init.orthogonal_(last.weight, gain)
             return nn.Sequential(*layers)
 
-        self.policy = mlp(n_actions, 0.01)
-        self.value = mlp(1, 1.0)
+        self.policy = head(n_actions, 0.01)
+        self.value = head(1, 1.0)
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """What the heads read: the CNN's features of images, the observations themselves (as float) otherwise."""
+        return obs.float() if self.torso is None else self.torso(obs)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.policy(obs.float())
+        return self.policy(self.features(obs))
 
     def values(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.value(obs.float()).squeeze(-1)
+        return self.value(self.features(obs)).squeeze(-1)
+
+    def logits_and_values(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` and ``values`` together, through the CNN once."""
+        features = self.features(obs)
+        return self.policy(features), self.value(features).squeeze(-1)
 
 
 def vtrace(
@@ -206,17 +225,22 @@ def vtrace(
 
 
 def vector_obs(obs: TensorObs) -> torch.Tensor:
-    """A batch's observations as the one tensor the MLPs take; refuses dict observations."""
+    """A batch's observations as the one tensor the networks take (vectors, or images); refuses dict observations."""
     if not isinstance(obs, torch.Tensor):
         raise ConfigError(f"IMPALA here takes vector observations, got a dict observation with keys {sorted(obs)}; "
                           f"flatten it, e.g. with gymnasium.wrappers.FlattenObservation in the env factory")
     return obs
 
 
-def next_state_values(model: ActorCritic, record: BatchedRecord) -> torch.Tensor:
-    """``[T, B]`` values of the state after each step: obs[t+1], next_obs at the end, final_obs at truncations."""
+def next_state_values(model: ActorCritic, record: BatchedRecord, values: torch.Tensor | None = None) -> torch.Tensor:
+    """``[T, B]`` values of the state after each step: obs[t+1], next_obs at the end, final_obs at truncations.
+    ``values``: those of ``record.obs`` where the caller has them, so that only next_obs and the final observations
+    go through the model again."""
     with torch.no_grad():
-        values = model.values(torch.cat([vector_obs(record.obs)[1:], vector_obs(record.next_obs).unsqueeze(0)]))
+        if values is None:
+            values = model.values(torch.cat([vector_obs(record.obs)[1:], vector_obs(record.next_obs).unsqueeze(0)]))
+        else:
+            values = torch.cat([values.detach()[1:], model.values(vector_obs(record.next_obs)).unsqueeze(0)])
         if len(record.final_obs_index):
             steps, columns = record.final_obs_index[:, 0], record.final_obs_index[:, 1]
             values[steps, columns] = model.values(vector_obs(record.final_obs))
@@ -234,16 +258,14 @@ class LossTerms:
 
 def impala_loss(model: ActorCritic, record: BatchedRecord, config: ImpalaConfig) -> LossTerms:
     """The IMPALA loss on one batch: V-trace policy gradient + value regression - entropy bonus."""
-    obs = vector_obs(record.obs)
-    logits = model(obs)
+    logits, values = model.logits_and_values(vector_obs(record.obs))
     log_probs_all = torch.log_softmax(logits, dim=-1)
     target_log_probs = log_probs_all.gather(-1, record.actions.long().unsqueeze(-1)).squeeze(-1)
-    values = model.values(obs)
     terminated = record.terminated.float()
     episode_ended = (record.terminated | record.truncated).float()
     vs, advantages = vtrace(
         record.log_probs, target_log_probs.detach(), record.rewards, values.detach(),
-        next_state_values(model, record),
+        next_state_values(model, record, values),
         bootstrap_discounts=config.discount * (1.0 - terminated),
         trace_discounts=config.discount * (1.0 - episode_ended),
         rho_bar=config.rho_bar, c_bar=config.c_bar, pg_rho_bar=config.pg_rho_bar,
@@ -298,7 +320,7 @@ def make_actors(config: ImpalaConfig, model: ActorCritic, *, secret: str | bytes
         workers = max(1, (os.cpu_count() or 1) - 1)  # measured: a core of its own for the learner pays off
     actor_policy = copy.deepcopy(model).to("cpu")  # workers need no GPU: ship the architecture on the CPU
     return RedisDistributedActors(
-        functools.partial(make_flat_env, config.env_id), actor_policy, config.n_rollout_steps, config.n_actors,
+        env_factory(config), actor_policy, config.n_rollout_steps, config.n_actors,
         config.batch_size, config.queue_out_of_sync_factor,
         actor_env_seeds=seeds[: config.n_actors], actor_agent_seeds=seeds[config.n_actors:],
         redis_url=config.redis_url, worker_redis_url=config.worker_redis_url, run_name=config.run_name,
@@ -316,7 +338,7 @@ class Learner:
         check_device("--learner-device", config.learner_device)
         check_resume(config, "impala")
         self.config = config
-        obs_size, n_actions, threshold = env_spaces(config.env_id)
+        obs_shape, n_actions, threshold = env_spaces(config.env_id)
         self.target_return = config.target_return if config.target_return is not None else threshold
         if self.target_return is None:
             log.warning("%s has no reward threshold and no --target-return: training runs to its step budget",
@@ -324,7 +346,7 @@ class Learner:
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.learner_threads)
         self.device = torch.device(config.learner_device)
-        self.model = ActorCritic(obs_size, n_actions, config.hidden_size).to(self.device)
+        self.model = ActorCritic(obs_shape, n_actions, config.hidden_size).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate, eps=1e-5)
         self.env_steps = self.updates = self.episodes = 0
         self.elapsed_before = 0.0
@@ -570,7 +592,7 @@ def load_policy(path: str | Path, device: str = "cpu") -> tuple[ActorCritic, dic
         metadata = metadata["counters"]
     if "env_id" not in metadata or "hidden_size" not in metadata:
         raise ConfigError(f"{path} names no env_id and hidden_size: it is not an rqrl IMPALA weights file")
-    obs_size, n_actions, _ = env_spaces(metadata["env_id"])
-    model = ActorCritic(obs_size, n_actions, int(metadata["hidden_size"])).to(device)
+    obs_shape, n_actions, _ = env_spaces(metadata["env_id"])
+    model = ActorCritic(obs_shape, n_actions, int(metadata["hidden_size"])).to(device)
     model.load_state_dict(state_dict)
     return model.eval(), metadata

@@ -18,7 +18,6 @@ et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Es
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import logging
 import time
@@ -28,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium
 import numpy as np
 import torch
 from torch import nn
 
+from rqrl.algorithms.atari import MAX_EPISODE_STEPS, TERMINAL_ON_LIFE_LOSS_HELP, check_atari_options, is_atari
 from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, save_checkpoint, save_weights
 from rqrl.algorithms.common import (
     Tracking,
@@ -40,8 +39,9 @@ from rqrl.algorithms.common import (
     check_device,
     check_resume,
     check_workers,
+    env_factory,
     env_spaces,
-    make_flat_env,
+    make_train_env,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -63,15 +63,16 @@ log = logging.getLogger(__name__)
 class PpoConfig(Tracking):
     """Settings of one PPO run; each field is also a ``rqrl train ppo`` flag."""
 
-    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector observations, "
-                                                                  "Discrete actions)."})
+    env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector or image observations, "
+                                                                  "Discrete actions; ALE/... for Atari)."})
+    terminal_on_life_loss: bool = field(default=False, metadata={"help": TERMINAL_ON_LIFE_LOSS_HELP})
     total_env_steps: int = field(default=1_000_000, metadata={"help": "Step budget: stop after this many env steps."})
     target_return: float | None = field(default=None, metadata={
         "help": "Stop when the mean return of the last 100 episodes reaches this (default: the env's threshold)."})
     n_workers: int = field(default=8, metadata={"help": "Logical sampler workers (each its own env)."})
     num_samples: int = field(default=2048, metadata={"help": "Env steps per iteration (whole episodes, at least)."})
     max_episode_length: int | None = field(default=None, metadata={
-        "help": "Longest episode (default: the env's time limit, else 1000)."})
+        "help": "Longest episode (default: the env's time limit; Atari: 27,000, v5's 108,000 frames; else 1000)."})
     workers: int | None = field(default=None, metadata={
         "help": "Local worker processes (default: one per core with an embedded Redis, 0 with --redis-url)."})
     redis_url: str | None = field(default=None, metadata={"help": "Redis URL (default: an embedded private Redis)."})
@@ -90,7 +91,8 @@ class PpoConfig(Tracking):
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus."})
     value_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
     max_grad_norm: float = field(default=0.5, metadata={"help": "Gradient norm clip."})
-    hidden_size: int = field(default=64, metadata={"help": "Width of the two hidden layers of each MLP."})
+    hidden_size: int = field(default=64, metadata={"help": "Width of the two hidden layers of each MLP (image "
+                                                           "observations: the Nature CNN's, 512)."})
     seed: int = field(default=0, metadata={"help": "Seed of the model and of the sampler's logical workers."})
     learner_device: str = field(default="cpu", metadata={"help": "Device of the learner: cpu, cuda, cuda:1..."})
     learner_threads: int = field(default=1, metadata={"help": "Torch CPU threads of the learner."})
@@ -108,6 +110,7 @@ class PpoConfig(Tracking):
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_atari_options(self.env_id, self.terminal_on_life_loss)
         check_wandb(self.wandb)
         check_evaluation(self.eval_every, self.eval_episodes)
         for name in ("total_env_steps", "n_workers", "num_samples", "epochs", "minibatch_size", "hidden_size",
@@ -141,12 +144,23 @@ def gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, ends: 
     return advantages
 
 
+VALUE_ROWS = 1024
+"""Observations per forward pass when values are computed for a whole iteration's steps (images are large)."""
+
+
+def state_values(model: ActorCritic, observations: np.ndarray, device: torch.device) -> np.ndarray:
+    """The values of ``observations`` (float64), VALUE_ROWS at a time, without gradients."""
+    chunks = [observations[start:start + VALUE_ROWS] for start in range(0, len(observations), VALUE_ROWS)]
+    with torch.no_grad():
+        values = [model.values(torch.as_tensor(chunk, device=device)).cpu().numpy() for chunk in chunks]
+    return np.concatenate(values).astype(np.float64) if values else np.zeros(0)
+
+
 def advantages_and_returns(model: ActorCritic, batch: EpisodeBatch, config: PpoConfig,
                            device: torch.device) -> tuple[np.ndarray, np.ndarray]:
     """GAE advantages and value targets of every step of ``batch``."""
-    with torch.no_grad():
-        values = model.values(torch.as_tensor(batch.observations, device=device)).cpu().numpy().astype(np.float64)
-        last_values = model.values(torch.as_tensor(batch.last_observations, device=device)).cpu().numpy()
+    values = state_values(model, np.asarray(batch.observations), device)
+    last_values = state_values(model, np.asarray(batch.last_observations), device)
     ends = np.cumsum(batch.lengths) - 1
     is_end = np.zeros(len(values), bool)
     is_end[ends] = True
@@ -184,12 +198,13 @@ def ppo_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: Epis
             index = order[start:start + config.minibatch_size]
             adv = advantages_t[index]
             adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(index) > 1 else adv
-            log_probs_all = torch.log_softmax(model(obs[index]), dim=-1)
+            logits, values = model.logits_and_values(obs[index])
+            log_probs_all = torch.log_softmax(logits, dim=-1)
             log_probs = log_probs_all.gather(-1, actions[index].unsqueeze(-1)).squeeze(-1)
             ratio = torch.exp(log_probs - old_log_probs[index])
             surrogate = torch.min(ratio * adv, ratio.clamp(1 - config.clip_ratio, 1 + config.clip_ratio) * adv)
             policy_loss = -surrogate.mean()
-            value_loss = 0.5 * (model.values(obs[index]) - returns_t[index]).pow(2).mean()
+            value_loss = 0.5 * (values - returns_t[index]).pow(2).mean()
             entropy = -(log_probs_all.exp() * log_probs_all).sum(-1).mean()
             loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
             optimizer.zero_grad(set_to_none=True)
@@ -214,12 +229,12 @@ class PpoLearner:
         check_device("--learner-device", config.learner_device)
         check_resume(config, "ppo")
         self.config = config
-        obs_size, n_actions, threshold = env_spaces(config.env_id)
+        obs_shape, n_actions, threshold = env_spaces(config.env_id)
         self.target_return = config.target_return if config.target_return is not None else threshold
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.learner_threads)
         self.device = torch.device(config.learner_device)
-        self.model = ActorCritic(obs_size, n_actions, config.hidden_size).to(self.device)
+        self.model = ActorCritic(obs_shape, n_actions, config.hidden_size).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate, eps=1e-5)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.env_steps = self.updates = self.episodes = 0
@@ -279,10 +294,12 @@ class PpoLearner:
 
 
 def max_episode_length(config: PpoConfig) -> int:
-    """The configured limit, else the env's time limit, else 1000."""
+    """The configured limit, else the env's time limit (Atari's: MAX_EPISODE_STEPS), else 1000."""
     if config.max_episode_length is not None:
         return config.max_episode_length
-    env = gymnasium.make(config.env_id)  # make, not spec: it imports the module of a "module:Env-v0" id
+    if is_atari(config.env_id):
+        return MAX_EPISODE_STEPS
+    env = make_train_env(config.env_id)  # make, not spec: it imports the module of a "module:Env-v0" id
     try:
         limit = env.spec.max_episode_steps if env.spec is not None else None
     finally:
@@ -293,7 +310,7 @@ def max_episode_length(config: PpoConfig) -> int:
 def make_sampler(config: PpoConfig, model: ActorCritic, *, secret: str | bytes | None = None,
                  redis_server: str | None = None) -> RQSampler:
     """The default sampler: embedded Redis unless ``redis_url`` is given; each logical worker builds its env."""
-    return RQSampler(copy.deepcopy(model).to("cpu"), NewEnvUpdate(functools.partial(make_flat_env, config.env_id)),
+    return RQSampler(copy.deepcopy(model).to("cpu"), NewEnvUpdate(env_factory(config)),
                      max_episode_length=max_episode_length(config), n_workers=config.n_workers, seed=config.seed,
                      redis_url=config.redis_url, worker_redis_url=config.worker_redis_url, run_name=config.run_name,
                      n_local_workers=config.workers, start_method="forkserver", secret=secret,

@@ -26,7 +26,7 @@ import numpy as np
 from rqrl.engine.keys import RunKeys
 from rqrl.errors import EnvError, RunStoppedError
 from rqrl.seed.inference import ActorInference, InferenceClient
-from rqrl.seed.nstep import NStepCollector, Transition, TransitionBatch, stack
+from rqrl.seed.nstep import NStepCollector, Transition, TransitionBatch, obs_array, stack
 from rqrl.seed.store import SeedRun, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class ActorThread(threading.Thread):
         try:
             while not self.stop.is_set():
                 explore = bool(random.random() < epsilon)
-                q_values = None if explore else self.inference.evaluate(np.asarray(obs, np.float32)).q_values
+                q_values = None if explore else self.inference.evaluate(obs_array(obs)).q_values
                 action = choose_action(q_values, mask, explore, random, n_actions)
                 next_obs, reward, terminated, truncated, info = env.step(action)
                 episode_return += float(reward)

@@ -36,6 +36,9 @@ from rqrl.errors import ConfigError
 from rqrl.seed.nstep import TransitionBatch
 from rqrl.seed.replay import ReplayBuffer
 
+STATE_DTYPES = ("float32", "uint8")
+"""The replay's choices of AgentConfig.state_dtype."""
+
 
 @dataclass
 class AgentConfig:
@@ -43,6 +46,9 @@ class AgentConfig:
 
     state_shape: tuple[int, ...] = ()
     """Shape of one observation (required)."""
+    state_dtype: str = "float32"
+    """How the replay stores observations: "float32", or "uint8" for images (a quarter of the memory; actors send
+    uint8 observations as they are, and the networks get them as float32 all the same)."""
     action_space_size: int = 0
     """Number of discrete actions (required)."""
     replay_capacity: int = 10000
@@ -99,6 +105,8 @@ class AgentConfig:
             raise ConfigError(f"expected state_shape to be a tuple of positive ints such as (4,), got "
                               f"{self.state_shape!r}")
         self.state_shape = tuple(self.state_shape)
+        if self.state_dtype not in STATE_DTYPES:
+            raise ConfigError(f"expected state_dtype to be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
         for name in ("action_space_size", "replay_capacity", "batch_size", "target_update_steps", "n_atoms"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
@@ -186,7 +194,8 @@ class Agent:
         self.target.requires_grad_(False)
         self.optimizer = (optimizer or _adam)(self.model_instance.parameters())
         self.replay = ReplayBuffer(config.replay_capacity, config.state_shape, config.action_space_size,
-                                   config.use_prioritized_experience_replay, config.alpha, config.seed)
+                                   config.use_prioritized_experience_replay, config.alpha, config.seed,
+                                   obs_dtype=np.dtype(config.state_dtype))
         self.train_steps = 0
 
     def model_factory(self) -> QModel:
@@ -223,6 +232,7 @@ class Agent:
         batch, indices, weights = self.replay.sample(config.batch_size, self.beta())
         tensors = [torch.as_tensor(array, device=self.device) for array in batch]
         obs, actions, rewards, discounts, next_obs, next_masks = tensors
+        obs, next_obs = obs.float(), next_obs.float()  # a uint8 replay's images too: the network takes float32
         weight = torch.as_tensor(weights, device=self.device)
         if config.use_distributional:
             errors = self._distributional_loss(obs, actions, rewards, discounts, next_obs, next_masks)

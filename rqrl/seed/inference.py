@@ -33,6 +33,7 @@ from torch import nn
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.weights import WeightStore
 from rqrl.errors import RecordError, RunStoppedError, SignatureError
+from rqrl.seed.nstep import obs_array
 from rqrl.seed.store import SeedRun, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -71,13 +72,13 @@ class InferenceClient:
     def evaluate(self, obs: np.ndarray) -> Answer:
         """The Q-values of ``obs``; blocks until a server answers, re-sending every ``timeout`` s; RunStoppedError
         once the run is stopped."""
-        return self.evaluate_batch(np.asarray(obs, np.float32)[None])[0]
+        return self.evaluate_batch(obs_array(obs)[None])[0]
 
     def evaluate_batch(self, observations: np.ndarray) -> list[Answer]:
         """The Q-values of each row of ``observations`` ``(B, *obs_shape)``, asked in one request; as ``evaluate``."""
         request_id = f"{next(self._ids)}"
         self.requests += 1
-        blob = seal({"obs": np.asarray(observations, np.float32)}, {"reply": self.reply_key, "id": request_id},
+        blob = seal({"obs": obs_array(observations)}, {"reply": self.reply_key, "id": request_id},
                     self.run.message_key)
         connection = self.run.connection
         while True:
@@ -156,7 +157,7 @@ class ActorInference:
 
     def evaluate(self, obs: np.ndarray) -> Answer:
         """The Q-values of ``obs``, asked together with the other threads' observations."""
-        waiting = _Pending(np.asarray(obs, np.float32))
+        waiting = _Pending(obs_array(obs))
         with self._condition:
             self._pending.append(waiting)
         while (batch := self._lead_or_wait(waiting)) is not None:
@@ -317,8 +318,9 @@ class InferenceServer:
         obs = np.concatenate([request.obs for request in requests])
         chunks = range(0, len(obs), self.batch_size)
         with torch.no_grad():
+            # float32 whatever came (uint8 images travel as they are): what the network is given everywhere
             q_values = np.concatenate([self.model(torch.as_tensor(obs[start:start + self.batch_size],
-                                                                  device=self.device)).float().cpu().numpy()
+                                                                  device=self.device).float()).float().cpu().numpy()
                                        for start in chunks])
         batch_sizes = np.array([min(self.batch_size, len(obs) - start) for start in chunks], np.int32)
         row_batch = np.repeat(batch_sizes, batch_sizes)  # the size of the forward pass that answered each row

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,16 +51,27 @@ class TransitionBatch(NamedTuple):
         return int(self.actions.shape[0])
 
 
+def obs_array(obs: Any) -> np.ndarray:
+    """An observation as SEED sends and stores it: uint8 as it is (images: a quarter of float32's bytes on the wire
+    and in the replay; networks still get float32, see Agent.train_step and InferenceServer), anything else float32.
+
+    >>> obs_array([0.5, 1.0]).dtype, obs_array(np.zeros((4, 84, 84), np.uint8)).dtype
+    (dtype('float32'), dtype('uint8'))
+    """
+    array = np.asarray(obs)
+    return array if array.dtype == np.uint8 else array.astype(np.float32, copy=False)
+
+
 def stack(transitions: Sequence[Transition], n_actions: int) -> TransitionBatch:
     """Stack transitions into a batch; a missing mask means every action is legal."""
     masks = [np.ones(n_actions, bool) if t.next_mask is None else np.asarray(t.next_mask, bool)
              for t in transitions]
     return TransitionBatch(
-        obs=np.stack([np.asarray(t.obs, np.float32) for t in transitions]),
+        obs=np.stack([obs_array(t.obs) for t in transitions]),
         actions=np.asarray([t.action for t in transitions], np.int64),
         rewards=np.asarray([t.reward for t in transitions], np.float32),
         discounts=np.asarray([t.discount for t in transitions], np.float32),
-        next_obs=np.stack([np.asarray(t.next_obs, np.float32) for t in transitions]),
+        next_obs=np.stack([obs_array(t.next_obs) for t in transitions]),
         next_masks=np.stack(masks),
     )
 

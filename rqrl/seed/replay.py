@@ -11,6 +11,8 @@ from a sum tree (O(log capacity) per draw, vectorised over the batch) and weighs
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rqrl.errors import ConfigError
@@ -57,12 +59,12 @@ class ReplayBuffer:
     """``capacity`` transitions; the oldest are overwritten once full."""
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], n_actions: int, prioritized: bool = True,
-                 alpha: float = 0.6, seed: int | None = None):
+                 alpha: float = 0.6, seed: int | None = None, obs_dtype: np.dtype[Any] | type = np.float32):
         if not (isinstance(capacity, int) and capacity >= 1):
             raise ConfigError(f"expected replay capacity >= 1, got {capacity!r}")
         self.capacity, self.prioritized, self.alpha = capacity, prioritized, alpha
-        self.obs = np.zeros((capacity, *obs_shape), np.float32)
-        self.next_obs = np.zeros((capacity, *obs_shape), np.float32)
+        self.obs = np.zeros((capacity, *obs_shape), obs_dtype)  # uint8 for images (AgentConfig.state_dtype)
+        self.next_obs = np.zeros((capacity, *obs_shape), obs_dtype)
         self.actions = np.zeros(capacity, np.int64)
         self.rewards = np.zeros(capacity, np.float32)
         self.discounts = np.zeros(capacity, np.float32)
@@ -88,6 +90,9 @@ class ReplayBuffer:
             if given != held.shape[1:]:
                 raise ConfigError(f"transitions with {name} of shape {given} do not fit the replay's {held.shape[1:]}; "
                                   f"set AgentConfig.state_shape and action_space_size to the env's")
+        if self.obs.dtype == np.uint8 and not (batch.obs.dtype == batch.next_obs.dtype == np.uint8):
+            raise ConfigError(f"transitions with {batch.obs.dtype} observations do not fit a uint8 replay (for "
+                              f"images); set AgentConfig.state_dtype to 'float32' for this env")
         start = max(0, size - self.capacity)
         indices = (self.cursor + np.arange(size - start)) % self.capacity
         self.obs[indices] = batch.obs[start:]

@@ -175,3 +175,16 @@ def test_ppo_throughput_prints_each_side_against_the_sampler() -> None:
     assert {"sampler", "ppo, sample ahead", "ppo, in turn"} <= set(rows), out
     assert float(rows["sampler"].split("|")[3]) == 1.0
     assert all(float(rows[side].split("|")[2].replace(",", "")) > 0 for side in rows if side != "side"), out
+
+
+@pytest.mark.timeout(60)
+def test_run_curve_prints_a_row_per_window_of_a_runs_metrics(tmp_path) -> None:
+    lines = ["env_steps,seconds,updates,mean_return,episodes",  # a row a second; returns from the 4th
+             *(f"{100 * second},{second}.5,{second},{'' if second < 3 else -21 + second / 10},{second // 3}"
+               for second in range(12))]
+    (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    out = run_benchmark("run_curve.py", str(tmp_path), "--window", "5")
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| ") and line[2].isdigit()]
+    assert [row[1:] for row in rows] == [  # 0-5 s, 5-10 s, 10-11.5 s: steps, steps/s, updates, episodes, return
+        ["400", "89", "4", "1", "-20.6"], ["900", "100", "9", "3", "-20.1"], ["1,100", "100", "11", "3", "-19.9"]], out

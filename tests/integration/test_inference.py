@@ -18,6 +18,7 @@ from rqrl.errors import RunStoppedError
 from rqrl.seed.inference import ActorInference, InferenceClient, InferenceServer
 from rqrl.seed.store import SeedRun, seal, unseal
 from tests.conftest import TEST_SECRET
+from tests.polling import wait_until
 from tests.seed_fixtures import mlp
 
 
@@ -270,3 +271,32 @@ def test_junk_on_a_reply_list_is_refused_and_the_real_answer_still_comes(run, ca
     assert answer.q_values.shape == (2,) and answer.server == "server-t"
     assert run.junk == 22
     assert "refusing a reply that is no answer of this run's servers" in caplog.text
+
+
+class MeanPixel(torch.nn.Module):
+    """Two Q-values from an image's mean pixel; remembers the dtypes it was given."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        self.given: set[torch.dtype] = set()
+
+    def forward(self, obs):
+        self.given.add(obs.dtype)
+        return obs.flatten(1).mean(1, keepdim=True) / 255.0 * self.weight
+
+
+def test_images_travel_as_uint8_and_the_network_gets_float32(run, connection):
+    model = MeanPixel()
+    publish(run, model)
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(
+        InferenceClient(run, "c0", 10.0).evaluate(np.full((4, 8, 8), 255, np.uint8))))
+    asking.start()
+    wait_until(lambda: connection.llen(run.keys.seed("requests")) == 1, 10, message="the request in Redis")
+    arrays, _ = unseal(connection.lindex(run.keys.seed("requests"), 0), run.message_key)
+    assert arrays["obs"].dtype == np.uint8 and arrays["obs"].shape == (1, 4, 8, 8)  # a quarter of float32's bytes
+    with ServerThread(run, model, batch_size=1, delay=0.01):
+        asking.join(30)
+    np.testing.assert_allclose(answers[0].q_values, [1.0, 2.0], rtol=1e-6)
+    assert model.given == {torch.float32}

@@ -37,6 +37,7 @@ def test_attributes_set_after_construction_are_validated_by_the_agent():
 @pytest.mark.parametrize(("name", "value", "match"), [
     ("state_shape", (), "state_shape"), ("batch_size", 0, "batch_size"), ("v_min", 2.0, "v_min"),
     ("discount_factor", 1.5, "discount_factor"), ("replay_device", "cuda", "replay_device"),
+    ("state_dtype", "float16", "state_dtype to be one of float32, uint8"),
 ])
 def test_bad_config(name, value, match):
     values = {"state_shape": (4,), "action_space_size": 2, name: value}
@@ -138,3 +139,30 @@ def test_act_is_greedy_over_legal_actions():
     obs = np.eye(2, dtype=np.float32)
     assert agent.act(obs).tolist() == [0, 1]
     assert agent.act(obs, np.array([[False, True], [True, False]])).tolist() == [1, 0]
+
+
+class MeanPixel(torch.nn.Module):
+    """Q-values from the mean pixel of an image; remembers the dtypes it was given."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(2))
+        self.given: set[torch.dtype] = set()
+
+    def forward(self, obs):
+        self.given.add(obs.dtype)
+        return obs.flatten(1).mean(1, keepdim=True) / 255.0 * self.weight
+
+
+def test_a_uint8_replay_holds_images_as_uint8_and_the_network_still_gets_float32():
+    config = AgentConfig(state_shape=(4, 8, 8), state_dtype="uint8", action_space_size=2, use_distributional=False,
+                         batch_size=4, seed=0)
+    agent = Agent(config, MeanPixel)
+    frames = np.full((3, 4, 8, 8), 255, np.uint8)
+    agent.observe(TransitionBatch(frames, np.zeros(3, np.int64), np.ones(3, np.float32), np.zeros(3, np.float32),
+                                  frames, np.ones((3, 2), bool)))
+    assert agent.replay.obs.dtype == np.uint8
+    loss = agent.train_step()
+    assert np.isfinite(loss)
+    assert agent.model_instance.network.given == {torch.float32}  # online and target networks alike
+    assert agent.target.network.given == {torch.float32}

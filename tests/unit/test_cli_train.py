@@ -64,3 +64,12 @@ def test_the_commands_refuse_before_training(ppo_run, tmp_path):
     assert result.exit_code == 2 and "--dueling cannot change" in result.stderr
     result = invoke("train", "--resume", str(tmp_path))
     assert result.exit_code == 2 and "no run folder of rqrl train" in result.stderr
+
+
+@pytest.mark.parametrize("command", [(), ("ppo",), ("dqn",)])
+def test_terminal_on_life_loss_is_a_flag_of_every_algorithm_and_refused_for_an_env_that_is_not_atari(command):
+    assert "--terminal-on-life-loss" in invoke("train", *command, "--help").stdout
+    result = invoke("train", *command, "--env", "CartPole-v1", "--terminal-on-life-loss")
+    assert result.exit_code == 1, result.stderr
+    assert "--terminal-on-life-loss is for Atari env ids (ALE/...), not 'CartPole-v1'" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -93,3 +93,13 @@ def test_the_command_refuses_another_algorithms_file_or_flags_and_resume(tmp_pat
     assert result.exit_code == 2 and "--config with --resume" in result.stderr
     result = invoke("train", "--config", str(tmp_path / "missing.json"))
     assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("algo, config_class", [("impala", ImpalaConfig), ("ppo", PpoConfig), ("dqn", DqnConfig)])
+def test_terminal_on_life_loss_is_a_key_of_every_algorithms_file(tmp_path, algo, config_class):
+    path = settings_file(tmp_path, {"algo": algo, "env_id": "ALE/Breakout-v5", "terminal_on_life_loss": True})
+    _, settings = file_options(None, path, {}, set())
+    assert config_class(**settings).terminal_on_life_loss is True
+    path = settings_file(tmp_path, {"algo": algo, "terminal_on_life_loss": "yes"})
+    result = invoke("train", "--config", path)
+    assert result.exit_code == 2 and 'terminal_on_life_loss must be true or false, got "yes"' in result.stderr

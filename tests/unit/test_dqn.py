@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from rqrl.algorithms.checkpoint import save_weights
-from rqrl.algorithms.dqn import DqnConfig, QNetwork, is_dqn_weights, load_q_model
+from rqrl.algorithms.cnn import NatureCNN
+from rqrl.algorithms.dqn import DqnConfig, QNetwork, _DqnRun, is_dqn_weights, load_q_model
 from rqrl.errors import ConfigError
 from rqrl.seed.agent import AgentConfig, QModel
 
@@ -108,3 +110,35 @@ def test_a_checkpoint_of_another_network_size_is_refused_with_the_fix(tmp_path):
     save_agent_checkpoint(tmp_path / "checkpoint.safetensors", make_agent(8), {"algo": "dqn", "env_id": "X"})
     with pytest.raises(ConfigError, match="--hidden-size"):
         load_agent_checkpoint(tmp_path, make_agent(16))
+
+
+PIXELS = "tests.fixtures:RqrlPixelSign-v0"
+
+
+@pytest.mark.parametrize("distributional", [False, True])
+@pytest.mark.parametrize("dueling", [False, True])
+def test_images_get_a_head_on_the_nature_cnn_for_every_head(distributional, dueling):
+    config = AgentConfig(state_shape=(4, 84, 84), action_space_size=6, use_distributional=distributional,
+                         dueling=dueling, n_atoms=5, v_min=-21, v_max=21)
+    network = QNetwork((4, 84, 84), 6, 128, 5 if distributional else None, dueling)
+    assert isinstance(network.torso, NatureCNN) and network.layers.in_features == 512  # hidden_size: the MLP's
+    q = QModel(network, config)(torch.zeros(2, 4, 84, 84, dtype=torch.uint8))
+    assert q.shape == (2, 6)
+
+
+def test_a_run_on_images_has_the_cnn_and_a_uint8_replay(tmp_path):
+    run = _DqnRun(DqnConfig(env_id=PIXELS, run_dir=str(tmp_path), replay_capacity=100))
+    assert isinstance(run.agent.model_instance.network.torso, NatureCNN)
+    assert run.agent.config.state_shape == (2, 36, 36) and run.agent.replay.obs.dtype == np.uint8
+    cartpole = _DqnRun(DqnConfig(run_dir=str(tmp_path), replay_capacity=100))  # vectors: the MLP, a float32 replay
+    assert cartpole.agent.model_instance.network.torso is None and cartpole.agent.replay.obs.dtype == np.float32
+
+
+def test_image_weights_files_load_back_into_the_cnn(tmp_path):
+    torch.manual_seed(0)
+    network = QNetwork((2, 36, 36), 2, 8, None, False)
+    save_weights(tmp_path / "final.safetensors", network.state_dict(),
+                 {"algo": "dqn", "env_id": PIXELS, "hidden_size": 8, "distributional": False, "dueling": False})
+    loaded, _ = load_q_model(tmp_path)
+    frames = torch.randint(0, 256, (3, 2, 36, 36), dtype=torch.uint8)
+    assert torch.allclose(loaded(frames), network(frames))

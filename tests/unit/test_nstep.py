@@ -83,3 +83,13 @@ def test_stack_fills_missing_masks_with_all_legal():
 def test_bad_arguments(n, gamma):
     with pytest.raises(ConfigError):
         NStepCollector(n, gamma)
+
+
+def test_stack_keeps_uint8_images_and_makes_the_rest_float32():
+    frame = np.full((4, 84, 84), 255, np.uint8)
+    [transition] = NStepCollector(n=1, gamma=0.9).step(frame, 1, None, 1.0, frame, None, False, False)
+    images = stack([transition], n_actions=2)
+    assert images.obs.dtype == images.next_obs.dtype == np.uint8 and int(images.obs.max()) == 255
+    [transition] = NStepCollector(n=1, gamma=0.9).step(np.zeros(3), 1, None, 1.0, np.ones(3), None, False, False)
+    vectors = stack([transition], n_actions=2)  # float64 observations travel as float32, as before
+    assert vectors.obs.dtype == vectors.next_obs.dtype == np.float32

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import copy
+
 import gymnasium
 import numpy as np
 import pytest
 import torch
 
 from rqrl import EnvSpec, EpisodeBatch, StepType, WorkerFactory
-from rqrl.algorithms.common import make_flat_env
+from rqrl.algorithms import ppo
+from rqrl.algorithms.cnn import NatureCNN
+from rqrl.algorithms.common import make_flat_env, make_train_env
 from rqrl.algorithms.impala import ActorCritic
-from rqrl.algorithms.ppo import PpoConfig, advantages_and_returns, gae, train
+from rqrl.algorithms.ppo import (
+    PpoConfig,
+    PpoLearner,
+    advantages_and_returns,
+    gae,
+    max_episode_length,
+    ppo_update,
+    train,
+)
 from tests import fixtures  # noqa: F401 - registers RqrlGuessSign-v0
 from tests.run_files import read_rows
 
@@ -96,3 +108,37 @@ def test_eval_every_writes_greedy_returns_into_the_rows(tmp_path, one_torch_thre
     rows = read_rows(tmp_path / "ppo" / "metrics.csv")
     evaluated = [float(row["eval_return"]) for row in rows if row["eval_return"]]
     assert evaluated and all(0 <= value <= 20 for value in evaluated), rows
+
+
+PIXELS = "tests.fixtures:RqrlPixelSign-v0"
+
+
+def test_image_observations_get_the_nature_cnn(tmp_path):
+    learner = PpoLearner(PpoConfig(env_id=PIXELS, run_dir=str(tmp_path)))
+    assert isinstance(learner.model.torso, NatureCNN) and learner.model.torso.obs_shape == (2, 36, 36)
+    assert PpoLearner(PpoConfig(run_dir=str(tmp_path))).model.torso is None  # CartPole: the MLPs
+
+
+def test_ppo_trains_the_cnn_on_an_episode_batch_of_uint8_images(monkeypatch, one_torch_thread):
+    torch.manual_seed(0)
+    model = ActorCritic((2, 36, 36), 2)
+    worker = WorkerFactory(max_episode_length=20, n_workers=1, seed=0)(0)
+    worker.update_agent(copy.deepcopy(model))
+    worker.update_env(make_train_env(PIXELS))
+    batch = EpisodeBatch.concatenate(worker.rollout(), worker.rollout())
+    assert batch.observations.dtype == np.uint8 and batch.observations.shape == (40, 2, 36, 36)
+    config = PpoConfig(env_id=PIXELS, epochs=2, minibatch_size=16)
+    whole = advantages_and_returns(model, batch, config, torch.device("cpu"))
+    monkeypatch.setattr(ppo, "VALUE_ROWS", 7)  # values in forward passes of 7 rows: the same figures
+    np.testing.assert_allclose(advantages_and_returns(model, batch, config, torch.device("cpu"))[0], whole[0],
+                               rtol=1e-5, atol=1e-6)
+    before = [parameter.detach().clone() for parameter in model.torso.parameters()]
+    terms = ppo_update(model, torch.optim.Adam(model.parameters(), lr=1e-3), batch, config, torch.device("cpu"),
+                       torch.Generator().manual_seed(0))
+    assert all(np.isfinite([terms.policy, terms.value, terms.entropy, terms.clip_fraction]))
+    assert all(not torch.equal(old, new) for old, new in zip(before, model.torso.parameters(), strict=True))
+
+
+def test_an_atari_episode_is_capped_at_v5s_length_unless_given():
+    assert max_episode_length(PpoConfig(env_id="ALE/Pong-v5")) == 27_000  # 108,000 frames, 4 a step
+    assert max_episode_length(PpoConfig(env_id="ALE/Pong-v5", max_episode_length=500)) == 500

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rqrl.errors import ConfigError
 from rqrl.seed.nstep import TransitionBatch
 from rqrl.seed.replay import ReplayBuffer, SumTree
 
@@ -71,3 +72,25 @@ def test_transitions_of_another_shape_are_refused_with_the_fix():
     buffer = ReplayBuffer(4, (2,), 2)
     with pytest.raises(ConfigError, match=r"obs of shape \(1,\) do not fit the replay's \(2,\).*state_shape"):
         buffer.add(batch([1.0]))
+
+
+def image_batch(size, value, dtype=np.uint8):
+    frames = np.full((size, 4, 8, 8), value, dtype)
+    return TransitionBatch(frames, np.zeros(size, np.int64), np.ones(size, np.float32), np.ones(size, np.float32),
+                           frames.copy(), np.ones((size, 2), bool))
+
+
+def test_a_uint8_replay_stores_images_in_a_quarter_of_the_bytes_and_samples_them_as_they_came():
+    images = ReplayBuffer(10, (4, 8, 8), 2, prioritized=False, seed=0, obs_dtype=np.uint8)
+    floats = ReplayBuffer(10, (4, 8, 8), 2, prioritized=False, seed=0)
+    assert images.obs.nbytes * 4 == floats.obs.nbytes
+    images.add(image_batch(3, 200))
+    sampled, _, _ = images.sample(5)
+    assert sampled.obs.dtype == sampled.next_obs.dtype == np.uint8 and (sampled.obs == 200).all()
+
+
+def test_a_uint8_replay_refuses_float_observations_and_names_the_setting():
+    images = ReplayBuffer(10, (4, 8, 8), 2, prioritized=False, seed=0, obs_dtype=np.uint8)
+    with pytest.raises(ConfigError, match="float32 observations do not fit a uint8 replay.*state_dtype"):
+        images.add(image_batch(2, 0.5, np.float32))
+    assert len(images) == 0
