@@ -90,10 +90,11 @@ def _stack_axes(obs_shape: tuple[int, ...]) -> list[int]:
 
 
 def _stacks_first(series: np.ndarray, axis: int) -> np.ndarray:
-    """``series`` ``[S, L, *obs]`` as ``[S, L, K, *frame]`` with each frame contiguous (no copy for a contiguous
-    first-axis stack)."""
+    """``series`` ``[S, L, *obs]`` as ``[S, L, K, *frame]`` with each observation contiguous (no copy for a
+    first-axis stack whose observations are: a rollout's buffers, or a slice of its actors)."""
     if axis == 0:
-        return np.ascontiguousarray(series)
+        return series if series[0, 0].flags.c_contiguous and series.strides[-1] == series.itemsize else (
+            np.ascontiguousarray(series))
     return np.ascontiguousarray(np.moveaxis(series, -1, 2))
 
 

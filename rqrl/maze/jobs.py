@@ -153,7 +153,7 @@ class ActorGroupJob(GroupJob):
         self.first_rollout = rollout_id
         self.refused: set[int] = set()
         """Actors whose last rollout here was already delivered by an earlier job."""
-        self.in_flight: tuple[SentPush, list[tuple[PendingRollout, list[int]]], int] | None = None
+        self.in_flight: tuple[list[SentPush], list[tuple[PendingRollout, list[int]]], int] | None = None
         """The last rollout's push, sent but not yet confirmed: its reply is read after the next rollout is stepped,
         so the worker does not idle waiting for Redis (one entry per rollout: the common case)."""
         self.weights_check: SentFetch | None = None
@@ -206,7 +206,8 @@ class ActorGroupJob(GroupJob):
             return self._rollouts()
         finally:
             if self.in_flight is not None:  # the job ends before it needed the outcome (stopped, failed, lost)
-                self.in_flight[0].abandon()
+                for sent in self.in_flight[0]:
+                    sent.abandon()
             if self.weights_check is not None:
                 self.weights_check.abandon()
 
@@ -238,13 +239,15 @@ class ActorGroupJob(GroupJob):
         continues = [rollout.continues_previous and actor not in self.refused for actor in rollout.actor_ids]
         entries = _group_entries(rollout, continues, self.group_id, self.config.run_id, self.context.records_key)
         self.queue.bound = self.config.entries_bound(len(entries[0][1]))
-        sent = self.queue.send(entries[0][0], self.token, self.fence) if len(entries) == 1 and not cut else None
+        sent = [] if cut else self._send(entries)  # the last rollout of a job is pushed, not left in flight
         self.position += 1
-        if sent is not None:
+        if len(sent) == len(entries):
             self.in_flight = (sent, entries, self.position)
-        else:
-            report = self.queue.push([entry for entry, _ in entries], self.is_stopped, on_wait=self.beat,
+        else:  # some entry could not be sent ahead: push the others, then settle those sent
+            report = self.queue.push([entry for entry, _ in entries[len(sent):]], self.is_stopped, on_wait=self.beat,
                                      token=self.token, lease=self.fence)
+            if sent:
+                report = _combined([report, *self._finish(sent)])
             self._delivered(entries, report, self.position)
             if report.waited_seconds > 0 and self.weights_check is not None:  # the check predates the wait for
                 self.weights_check.abandon()  # room, during which the learner may have published: ask afresh
@@ -265,13 +268,39 @@ class ActorGroupJob(GroupJob):
         if self.lease is not None:
             self.lease.record_progress(next_rollout_id)
 
+    def _send(self, entries: list[tuple[PendingRollout, list[int]]]) -> list[SentPush]:
+        """Send the entries' pushes without waiting for the replies, so the next rollout steps meanwhile (a
+        group's entries go each on a connection of its own); the first ones sent, up to one that could not be."""
+        sent = []
+        for entry, _ in entries:
+            push = self.queue.send(entry, self.token, self.fence)
+            if push is None:
+                break
+            sent.append(push)
+        return sent
+
+    def _finish(self, sent: list[SentPush]) -> list[PushReport]:
+        """The outcome of each push sent ahead (pushing again what the queue was full for or lost the reply of)."""
+        return [self.queue.finish(push, self.is_stopped, on_wait=self.beat) for push in sent]
+
     def _settle(self) -> None:
-        """Confirm the in-flight push (pushing it again if the queue was full or the reply lost)."""
+        """Confirm the in-flight pushes (pushing again what the queue was full for or lost the reply of)."""
         if self.in_flight is not None:
             sent, sent_entries, next_rollout_id = self.in_flight
             self.in_flight = None
-            self._delivered(sent_entries, self.queue.finish(sent, self.is_stopped, on_wait=self.beat),
-                            next_rollout_id)
+            try:
+                reports = self._finish(sent)
+            except BaseException:
+                for push in sent:  # those not read yet: close their connections
+                    push.abandon()
+                raise
+            self._delivered(sent_entries, _combined(reports), next_rollout_id)
+
+
+def _combined(reports: list[PushReport]) -> PushReport:
+    """One report of several pushes: the seconds they waited, and every duplicate."""
+    return PushReport(sum(report.waited_seconds for report in reports),
+                      tuple(duplicate for report in reports for duplicate in report.duplicates))
 
 
 def _group_entries(rollout: GroupRollout, continues: list[bool], group_id: int, run_id: str,

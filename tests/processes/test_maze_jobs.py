@@ -199,10 +199,10 @@ def test_a_worker_that_cannot_run_the_run_is_sidelined_and_the_run_goes_on(conne
     # one entry per rollout, pushes sent ahead: rollout 0 goes in, rollout 1 finds the queue full, rollout 2 is
     # stepped, then the worker waits for room (reading rollout 1's reply); rollout 3 is the first stepped after
     (fixtures.make_cartpole, 1, {0: 1, 1: 1, 2: 1, 3: 2}),
-    # rollouts of 0.5 MB: each goes in an entry of its own, and a group's entries are pushed waiting; rollout 0
-    # fills the queue, rollout 1 waits for room, and rollout 2 is the first stepped after
-    (fixtures.make_wide_counting_env, 3, {0: 1, 1: 1, 2: 2}),
-], ids=["sent-push", "waited-push"])
+    # rollouts of 0.5 MB: each goes in an entry of its own, and a group's entries are all sent ahead as one is;
+    # the same order
+    (fixtures.make_wide_counting_env, 3, {0: 1, 1: 1, 2: 1, 3: 2}),
+], ids=["sent-push", "sent-entries"])
 def test_weights_published_while_a_worker_waits_for_room_reach_the_rollout_after_the_wait(
         connection, redis_url, run_name, env_factory, n_actors, expected):
     """A queue of one entry fills; weights published while the worker waits for room reach the first rollout it
