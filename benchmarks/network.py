@@ -31,7 +31,8 @@ Workers, redis-servers (and the relay) of both sides stay up for the whole run; 
 
 The table: median steps/s of each side and the median of per-round ratios; Redis's traffic over the netem
 side's window (``total_net_input_bytes`` / ``total_net_output_bytes``) per second and per env step; the steps/s
-one 1 Gbit/s link (125 MB/s) would carry at those bytes per step; Redis commands per rollout; and the round
+one 1 Gbit/s link (125 MB/s) would carry at those bytes per step; Redis commands per worker rollout (one
+rollout of a worker's envs, the unit a worker pushes; the most frequent commands follow the table); and the round
 trip measured by the learner (median of redis PINGs) on each side. The bytes are whatever the code sends: when
 rollout payloads are compressed or de-duplicated, these columns drop with them.
 
@@ -236,11 +237,11 @@ class Window:
     envs: int
     round: int
     steps: int
-    rollouts: int
+    worker_rollouts: int  # rollouts of one worker's envs (a group: envs x rollout steps)
     seconds: float
     bytes_in: int
     bytes_out: int
-    commands: int
+    commands: dict[str, int]  # Redis's calls by command over the window
     ping_ms: float
     cores: dict[str, float]
 
@@ -297,7 +298,8 @@ def summarize(windows: Sequence[Window]) -> list[Row]:
             mb_out=middle(w.bytes_out / w.seconds / 1e6 for w in netem),
             bytes_in_per_step=bytes_in, bytes_out_per_step=bytes_out,
             link_ceiling=LINK_BYTES_PER_SECOND / max(bytes_in, bytes_out),
-            commands_per_rollout=middle(w.commands / w.rollouts if w.rollouts else float("nan") for w in netem),
+            commands_per_rollout=middle(sum(w.commands.values()) / w.worker_rollouts if w.worker_rollouts
+                                        else float("nan") for w in netem),
             ping_loopback_ms=middle(w.ping_ms for w in loopback), ping_netem_ms=middle(w.ping_ms for w in netem)))
     return rows
 
@@ -307,7 +309,7 @@ WORKLOAD_NAMES = {"cartpole": "CartPole-v1, 4-64-64-2 MLP", "frames": "84x84x4 u
 
 def format_table(rows: Sequence[Row]) -> str:
     lines = ["| workload | envs per worker | loopback steps/s | netem steps/s | netem / loopback | Redis MB/s in / out "
-             "| Redis bytes per step in / out | steps/s one 1 Gbit/s link carries | Redis commands per rollout "
+             "| Redis bytes per step in / out | steps/s one 1 Gbit/s link carries | Redis commands per worker rollout "
              "| PING ms loopback / netem |",
              "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for row in rows:
@@ -317,6 +319,26 @@ def format_table(rows: Sequence[Row]) -> str:
             f"{row.bytes_out_per_step:,.0f} | {row.link_ceiling:,.0f} | {row.commands_per_rollout:,.1f} | "
             f"{row.ping_loopback_ms:.3f} / {row.ping_netem_ms:.3f} |")
     return "\n".join(lines)
+
+
+def top_commands(windows: Sequence[Window], top: int = 8) -> list[str]:
+    """Per workload and envs: the most frequent Redis commands per worker rollout on the netem side (summed over
+    its windows), e.g. ``cartpole, 8 envs: evalsha 3.0, llen 2.1``."""
+    lines = []
+    for workload, envs in sorted({(w.workload, w.envs) for w in windows if w.side == "netem"},
+                                 key=lambda key: (WORKLOADS.index(key[0]), key[1])):
+        mine = [w for w in windows if w.side == "netem" and (w.workload, w.envs) == (workload, envs)]
+        rollouts = sum(w.worker_rollouts for w in mine)
+        calls: dict[str, int] = {}
+        for window in mine:
+            for name, count in window.commands.items():
+                calls[name] = calls.get(name, 0) + count
+        if not rollouts:
+            continue
+        ranked = sorted(calls.items(), key=lambda item: (-item[1], item[0]))[:top]
+        per_rollout = ", ".join(f"{name} {count / rollouts:.1f}" for name, count in ranked)
+        lines.append(f"{workload}, {envs} envs: {per_rollout}")
+    return lines
 
 
 def format_windows(windows: Sequence[Window]) -> str:
@@ -613,6 +635,10 @@ def print_report(args: argparse.Namespace, link: Link, windows: Sequence[Window]
           "over the larger of the bytes in and out per step: Redis's NIC carries both. PING: the median round trip "
           f"of {PING_COUNT} PINGs from the learner's machine.")
     print()
+    print("Redis commands per worker rollout, the most frequent (netem side):")
+    for line in top_commands(windows):
+        print(f"- {line}")
+    print()
     print(format_windows(windows))
 
 
@@ -695,19 +721,19 @@ def learner_main(spec: dict[str, Any]) -> None:
         while time.perf_counter() < warm_until:
             run.collect_outputs("cpu")
         cost_before, cpu_before = RedisCost.read(client), cpu_snapshot(spec["watch"])
-        steps = rollouts = 0
+        steps = worker_rollouts = 0
         started = time.perf_counter()
         while time.perf_counter() - started < spec["seconds"]:
             rewards = run.collect_outputs("cpu").record.rewards
             steps += int(rewards.numel())
-            rollouts += int(rewards.shape[1])
+            worker_rollouts += int(rewards.shape[1]) // spec["envs"]  # each worker's group: envs columns
         elapsed = time.perf_counter() - started
         cpu_after = cpu_snapshot(spec["watch"])
         cost = RedisCost.read(client).since(cost_before)
     cores = {role: (cpu_after[role] - cpu_before[role]) / elapsed for role in cpu_after}
     window = Window(side=spec["side"], workload=spec["workload"], envs=spec["envs"], round=spec["round"], steps=steps,
-                    rollouts=rollouts, seconds=elapsed, bytes_in=cost.bytes_in, bytes_out=cost.bytes_out,
-                    commands=sum(cost.commands.values()), ping_ms=statistics.median(pings), cores=cores)
+                    worker_rollouts=worker_rollouts, seconds=elapsed, bytes_in=cost.bytes_in,
+                    bytes_out=cost.bytes_out, commands=cost.commands, ping_ms=statistics.median(pings), cores=cores)
     print(json.dumps(dataclasses.asdict(window)), flush=True)
 
 

@@ -21,6 +21,7 @@ from benchmarks.network import (
     plan_topology,
     relay_connection,
     summarize,
+    top_commands,
     topology_commands,
 )
 
@@ -97,9 +98,11 @@ def test_commands_in_a_namespace_and_leftovers_by_prefix() -> None:
 
 def window(side: str, round_index: int, steps: int, *, workload: str = "cartpole", envs: int = 8,
            ping_ms: float = 0.05) -> Window:
-    return Window(side=side, workload=workload, envs=envs, round=round_index, steps=steps, rollouts=steps // 128,
-                  seconds=2.0, bytes_in=steps * 100, bytes_out=steps * 50, commands=steps // 128 * 10,
-                  ping_ms=ping_ms, cores={"workers": 1.5})
+    rollouts = steps // (128 * envs)
+    return Window(side=side, workload=workload, envs=envs, round=round_index, steps=steps, worker_rollouts=rollouts,
+                  seconds=2.0, bytes_in=steps * 100, bytes_out=steps * 50,
+                  commands={"evalsha": 6 * rollouts, "get": 3 * rollouts, "ping": 1 * rollouts}, ping_ms=ping_ms,
+                  cores={"workers": 1.5})
 
 
 def test_summary_takes_medians_and_the_median_of_per_round_ratios() -> None:
@@ -123,6 +126,12 @@ def test_summary_takes_medians_and_the_median_of_per_round_ratios() -> None:
     assert cells == ["CartPole-v1, 4-64-64-2 MLP", "8", "64,000", "32,000", "0.50", "3.2 / 1.6", "100 / 50",
                      "1,250,000", "10.0", "0.050 / 2.200"]
     assert table[3].startswith("| 84x84x4 uint8 frames, conv policy | 32 | 12,800 | 6,400 | 0.50 |")
+
+
+def test_top_commands_per_worker_rollout_of_the_netem_side() -> None:
+    windows = [window("netem", 0, 10_240), window("netem", 1, 20_480), window("loopback", 0, 1_024_000)]
+    windows[1].commands["llen"] = 30  # 30 calls over the two windows' 30 rollouts
+    assert top_commands(windows, top=3) == ["cartpole, 8 envs: evalsha 6.0, get 3.0, llen 1.0"]
 
 
 def test_a_workload_measured_on_one_side_only_has_no_row() -> None:
