@@ -33,8 +33,11 @@ The table: median steps/s of each side and the median of per-round ratios; Redis
 side's window (``total_net_input_bytes`` / ``total_net_output_bytes``) per second and per env step; the steps/s
 one 1 Gbit/s link (125 MB/s) would carry at those bytes per step; Redis commands per worker rollout (one
 rollout of a worker's envs, the unit a worker pushes; the most frequent commands follow the table); and the round
-trip measured by the learner (median of redis PINGs) on each side. The bytes are whatever the code sends: when
-rollout payloads are compressed or de-duplicated, these columns drop with them.
+trip measured by the learner (median of redis PINGs) on each side. With the relay, also the round trips on the
+wire: per worker rollout, each worker's, and per batch, the learner's (a client's bytes that follow a reply start
+one; requests sent ahead of a reply count with it, so this bounds from above the round trips anyone waits on).
+The bytes are whatever the code sends: when rollout payloads are compressed or de-duplicated, these columns drop
+with them.
 
 Needs root (namespaces, veths, qdiscs), ``ip`` and ``tc`` (iproute2) and ``redis-server`` on PATH. Everything it
 creates is named ``rqrl-bench-*`` and removed at the end, also on Ctrl-C or SIGTERM; leftovers of a run that
@@ -211,8 +214,9 @@ def worker_command(python: str, url: str, name: str) -> list[str]:
     return [python, "-m", "rqrl", "worker", "--redis-url", url, "--name", name, "--log-level", "WARNING"]
 
 
-def relay_command(python: str, listen: str, upstream: str, delay_ms: float) -> list[str]:
-    return [python, str(Path(__file__).resolve()), "--relay", listen, upstream, "--delay-ms", f"{delay_ms:g}"]
+def relay_command(python: str, listen: str, upstream: str, delay_ms: float, turns_path: str) -> list[str]:
+    return [python, str(Path(__file__).resolve()), "--relay", listen, upstream, "--delay-ms", f"{delay_ms:g}",
+            "--relay-turns", turns_path]
 
 
 def redis_url(address: str, port: int) -> str:
@@ -244,6 +248,8 @@ class Window:
     commands: dict[str, int]  # Redis's calls by command over the window
     ping_ms: float
     cores: dict[str, float]
+    batches: int = 0  # collect_outputs calls
+    round_trips: dict[str, int] | None = None  # "workers", "learner": round trips counted by the relay
 
     @property
     def steps_per_second(self) -> float:
@@ -269,6 +275,14 @@ class Row:
     commands_per_rollout: float
     ping_loopback_ms: float
     ping_netem_ms: float
+    worker_round_trips: float | None = None  # per worker rollout, each worker's
+    learner_round_trips: float | None = None  # per batch
+
+
+def round_trips_per(windows: Sequence[Window], role: str, unit: Callable[[Window], int]) -> float | None:
+    """Median over windows of the relay's round-trip count for ``role`` per ``unit`` (None without a relay)."""
+    values = [w.round_trips[role] / unit(w) for w in windows if w.round_trips is not None and unit(w) > 0]
+    return statistics.median(values) if values else None
 
 
 def summarize(windows: Sequence[Window]) -> list[Row]:
@@ -300,7 +314,9 @@ def summarize(windows: Sequence[Window]) -> list[Row]:
             link_ceiling=LINK_BYTES_PER_SECOND / max(bytes_in, bytes_out),
             commands_per_rollout=middle(sum(w.commands.values()) / w.worker_rollouts if w.worker_rollouts
                                         else float("nan") for w in netem),
-            ping_loopback_ms=middle(w.ping_ms for w in loopback), ping_netem_ms=middle(w.ping_ms for w in netem)))
+            ping_loopback_ms=middle(w.ping_ms for w in loopback), ping_netem_ms=middle(w.ping_ms for w in netem),
+            worker_round_trips=round_trips_per(netem, "workers", lambda w: w.worker_rollouts),
+            learner_round_trips=round_trips_per(netem, "learner", lambda w: w.batches)))
     return rows
 
 
@@ -310,14 +326,16 @@ WORKLOAD_NAMES = {"cartpole": "CartPole-v1, 4-64-64-2 MLP", "frames": "84x84x4 u
 def format_table(rows: Sequence[Row]) -> str:
     lines = ["| workload | envs per worker | loopback steps/s | netem steps/s | netem / loopback | Redis MB/s in / out "
              "| Redis bytes per step in / out | steps/s one 1 Gbit/s link carries | Redis commands per worker rollout "
-             "| PING ms loopback / netem |",
-             "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "| PING ms loopback / netem | round trips per worker rollout / per learner batch |",
+             "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for row in rows:
+        trips = " / ".join("-" if value is None else f"{value:.1f}"
+                           for value in (row.worker_round_trips, row.learner_round_trips))
         lines.append(
             f"| {WORKLOAD_NAMES.get(row.workload, row.workload)} | {row.envs} | {row.loopback:,.0f} | {row.netem:,.0f} "
             f"| {row.ratio:.2f} | {row.mb_in:,.1f} / {row.mb_out:,.1f} | {row.bytes_in_per_step:,.0f} / "
             f"{row.bytes_out_per_step:,.0f} | {row.link_ceiling:,.0f} | {row.commands_per_rollout:,.1f} | "
-            f"{row.ping_loopback_ms:.3f} / {row.ping_netem_ms:.3f} |")
+            f"{row.ping_loopback_ms:.3f} / {row.ping_netem_ms:.3f} | {trips} |")
     return "\n".join(lines)
 
 
@@ -531,6 +549,7 @@ class Side:
     url: str
     learner_namespace: str | None
     watch: dict[str, list[int]]
+    turns: dict[str, Any] | None = None  # the relay's round-trip counts: {"path": ..., "roles": {address: role}}
 
 
 def start_loopback(children: Children, args: argparse.Namespace, directory: str) -> Side:
@@ -551,23 +570,29 @@ def start_netem(children: Children, args: argparse.Namespace, topology: Topology
     watch = {"redis": [redis_process.pid]}
     url = redis_url(redis_host.address, REDIS_PORT)
     if link.kind == "relay":
+        turns_path = os.path.join(directory, "relay-turns.json")
         relay = children.start(netns_exec(BRIDGE_NAMESPACE, relay_command(
             sys.executable, f"{topology.bridge_address}:{REDIS_PORT}", f"{redis_host.address}:{REDIS_PORT}",
-            link.delay_ms)))
+            link.delay_ms, turns_path)))
         wait_for_redis(topology.bridge_address, REDIS_PORT, topology.host("learner").namespace, relay)
         url = redis_url(topology.bridge_address, REDIS_PORT)
         watch["relay"] = [relay.pid]
     workers = [children.start(netns_exec(host.namespace, worker_command(sys.executable, url, f"netem-{index}")))
                for index, host in enumerate(topology.workers)]
     watch["workers"] = [worker.pid for worker in workers]
-    return Side("netem", url, topology.host("learner").namespace, watch)
+    turns = None
+    if link.kind == "relay":
+        roles = {host.address: "workers" for host in topology.workers}
+        roles[topology.host("learner").address] = "learner"
+        turns = {"path": turns_path, "roles": roles}
+    return Side("netem", url, topology.host("learner").namespace, watch, turns)
 
 
 def run_window(side: Side, workload: str, envs: int, round_index: int, args: argparse.Namespace) -> Window:
     """One learner process (in the learner's namespace on the netem side) measures one window."""
     spec = {"side": side.name, "workload": workload, "envs": envs, "round": round_index, "url": side.url,
             "workers": args.workers, "seconds": args.seconds, "warmup": args.warmup,
-            "rollout_steps": args.rollout_steps or ROLLOUT_STEPS[workload], "watch": side.watch}
+            "rollout_steps": args.rollout_steps or ROLLOUT_STEPS[workload], "watch": side.watch, "turns": side.turns}
     command = netns_exec(side.learner_namespace, [sys.executable, str(Path(__file__).resolve()), "--learner",
                                                   json.dumps(spec)])
     timeout = args.seconds + args.warmup + 300
@@ -592,28 +617,28 @@ def run_benchmark(args: argparse.Namespace) -> None:
         log.info("link: %s", link.describe())
         children = Children()
         windows: list[Window] = []
+        directory = tempfile.mkdtemp(prefix="rqrl-bench-")
         try:
-            with tempfile.TemporaryDirectory(prefix="rqrl-bench-") as directory:
-                for command in topology_commands(topology, link):
-                    run_command(command)
-                os.mkdir(os.path.join(directory, "loopback"))
-                os.mkdir(os.path.join(directory, "netem"))
-                loopback = start_loopback(children, args, os.path.join(directory, "loopback"))
-                netem = start_netem(children, args, topology, link, os.path.join(directory, "netem"))
-                for round_index in range(args.rounds):
-                    for workload in args.workloads:
-                        for envs in args.envs:
-                            sides = [loopback, netem] if round_index % 2 == 0 else [netem, loopback]
-                            for side in sides:
-                                log.info("round %d/%d, %s, %d envs per worker: %s", round_index + 1, args.rounds,
-                                         workload, envs, side.name)
-                                window = run_window(side, workload, envs, round_index, args)
-                                log.info("    %s steps/s, PING %.3f ms", f"{window.steps_per_second:,.0f}",
-                                         window.ping_ms)
-                                windows.append(window)
+            for command in topology_commands(topology, link):
+                run_command(command)
+            os.mkdir(os.path.join(directory, "loopback"))
+            os.mkdir(os.path.join(directory, "netem"))
+            loopback = start_loopback(children, args, os.path.join(directory, "loopback"))
+            netem = start_netem(children, args, topology, link, os.path.join(directory, "netem"))
+            for round_index in range(args.rounds):
+                for workload in args.workloads:
+                    for envs in args.envs:
+                        for side in [loopback, netem] if round_index % 2 == 0 else [netem, loopback]:
+                            log.info("round %d/%d, %s, %d envs per worker: %s", round_index + 1, args.rounds,
+                                     workload, envs, side.name)
+                            window = run_window(side, workload, envs, round_index, args)
+                            log.info("    %s steps/s, PING %.3f ms", f"{window.steps_per_second:,.0f}",
+                                     window.ping_ms)
+                            windows.append(window)
         finally:
             children.stop()
             remove_namespaces(topology.namespaces)
+            shutil.rmtree(directory, ignore_errors=True)
     print_report(args, link, windows)
 
 
@@ -633,7 +658,8 @@ def print_report(args: argparse.Namespace, link: Link, windows: Sequence[Window]
     print("Steps/s: medians over rounds; netem / loopback: the median of per-round ratios. Redis traffic and "
           "commands: the netem side's window (Redis's own counters). 'steps/s one 1 Gbit/s link carries' = 125 MB/s "
           "over the larger of the bytes in and out per step: Redis's NIC carries both. PING: the median round trip "
-          f"of {PING_COUNT} PINGs from the learner's machine.")
+          f"of {PING_COUNT} PINGs from the learner's machine. Round trips: counted by the relay (none with netem): "
+          "a client's bytes after a reply start one, requests sent ahead of a reply count with it.")
     print()
     print("Redis commands per worker rollout, the most frequent (netem side):")
     for line in top_commands(windows):
@@ -689,6 +715,24 @@ def cpu_snapshot(watch: dict[str, list[int]]) -> dict[str, float]:
     return snapshot
 
 
+def relay_round_trips(turns: dict[str, Any] | None) -> dict[str, int] | None:
+    """The relay's round-trip counts so far by role ("workers", "learner"), from the file it rewrites every
+    RELAY_TURNS_PERIOD seconds; None without a relay."""
+    if turns is None:
+        return None
+    try:
+        with open(turns["path"]) as file:
+            by_address: dict[str, int] = json.load(file)
+    except (OSError, ValueError):
+        by_address = {}
+    by_role = {"workers": 0, "learner": 0}
+    for address, count in by_address.items():
+        role = turns["roles"].get(address)
+        if role is not None:
+            by_role[role] += count
+    return by_role
+
+
 def learner_main(spec: dict[str, Any]) -> None:
     """Wait for the workers, PING, then one window of collect_outputs; print the Window as one JSON line."""
     import redis
@@ -721,19 +765,26 @@ def learner_main(spec: dict[str, Any]) -> None:
         while time.perf_counter() < warm_until:
             run.collect_outputs("cpu")
         cost_before, cpu_before = RedisCost.read(client), cpu_snapshot(spec["watch"])
-        steps = worker_rollouts = 0
+        turns_before = relay_round_trips(spec["turns"])
+        steps = worker_rollouts = batches = 0
         started = time.perf_counter()
         while time.perf_counter() - started < spec["seconds"]:
             rewards = run.collect_outputs("cpu").record.rewards
             steps += int(rewards.numel())
             worker_rollouts += int(rewards.shape[1]) // spec["envs"]  # each worker's group: envs columns
+            batches += 1
         elapsed = time.perf_counter() - started
+        turns_after = relay_round_trips(spec["turns"])
         cpu_after = cpu_snapshot(spec["watch"])
         cost = RedisCost.read(client).since(cost_before)
+    round_trips = None
+    if turns_before is not None and turns_after is not None:
+        round_trips = {role: turns_after[role] - turns_before.get(role, 0) for role in turns_after}
     cores = {role: (cpu_after[role] - cpu_before[role]) / elapsed for role in cpu_after}
     window = Window(side=spec["side"], workload=spec["workload"], envs=spec["envs"], round=spec["round"], steps=steps,
                     worker_rollouts=worker_rollouts, seconds=elapsed, bytes_in=cost.bytes_in,
-                    bytes_out=cost.bytes_out, commands=cost.commands, ping_ms=statistics.median(pings), cores=cores)
+                    bytes_out=cost.bytes_out, commands=cost.commands, ping_ms=statistics.median(pings), cores=cores,
+                    batches=batches, round_trips=round_trips)
     print(json.dumps(dataclasses.asdict(window)), flush=True)
 
 
@@ -743,19 +794,51 @@ def learner_main(spec: dict[str, Any]) -> None:
 RELAY_CHUNK = 256 * 1024
 
 
-def relay_main(listen: str, upstream: str, delay_seconds: float) -> None:
+class RoundTrips:
+    """Round trips that clients start through the relay, by client address: a client's bytes that follow a reply
+    (or open the connection) start one. Requests sent ahead of a reply (pipelines, pushes whose reply is read
+    later) count once with it: the count is of exchanges on the wire, not only those a client waited for."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def add(self, address: str) -> None:
+        with self.lock:
+            self.counts[address] = self.counts.get(address, 0) + 1
+
+    def write_forever(self, path: str, period: float) -> None:
+        while True:
+            with self.lock:
+                text = json.dumps(self.counts)
+            with open(path + ".tmp", "w") as file:
+                file.write(text)
+            os.replace(path + ".tmp", path)
+            time.sleep(period)
+
+
+RELAY_TURNS_PERIOD = 0.02
+
+
+def relay_main(listen: str, upstream: str, delay_seconds: float, turns_path: str | None = None) -> None:
     """Accept TCP connections on ``listen`` and pass each one's bytes to and from ``upstream``, every chunk held
-    ``delay_seconds`` in each direction (a thread reads, another writes what is due, so bytes keep flowing)."""
+    ``delay_seconds`` in each direction (a thread reads, another writes what is due, so bytes keep flowing);
+    with ``turns_path``, the round trips of each client address go to that file (JSON), rewritten every
+    RELAY_TURNS_PERIOD seconds."""
     host, port = listen.rsplit(":", 1)
     upstream_host, upstream_port = upstream.rsplit(":", 1)
     server = socket.create_server((host, int(port)), backlog=256)
+    round_trips = RoundTrips()
+    if turns_path is not None:
+        threading.Thread(target=round_trips.write_forever, args=(turns_path, RELAY_TURNS_PERIOD), daemon=True).start()
     while True:
-        client, _ = server.accept()
-        threading.Thread(target=relay_connection, args=(client, (upstream_host, int(upstream_port)), delay_seconds),
-                         daemon=True).start()
+        client, address = server.accept()
+        threading.Thread(target=relay_connection, args=(client, (upstream_host, int(upstream_port)), delay_seconds,
+                                                        round_trips, address[0]), daemon=True).start()
 
 
-def relay_connection(client: socket.socket, upstream: tuple[str, int], delay_seconds: float) -> None:
+def relay_connection(client: socket.socket, upstream: tuple[str, int], delay_seconds: float,
+                     round_trips: RoundTrips | None = None, address: str = "") -> None:
     try:
         server = socket.create_connection(upstream)
     except OSError:
@@ -766,6 +849,7 @@ def relay_connection(client: socket.socket, upstream: tuple[str, int], delay_sec
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     remaining = [2]
     lock = threading.Lock()
+    replied = [True]  # the server spoke last: the client's next bytes start a round trip
 
     def finished() -> None:
         with lock:
@@ -774,18 +858,30 @@ def relay_connection(client: socket.socket, upstream: tuple[str, int], delay_sec
                 for sock in sockets:
                     sock.close()
 
-    for source, target in ((client, server), (server, client)):
+    def request() -> None:
+        if replied[0]:
+            replied[0] = False
+            if round_trips is not None:
+                round_trips.add(address)
+
+    def reply() -> None:
+        replied[0] = True
+
+    for source, target, seen in ((client, server, request), (server, client, reply)):
         chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
-        threading.Thread(target=relay_read, args=(source, chunks, delay_seconds), daemon=True).start()
+        threading.Thread(target=relay_read, args=(source, chunks, delay_seconds, seen), daemon=True).start()
         threading.Thread(target=relay_write, args=(target, chunks, sockets, finished), daemon=True).start()
 
 
-def relay_read(source: socket.socket, chunks: queue.SimpleQueue[tuple[float, bytes]], delay_seconds: float) -> None:
+def relay_read(source: socket.socket, chunks: queue.SimpleQueue[tuple[float, bytes]], delay_seconds: float,
+               seen: Callable[[], None]) -> None:
     while True:
         try:
             data = source.recv(RELAY_CHUNK)
         except OSError:
             data = b""
+        if data:
+            seen()
         chunks.put((time.monotonic() + delay_seconds, data))
         if not data:
             return
@@ -866,6 +962,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--check", action="store_true", help="only say whether this machine can run it, and how")
     parser.add_argument("--learner", metavar="JSON", help=argparse.SUPPRESS)
     parser.add_argument("--relay", nargs=2, metavar=("LISTEN", "UPSTREAM"), help=argparse.SUPPRESS)
+    parser.add_argument("--relay-turns", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.workers < 1 or min(args.envs) < 1 or args.rounds < 1 or args.seconds <= 0 or args.warmup < 0:
         parser.error("expected --workers, --envs, --rounds >= 1, --seconds > 0 and --warmup >= 0")
@@ -882,7 +979,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     if args.relay:
-        relay_main(args.relay[0], args.relay[1], args.delay_ms / 1000.0)
+        relay_main(args.relay[0], args.relay[1], args.delay_ms / 1000.0, args.relay_turns)
         return 0
     if args.learner:
         if str(REPO_ROOT) not in sys.path:

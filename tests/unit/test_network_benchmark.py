@@ -13,6 +13,7 @@ from benchmarks.network import (
     BRIDGE_NAMESPACE,
     PREFIX,
     Link,
+    RoundTrips,
     Window,
     format_table,
     netns_exec,
@@ -124,8 +125,19 @@ def test_summary_takes_medians_and_the_median_of_per_round_ratios() -> None:
     assert table[0].startswith("| workload | envs per worker | loopback steps/s | netem steps/s | netem / loopback |")
     cells = [cell.strip() for cell in table[2].strip("|").split("|")]
     assert cells == ["CartPole-v1, 4-64-64-2 MLP", "8", "64,000", "32,000", "0.50", "3.2 / 1.6", "100 / 50",
-                     "1,250,000", "10.0", "0.050 / 2.200"]
+                     "1,250,000", "10.0", "0.050 / 2.200", "- / -"]  # netem: no relay counted round trips
     assert table[3].startswith("| 84x84x4 uint8 frames, conv policy | 32 | 12,800 | 6,400 | 0.50 |")
+
+
+def test_relay_round_trips_per_worker_rollout_and_per_learner_batch() -> None:
+    windows = [window("loopback", 0, 10_240), window("loopback", 1, 10_240)]
+    for round_index, trips in enumerate((4, 6)):
+        netem = window("netem", round_index, 10_240)  # 10 worker rollouts
+        windows.append(Window(**{**netem.__dict__, "batches": 5,
+                                 "round_trips": {"workers": 10 * trips, "learner": 5 * (trips + 1)}}))
+    (row,) = summarize(windows)
+    assert (row.worker_round_trips, row.learner_round_trips) == (5.0, 6.0)
+    assert format_table([row]).splitlines()[2].endswith("| 5.0 / 6.0 |")
 
 
 def test_top_commands_per_worker_rollout_of_the_netem_side() -> None:
@@ -163,13 +175,20 @@ def test_relay_holds_bytes_each_way_and_passes_an_end_of_stream_on() -> None:
     threading.Thread(target=echo, daemon=True).start()
     client = socket.create_connection(front.getsockname())
     accepted, _ = front.accept()
-    relay_connection(accepted, upstream.getsockname(), delay)
+    round_trips = RoundTrips()
+    relay_connection(accepted, upstream.getsockname(), delay, round_trips, "10.0.0.7")
     try:
         payload = bytes(range(256)) * 4096  # 1 MiB: chunks of the relay's reads come back in order
         started = time.monotonic()
         client.sendall(b"ping")
         assert client.recv(16) == b"ping"
         assert time.monotonic() - started >= 2 * delay  # held once each way
+        client.sendall(b"a")
+        client.sendall(b"b")  # sent ahead of the reply to "a": the same round trip
+        received = b""
+        while len(received) < 2:
+            received += client.recv(16)
+        assert received == b"ab" and round_trips.counts == {"10.0.0.7": 2}
         client.sendall(payload)
         client.shutdown(socket.SHUT_WR)
         received = bytearray()
