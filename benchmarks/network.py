@@ -20,14 +20,16 @@ The link, each direction of each veth (``--link``):
   1gbit`` on both ends of each veth for the rate, and a userspace TCP relay on the bridge (10.213.0.1:6379, a
   child process of this script in the bridge's namespace) that holds every chunk of bytes for the delay in each
   direction before passing it on, so clients connect to Redis through it: again 1 ms one way, 2 ms round trip.
-  The relay costs CPU that netem does not (its column says how much); ``--delay-ms 0`` measures that alone.
+  The relay costs CPU that netem does not (the per-window table's "relay cores" says how much); ``--delay-ms 0``
+  measures the rate without the delay, and with ``--rate 100gbit`` too, the namespaces and the relay alone.
 - ``auto`` (the default): ``netem`` where the kernel has it, else ``relay``.
 
 Workloads: (a) CartPole-v1 with the 4-64-64-2 tanh MLP of benchmarks/scale.py, 128-step rollouts; (b) the
 84x84x4 uint8 frame stacks and small conv policy of benchmarks/image_obs.py (imported, not copied), 64-step
 rollouts. For each round, workload and envs-per-worker count, the two sides run one window each, alternating
 which goes first, each window in a learner process of its own (in the learner's namespace on the netem side).
-Workers, redis-servers (and the relay) of both sides stay up for the whole run; the idle side's wait on Redis.
+Workers, redis-servers (and the relay) of both sides stay up for the whole run; the idle side's workers wait on
+Redis.
 
 The table: median steps/s of each side and the median of per-round ratios; Redis's traffic over the netem
 side's window (``total_net_input_bytes`` / ``total_net_output_bytes``) per second and per env step; the steps/s
@@ -40,9 +42,10 @@ The bytes are whatever the code sends: when rollout payloads are compressed or d
 with them.
 
 Needs root (namespaces, veths, qdiscs), ``ip`` and ``tc`` (iproute2) and ``redis-server`` on PATH. Everything it
-creates is named ``rqrl-bench-*`` and removed at the end, also on Ctrl-C or SIGTERM; leftovers of a run that
-was killed are removed when the next one starts (one run at a time: a lock file says so). ``--check`` only
-says whether this machine can run it, and with which link.
+creates (namespaces, and with them their veths, bridge and qdiscs; the processes in them; a temporary folder) is
+named ``rqrl-bench-*`` and removed at the end, also on Ctrl-C or SIGTERM; leftovers of a run that was killed are
+removed when the next one starts. One run at a time: it holds ``/run/rqrl-bench-network.lock`` (an empty file,
+left in place) while it runs. ``--check`` only says whether this machine can run it, and with which link.
 
 Run from the repository root, as root::
 
@@ -195,7 +198,7 @@ def qdisc_command(namespace: str, interface: str, link: Link, *, egress_of_machi
     base = ["tc", "-n", namespace, "qdisc", "replace", "dev", interface, "root"]
     if link.kind == "netem":
         delay = ["delay", f"{link.delay_ms:g}ms"] if egress_of_machine else []
-        return base + ["netem", *delay, "rate", link.rate, "limit", NETEM_LIMIT]
+        return base + ["netem", "limit", NETEM_LIMIT, *delay, "rate", link.rate]
     return base + ["tbf", "rate", link.rate, "burst", TBF_BURST, "latency", TBF_LATENCY]
 
 
@@ -612,12 +615,14 @@ def run_benchmark(args: argparse.Namespace) -> None:
         if leftovers:
             log.info("removing leftovers of an earlier run: %s", ", ".join(leftovers))
             remove_namespaces(leftovers)
+        for folder in Path(tempfile.gettempdir()).glob(PREFIX + "*"):  # a killed run's temporary folder
+            shutil.rmtree(folder, ignore_errors=True)
         link = probe_link(args.link, args.delay_ms, args.rate)
         topology = plan_topology(args.workers, args.subnet)
         log.info("link: %s", link.describe())
         children = Children()
         windows: list[Window] = []
-        directory = tempfile.mkdtemp(prefix="rqrl-bench-")
+        directory = tempfile.mkdtemp(prefix=PREFIX)
         try:
             for command in topology_commands(topology, link):
                 run_command(command)

@@ -63,8 +63,8 @@ def test_netem_delays_each_machines_egress_once_and_limits_both_directions() -> 
     shaped = qdiscs(commands)
     assert len(shaped) == 2 * len(topology.hosts)
     for host in topology.hosts:
-        assert shaped[(host.namespace, "eth0")] == ["netem", "delay", "1ms", "rate", "1gbit", "limit", "10000"]
-        assert shaped[(BRIDGE_NAMESPACE, host.peer)] == ["netem", "rate", "1gbit", "limit", "10000"]
+        assert shaped[(host.namespace, "eth0")] == ["netem", "limit", "10000", "delay", "1ms", "rate", "1gbit"]
+        assert shaped[(BRIDGE_NAMESPACE, host.peer)] == ["netem", "limit", "10000", "rate", "1gbit"]
         assert ["ip", "-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0"] in commands
         assert ["ip", "-n", BRIDGE_NAMESPACE, "link", "set", host.peer, "master", "rqbr0", "up"] in commands
     assert not any("addr" in command and BRIDGE_NAMESPACE in command for command in commands)  # no relay address
