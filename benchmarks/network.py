@@ -380,10 +380,10 @@ def format_windows(windows: Sequence[Window]) -> str:
 def check_host() -> None:
     """Raise SetupError saying what to do if this is not root or ``ip``, ``tc`` or ``redis-server`` is missing."""
     if sys.platform != "linux":
-        raise SetupError("benchmarks/network.py needs Linux (network namespaces, veth, tc)")
+        raise SetupError("it needs Linux (network namespaces, veth, tc)")
     if os.geteuid() != 0:
-        raise SetupError("benchmarks/network.py creates network namespaces and must run as root: run it with sudo, "
-                         "e.g. `sudo .venv/bin/python benchmarks/network.py` from the repository root")
+        raise SetupError("it creates network namespaces, which needs root: run it with sudo, e.g. `sudo "
+                         ".venv/bin/python benchmarks/network.py` from the repository root")
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         raise SetupError(f"{' and '.join(missing)} not found on PATH: install iproute2 (Debian/Ubuntu: "
