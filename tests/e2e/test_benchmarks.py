@@ -3,6 +3,8 @@ No timed assertion: the numbers are the scripts' business, not the tests'."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 
@@ -188,3 +190,34 @@ def test_run_curve_prints_a_row_per_window_of_a_runs_metrics(tmp_path) -> None:
             if line.startswith("| ") and line[2].isdigit()]
     assert [row[1:] for row in rows] == [  # 0-5 s, 5-10 s, 10-11.5 s: steps, steps/s, updates, episodes, return
         ["400", "89", "4", "1", "-20.6"], ["900", "100", "9", "3", "-20.1"], ["1,100", "100", "11", "3", "-19.9"]], out
+
+
+def network_benchmark_unavailable() -> str | None:
+    """Why benchmarks/network.py cannot run here (not root, no ip or tc, no namespaces), or None where it can."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return "benchmarks/network.py needs root on Linux (network namespaces)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "benchmarks/network.py needs ip and tc (iproute2) on PATH"
+    completed = subprocess.run([sys.executable, "benchmarks/network.py", "--check"], cwd=REPO_ROOT, env=worker_env(),
+                               capture_output=True, text=True, timeout=60)
+    return None if completed.returncode == 0 else f"benchmarks/network.py --check: {completed.stdout.strip()}"
+
+
+@pytest.mark.timeout(300)
+def test_network_prints_loopback_and_namespaces_side_by_side_and_leaves_nothing() -> None:
+    reason = network_benchmark_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    out = run_benchmark("network.py", "--workers", "1", "--envs", "2", "--seconds", "0.5", "--warmup", "0",
+                        "--rounds", "1", "--rollout-steps", "8")
+    rows = [line for line in out.splitlines() if line.startswith(("| CartPole-v1", "| 84x84x4"))]
+    assert len(rows) == 2, out
+    for row in rows:
+        cells = [cell.strip().replace(",", "") for cell in row.strip("|").split("|")]
+        assert float(cells[2]) > 0 and float(cells[3]) > 0, row  # loopback and netem steps/s
+        ping_loopback, ping_netem = map(float, cells[9].split(" / "))
+        assert ping_netem > 1.0 > ping_loopback, row  # 2 ms round trip through the link, well under 1 on loopback
+    frames_in = float(rows[1].split("|")[7].split("/")[0].replace(",", ""))
+    assert frames_in >= 84 * 84 * 4, rows[1]  # each frame stack crosses into Redis at least once
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "rqrl-bench-" not in listed, listed
