@@ -9,6 +9,10 @@ table shows medians over rounds; each ratio is the median of the per-round (pair
 Run from the repository root, after ``bash benchmarks/peers/install.sh``::
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/peers/run.py --rounds 3 --seconds 10 --envs-per-worker 8 32
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/peers/run.py --workload atari --rounds 2 --seconds 8
+
+``--workload atari`` steps ALE/Pong-v5 with the standard preprocessing and a small conv net (see harness.py) in
+every system that has an Atari path (ATARI_PEERS); the default is CartPole-v1 with the MLP.
 
 This module uses the standard library only, so its table builder is testable without any peer installed.
 """
@@ -30,7 +34,10 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 VENVS = HERE / ".venvs"
 OURS = ("rqrl", "reference")
-PEERS = ("sample_factory", "rllib", "pufferlib", "torchrl", "gymnasium_async")
+PEERS = ("sample_factory", "rllib", "pufferlib", "torchrl", "gymnasium_async")  # the CartPole workload's
+ATARI_PEERS = ("sample_factory", "rllib", "envpool")  # the peers with an Atari path
+ALL_PEERS = (*PEERS, "envpool")
+WORKLOAD_PEERS = {"cartpole": PEERS, "atari": ATARI_PEERS}
 TITLES = {
     "rqrl": "rqrl",
     "reference": "reference",
@@ -39,6 +46,12 @@ TITLES = {
     "pufferlib": "PufferLib",
     "torchrl": "TorchRL",
     "gymnasium_async": "AsyncVectorEnv",
+    "envpool": "EnvPool",
+}
+HEADINGS = {
+    "cartpole": "CartPole-v1, {workers} worker processes x E envs, 4-64-64-2 tanh MLP",
+    "atari": "ALE/Pong-v5 (noop 30, frame skip 4, 84x84 grayscale, 4 stacked: uint8 4x84x84), {workers} worker "
+             "processes x E envs, a 2-layer conv net (image_obs.py's ConvPolicy)",
 }
 
 
@@ -123,7 +136,8 @@ def build_table(results: Results) -> str:
 def command(system: str, envs: int, args: argparse.Namespace) -> list[str]:
     """The subprocess that measures ``system`` at ``envs`` envs per worker and prints one JSON line."""
     common = ["--envs-per-worker", str(envs), "--workers", str(args.workers), "--rollout-steps",
-              str(args.rollout_steps), "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+              str(args.rollout_steps), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
+              "--workload", args.workload]
     if system in OURS:
         return [args.python, str(HERE / "rqrl_throughput.py"), "--system", system, *common]
     return [str(VENVS / system / "bin" / "python"), str(HERE / f"{system}_throughput.py"), *common]
@@ -165,13 +179,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per system and E")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds before each window")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="peers to include")
+    parser.add_argument("--workload", choices=sorted(WORKLOAD_PEERS), default="cartpole",
+                        help="cartpole: CartPole-v1 with the MLP; atari: ALE/Pong-v5, preprocessed, with a conv net")
+    parser.add_argument("--peers", nargs="+", choices=ALL_PEERS,
+                        help=f"peers to include (default: {', '.join(PEERS)}; with --workload atari: "
+                             f"{', '.join(ATARI_PEERS)})")
     parser.add_argument("--no-reference", action="store_true", help="leave the reference out")
     parser.add_argument("--python", default=sys.executable, help="interpreter with rqrl for rqrl and the reference")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take at most")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0 or args.workers < 1 or min(args.envs_per_worker) < 1:
         parser.error("expected --rounds, --workers, --envs-per-worker >= 1 and --seconds > 0")
+    if args.peers is None:
+        args.peers = list(WORKLOAD_PEERS[args.workload])
     return args
 
 
@@ -207,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"round {round_index + 1}/{args.rounds} E={envs} {system}: {rate:,.0f} steps/s "
                       f"({time.monotonic() - started:.0f} s with start-up)", file=sys.stderr, flush=True)
     print()
-    print(f"## Peers: CartPole-v1, {args.workers} worker processes x E envs, 4-64-64-2 tanh MLP, "
+    print(f"## Peers: {HEADINGS[args.workload].format(workers=args.workers)}, "
           f"{args.rollout_steps}-step rollouts where the system has them, {args.seconds:g} s windows, "
           f"{args.rounds} round(s)")
     print()
