@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 import rqrl
+from benchmarks.actors_throughput import cpu_snapshot, cpu_used
 from benchmarks.scale import RedisCost
 from rqrl.maze.actors import SubprocDistributedActors
 
@@ -111,6 +112,7 @@ class Measurement:
     steps: int
     seconds: float
     redis: RedisCost | None = None
+    cpu_seconds: float | None = None  # this process's and its children's (workers, redis-server) in the window
 
     @property
     def steps_per_second(self) -> float:
@@ -120,6 +122,11 @@ class Measurement:
         if self.redis is None or not self.steps:
             return None
         return (self.redis.bytes_in if direction == "in" else self.redis.bytes_out) / self.steps
+
+
+def _ours(cpu: dict[str, float] | None) -> float | None:
+    """CPU seconds of this process and its children (actors_throughput's roles less ``other``)."""
+    return None if cpu is None else cpu["learner"] + cpu["workers"] + cpu["redis"]
 
 
 def measure_rqrl(workers: int, envs: int, args: argparse.Namespace, env_factory: EnvFactory | None = None,
@@ -139,12 +146,13 @@ def measure_rqrl(workers: int, envs: int, args: argparse.Namespace, env_factory:
             actors.collect_outputs("cpu")
         before = RedisCost.read(actors.connection)
         steps = 0
-        started = time.perf_counter()
+        cpu_before, started = cpu_snapshot(), time.perf_counter()
         while time.perf_counter() - started < args.seconds:
             steps += int(actors.collect_outputs("cpu").record.rewards.numel())
         elapsed = time.perf_counter() - started
+        cpu = cpu_used(cpu_before, cpu_snapshot())
         cost = RedisCost.read(actors.connection).since(before)
-    return Measurement(steps, elapsed, cost)
+    return Measurement(steps, elapsed, cost, _ours(cpu))
 
 
 def _reference_process(envs: int, seed: int, layout: str, env_factory: EnvFactory, n_actions: int,
@@ -184,16 +192,17 @@ def measure_reference(workers: int, envs: int, args: argparse.Namespace, env_fac
         while counter.value == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(args.warmup)
-        before, started = counter.value, time.perf_counter()
+        cpu_before, before, started = cpu_snapshot(), counter.value, time.perf_counter()
         time.sleep(args.seconds)
         steps, elapsed = counter.value - before, time.perf_counter() - started
+        cpu = cpu_used(cpu_before, cpu_snapshot())
     finally:
         stop.set()
         for process in processes:
             process.join(10)
             if process.is_alive():
                 process.terminate()
-    return Measurement(steps, elapsed)
+    return Measurement(steps, elapsed, cpu_seconds=_ours(cpu))
 
 
 def print_table(args: argparse.Namespace, results: dict[int, list[dict[str, Measurement]]]) -> None:

@@ -42,7 +42,7 @@ def make_pool(n_envs: int, threads: int, batch_size: int):  # noqa: ANN201 - an 
                         max_episode_steps=27_000, use_inter_area_resize=True)
 
 
-def measure(args: argparse.Namespace, envs_per_worker: int) -> tuple[int, float]:
+def measure(args: argparse.Namespace, envs_per_worker: int) -> harness.Measured:
     n_envs = args.workers * envs_per_worker
     batch_size = args.batch_size or max(1, n_envs // 2)
     if not 1 <= batch_size <= n_envs:

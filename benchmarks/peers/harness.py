@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import sys
 import time
@@ -126,6 +127,8 @@ class Result:
     seconds: float
     steps_per_second: float
     path: str
+    cpu_seconds: float | None = None  # CPU the system's processes used in the window (see tree_cpu_seconds)
+    steps_per_cpu_second: float | None = None
 
 
 def parse_args(description: str, argv: list[str] | None = None,
@@ -170,23 +173,63 @@ def emit(result: Result) -> None:
     print(json.dumps(asdict(result)), flush=True)
 
 
-def timed_window(step: Callable[[], int], seconds: float, warmup: float) -> tuple[int, float]:
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu_seconds(root: int | None = None) -> float | None:
+    """User + system CPU seconds so far of process ``root`` (default: this one), all its threads, and every
+    process descending from it (Sample Factory's workers, Ray's raylet and its workers, ...), from /proc; None
+    where there is no /proc. A descendant that exits inside a window takes its CPU with it."""
+    if not os.path.isdir("/proc"):
+        return None
+    root = os.getpid() if root is None else root
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                data = file.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2:].split()  # fields[0] is the state (field 3 of proc(5))
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += cpu.get(pid, 0.0)
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def timed_window(step: Callable[[], int], seconds: float, warmup: float) -> tuple[int, float, float | None]:
     """Call ``step`` (which returns env steps done) through ``warmup`` seconds, then count steps for at least
-    ``seconds``; returns (steps, elapsed seconds)."""
+    ``seconds``; returns (steps, elapsed seconds, CPU seconds of this process tree in the window or None)."""
     warm_until = time.perf_counter() + warmup
     while time.perf_counter() < warm_until:
         step()
     steps = 0
+    cpu_before = tree_cpu_seconds()
     started = time.perf_counter()
     while True:
         steps += step()
         elapsed = time.perf_counter() - started
         if elapsed >= seconds:
-            return steps, elapsed
+            cpu_after = tree_cpu_seconds()
+            cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+            return steps, elapsed, cpu
+
+
+Measured = tuple[int, float] | tuple[int, float, float | None]  # steps, seconds[, CPU seconds]
 
 
 def main(system: str, path: str, package_versions: Callable[[], str],
-         measure: Callable[[argparse.Namespace, int], tuple[int, float]], description: str,
+         measure: Callable[[argparse.Namespace, int], Measured], description: str,
          argv: list[str] | None = None,
          extra: Callable[[argparse.ArgumentParser], None] | None = None,
          workloads: tuple[str, ...] = ("cartpole",), check_atari: Callable[[], None] | None = None) -> None:
@@ -203,6 +246,8 @@ def main(system: str, path: str, package_versions: Callable[[], str],
         return
     torch.set_num_threads(1)
     for envs in args.envs_per_worker:
-        steps, seconds = measure(args, envs)
-        emit(Result(system, args.workers, envs, steps, seconds, steps / seconds, path))
+        steps, seconds, *rest = measure(args, envs)
+        cpu = rest[0] if rest else None
+        emit(Result(system, args.workers, envs, steps, seconds, steps / seconds, path, cpu,
+                    steps / cpu if cpu else None))
     sys.stdout.flush()

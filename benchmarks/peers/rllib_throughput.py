@@ -69,7 +69,7 @@ def atari_env_to_module(env: object = None, spaces: object = None, device: objec
             BatchIndividualItems(multi_agent=False), NumpyToTensor(device=device), ScaleFrames()]
 
 
-def measure(args: argparse.Namespace, envs_per_worker: int) -> tuple[int, float]:
+def measure(args: argparse.Namespace, envs_per_worker: int) -> harness.Measured:
     connectors = {}
     if args.workload == "atari":
         register_env(ATARI_NAME, make_atari_env)

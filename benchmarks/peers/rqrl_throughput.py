@@ -35,17 +35,17 @@ def add_system(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", choices=sorted(PATHS), default="rqrl", help="what to measure")
 
 
-def measure_atari(system: str, args: argparse.Namespace, envs_per_worker: int) -> tuple[int, float]:
+def measure_atari(system: str, args: argparse.Namespace, envs_per_worker: int) -> harness.Measured:
     options = image_obs.parse_args(["--seconds", str(args.seconds), "--warmup", str(args.warmup), "--workers",
                                     str(args.workers), "--rollout-steps", str(args.rollout_steps), "--layout", "first"])
     side = image_obs.measure_rqrl if system == "rqrl" else image_obs.measure_reference
     measured = side(args.workers, envs_per_worker, options, frame_bytes.atari_factory(harness.ATARI_ID),
                     harness.ATARI_ACTIONS)
-    return measured.steps, measured.seconds
+    return measured.steps, measured.seconds, measured.cpu_seconds
 
 
-def measure(system: str) -> Callable[[argparse.Namespace, int], tuple[int, float]]:
-    def run(args: argparse.Namespace, envs_per_worker: int) -> tuple[int, float]:
+def measure(system: str) -> Callable[[argparse.Namespace, int], harness.Measured]:
+    def run(args: argparse.Namespace, envs_per_worker: int) -> harness.Measured:
         if args.workload == "atari":
             return measure_atari(system, args, envs_per_worker)
         options = actors_throughput.parse_args([
@@ -54,7 +54,8 @@ def measure(system: str) -> Callable[[argparse.Namespace, int], tuple[int, float
             "--quiet-wait", "0",
         ])
         measured = actors_throughput.measure(system, args.workers, envs_per_worker, options)
-        return measured.steps, measured.seconds
+        cpu = measured.cpu_seconds
+        return measured.steps, measured.seconds, cpu and cpu["learner"] + cpu["workers"] + cpu["redis"]
 
     return run
 

@@ -57,18 +57,21 @@ HEADINGS = {
 
 @dataclass
 class Results:
-    """Steps/s per system, E and round (None where that round's run failed), and why systems are missing."""
+    """Steps/s per system, E and round (None where that round's run failed), the same per CPU second of the
+    system's own processes where measured, and why systems are missing."""
 
     envs_per_worker: list[int]
     systems: list[str]
     rates: dict[str, dict[int, list[float | None]]] = field(default_factory=dict)
+    cpu_rates: dict[str, dict[int, list[float | None]]] = field(default_factory=dict)
     not_installed: dict[str, str] = field(default_factory=dict)
     failures: dict[str, list[str]] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
 
-    def add(self, system: str, envs: int, rate: float | None) -> None:
+    def add(self, system: str, envs: int, rate: float | None, cpu_rate: float | None = None) -> None:
         self.rates.setdefault(system, {}).setdefault(envs, []).append(rate)
+        self.cpu_rates.setdefault(system, {}).setdefault(envs, []).append(cpu_rate)
 
     def fail(self, system: str, envs: int, reason: str) -> None:
         self.add(system, envs, None)
@@ -90,14 +93,18 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def median_rate(results: Results, system: str, envs: int) -> float | None:
-    return _median([rate for rate in results.rates.get(system, {}).get(envs, []) if rate is not None])
+def _rates(results: Results, per_cpu: bool) -> dict[str, dict[int, list[float | None]]]:
+    return results.cpu_rates if per_cpu else results.rates
 
 
-def median_ratio(results: Results, system: str, envs: int, base: str = "rqrl") -> float | None:
+def median_rate(results: Results, system: str, envs: int, per_cpu: bool = False) -> float | None:
+    return _median([rate for rate in _rates(results, per_cpu).get(system, {}).get(envs, []) if rate is not None])
+
+
+def median_ratio(results: Results, system: str, envs: int, base: str = "rqrl", per_cpu: bool = False) -> float | None:
     """Median over rounds of system / base, pairing the two measurements of each round."""
-    tops = results.rates.get(system, {}).get(envs, [])
-    bottoms = results.rates.get(base, {}).get(envs, [])
+    tops = _rates(results, per_cpu).get(system, {}).get(envs, [])
+    bottoms = _rates(results, per_cpu).get(base, {}).get(envs, [])
     return _median([top / bottom for top, bottom in zip(tops, bottoms, strict=False)
                     if top is not None and bottom is not None and bottom > 0])
 
@@ -106,19 +113,26 @@ def _cell(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def build_table(results: Results) -> str:
-    """The markdown report: one row per E, steps/s per system and each system's ratio to rqrl, then notes."""
+def _rate_table(results: Results, per_cpu: bool) -> list[str]:
     others = [system for system in results.systems if system != "rqrl"]
-    header = ["E (envs per worker)", "rqrl steps/s"]
+    unit = "steps/CPU s" if per_cpu else "steps/s"
+    header = ["E (envs per worker)", f"rqrl {unit}"]
     for system in others:
-        header += [f"{TITLES.get(system, system)} steps/s", f"{TITLES.get(system, system)} / rqrl"]
+        header += [f"{TITLES.get(system, system)} {unit}", f"{TITLES.get(system, system)} / rqrl"]
     lines = ["| " + " | ".join(header) + " |", "|" + "--:|" * len(header)]
     for envs in results.envs_per_worker:
-        row = [str(envs), _cell(median_rate(results, "rqrl", envs), ",.0f")]
+        row = [str(envs), _cell(median_rate(results, "rqrl", envs, per_cpu), ",.0f")]
         for system in others:
-            row += [_cell(median_rate(results, system, envs), ",.0f"), _cell(median_ratio(results, system, envs),
-                                                                              ".2f")]
+            row += [_cell(median_rate(results, system, envs, per_cpu), ",.0f"),
+                    _cell(median_ratio(results, system, envs, per_cpu=per_cpu), ".2f")]
         lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def build_table(results: Results) -> str:
+    """The markdown report: one row per E, steps/s per system and each system's ratio to rqrl, then (where
+    measured) the same per CPU second the system's processes used, then notes."""
+    lines = _rate_table(results, per_cpu=False)
     lines.append("")
     lines.append("Medians over rounds; each ratio is the median of the per-round (paired) ratios to rqrl; "
                  "below 1.00 means the system is slower than rqrl.")
@@ -130,6 +144,12 @@ def build_table(results: Results) -> str:
         lines.append(f"- {TITLES.get(system, system)}: did not install: {reason}")
     for system, reasons in results.failures.items():
         lines.append(f"- {TITLES.get(system, system)}: failed to run: {'; '.join(reasons)}")
+    if any(rate is not None for by_envs in results.cpu_rates.values() for rates in by_envs.values()
+           for rate in rates):
+        lines += ["", "Env steps per CPU second of each system's own processes in the window (the measuring process "
+                  "and every process under it: workers, redis-server, Ray's raylet and workers, ...): what each "
+                  "step costs, with the machine's other load divided out. Medians and paired ratios as above.", ""]
+        lines += _rate_table(results, per_cpu=True)
     return "\n".join(lines)
 
 
@@ -222,9 +242,11 @@ def main(argv: list[str] | None = None) -> None:
                           file=sys.stderr, flush=True)
                     continue
                 rate = float(measured["steps_per_second"])
-                results.add(system, envs, rate)
+                cpu_rate = measured.get("steps_per_cpu_second")
+                results.add(system, envs, rate, None if cpu_rate is None else float(cpu_rate))
                 results.paths[system] = str(measured.get("path", "?"))
-                print(f"round {round_index + 1}/{args.rounds} E={envs} {system}: {rate:,.0f} steps/s "
+                per_cpu = "" if cpu_rate is None else f", {float(cpu_rate):,.0f} per CPU s"
+                print(f"round {round_index + 1}/{args.rounds} E={envs} {system}: {rate:,.0f} steps/s{per_cpu} "
                       f"({time.monotonic() - started:.0f} s with start-up)", file=sys.stderr, flush=True)
     print()
     print(f"## Peers: {HEADINGS[args.workload].format(workers=args.workers)}, "

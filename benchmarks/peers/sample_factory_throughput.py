@@ -76,7 +76,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="Sample Factory's batched sampling (one tensor per worker) instead of per-env sampling")
 
 
-def measure(args: argparse.Namespace, envs_per_worker: int) -> tuple[int, float]:
+def measure(args: argparse.Namespace, envs_per_worker: int) -> harness.Measured:
     env_id = harness.WORKLOADS[args.workload]
     register_env(env_id, make_env)
     if args.workload == "atari":

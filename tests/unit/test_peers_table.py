@@ -89,3 +89,15 @@ def test_peers_atari_policy_is_image_obs_conv_policy_weight_for_weight() -> None
     ours, theirs = ConvPolicy(n_actions=ATARI_ACTIONS).state_dict(), make_conv_policy().state_dict()
     assert list(ours) == list(theirs)
     assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+
+
+def test_steps_per_cpu_second_get_their_own_table_where_measured() -> None:
+    results = Results(envs_per_worker=[8], systems=["rqrl", "envpool"])
+    results.add("rqrl", 8, 100.0, 400.0)
+    results.add("envpool", 8, 200.0, 200.0)
+    table = build_table(results)
+    second = table[table.index("Env steps per CPU second"):]
+    assert "| E (envs per worker) | rqrl steps/CPU s | EnvPool steps/CPU s | EnvPool / rqrl |" in second
+    assert "| 8 | 400 | 200 | 0.50 |" in second
+    assert "| 8 | 100 | 200 | 2.00 |" in table  # steps/s first
+    assert "per CPU second" not in build_table(results_of({"rqrl": {8: [100.0]}}))
