@@ -136,6 +136,7 @@ def build_table(results: Results) -> str:
     lines.append("")
     lines.append("Medians over rounds; each ratio is the median of the per-round (paired) ratios to rqrl; "
                  "below 1.00 means the system is slower than rqrl.")
+    lines.append("")
     for system in results.systems:
         if system in results.paths or system in results.versions:
             lines.append(f"- {TITLES.get(system, system)}: {results.paths.get(system, '?')} "
