@@ -25,6 +25,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium
@@ -37,6 +38,8 @@ from benchmarks.scale import RedisCost
 from rqrl.maze.actors import SubprocDistributedActors
 
 log = logging.getLogger("image_obs")
+
+EnvFactory = Callable[[], gymnasium.Env]
 
 FRAME = (84, 84)
 STACK = 4
@@ -87,15 +90,16 @@ ENV_FACTORIES = {"first": make_env, "last": make_channels_last_env}
 
 
 class ConvPolicy(torch.nn.Module):
-    """A small conv net over uint8 frame stacks (scaled to [0, 1] inside), giving 4 logits."""
+    """A small conv net over uint8 frame stacks (scaled to [0, 1] inside), giving ``n_actions`` logits (4 for
+    FrameStackEnv; benchmarks/peers runs it on Pong's 6)."""
 
-    def __init__(self, channels_first: bool = True) -> None:
+    def __init__(self, channels_first: bool = True, n_actions: int = 4) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.channels_first = channels_first
         self.body = torch.nn.Sequential(
             torch.nn.Conv2d(STACK, 8, 8, stride=4), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 4, stride=2),
-            torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 9 * 9, 4),
+            torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 9 * 9, n_actions),
         )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -118,6 +122,12 @@ class Measurement:
         return self.cpu_seconds.get(role, 0.0) / self.steps * 1e6
 
     @property
+    def own_cpu_seconds(self) -> float | None:
+        """CPU seconds of this process and its children (workers, redis-server) over the window."""
+        cpu = self.cpu_seconds
+        return None if cpu is None else cpu.get("learner", 0.0) + cpu.get("workers", 0.0) + cpu.get("redis", 0.0)
+
+    @property
     def steps_per_second(self) -> float:
         return self.steps / self.seconds
 
@@ -127,11 +137,14 @@ class Measurement:
         return (self.redis.bytes_in if direction == "in" else self.redis.bytes_out) / self.steps
 
 
-def measure_rqrl(workers: int, envs: int, args: argparse.Namespace) -> Measurement:
+def measure_rqrl(workers: int, envs: int, args: argparse.Namespace, env_factory: EnvFactory | None = None,
+                 n_actions: int = 4) -> Measurement:
+    """rqrl's side; ``env_factory`` (default: ``args.layout``'s random frames) and ``n_actions`` let
+    benchmarks/peers run it on Atari."""
     n_actors = workers * envs
-    policy = ConvPolicy(args.layout == "first").eval()
-    actors = SubprocDistributedActors(ENV_FACTORIES[args.layout], policy, args.rollout_steps, n_actors, n_actors,
-                                      2.0, "fork", list(range(n_actors)), [1000 + a for a in range(n_actors)],
+    policy = ConvPolicy(args.layout == "first", n_actions).eval()
+    actors = SubprocDistributedActors(env_factory or ENV_FACTORIES[args.layout], policy, args.rollout_steps, n_actors,
+                                      n_actors, 2.0, "fork", list(range(n_actors)), [1000 + a for a in range(n_actors)],
                                       n_workers=workers, actors_per_job=envs)
     with actors:
         actors.broadcast_updated_policy(policy.state_dict())
@@ -150,10 +163,11 @@ def measure_rqrl(workers: int, envs: int, args: argparse.Namespace) -> Measureme
     return Measurement(steps, elapsed, cost, cpu)
 
 
-def _reference_process(envs: int, seed: int, layout: str, counter, stop) -> None:  # noqa: ANN001 - mp values
+def _reference_process(envs: int, seed: int, layout: str, env_factory: EnvFactory, n_actions: int,
+                       counter, stop) -> None:  # noqa: ANN001 - mp values
     torch.set_num_threads(1)
-    policy = ConvPolicy(layout == "first").eval()
-    vector = gymnasium.vector.SyncVectorEnv([ENV_FACTORIES[layout] for _ in range(envs)])
+    policy = ConvPolicy(layout == "first", n_actions).eval()
+    vector = gymnasium.vector.SyncVectorEnv([env_factory for _ in range(envs)])
     rng = np.random.default_rng(seed)
     obs, _ = vector.reset(seed=seed)
     try:
@@ -162,7 +176,7 @@ def _reference_process(envs: int, seed: int, layout: str, counter, stop) -> None
                 logits = policy(torch.from_numpy(obs)).numpy()
             probs = np.exp(logits - logits.max(axis=1, keepdims=True))
             probs /= probs.sum(axis=1, keepdims=True)
-            actions = np.minimum((probs.cumsum(axis=1) < rng.random((envs, 1))).sum(axis=1), 3)
+            actions = np.minimum((probs.cumsum(axis=1) < rng.random((envs, 1))).sum(axis=1), n_actions - 1)
             obs, _, _, _, _ = vector.step(actions)
             with counter.get_lock():
                 counter.value += envs
@@ -170,10 +184,14 @@ def _reference_process(envs: int, seed: int, layout: str, counter, stop) -> None
         vector.close()
 
 
-def measure_reference(workers: int, envs: int, args: argparse.Namespace) -> Measurement:
+def measure_reference(workers: int, envs: int, args: argparse.Namespace, env_factory: EnvFactory | None = None,
+                      n_actions: int = 4) -> Measurement:
+    """The reference's side, with measure_rqrl's ``env_factory`` and ``n_actions``."""
     context = multiprocessing.get_context("fork")
     counter, stop = context.Value("q", 0), context.Event()
-    processes = [context.Process(target=_reference_process, args=(envs, index, args.layout, counter, stop), daemon=True)
+    factory = env_factory or ENV_FACTORIES[args.layout]
+    processes = [context.Process(target=_reference_process,
+                                 args=(envs, index, args.layout, factory, n_actions, counter, stop), daemon=True)
                  for index in range(workers)]
     for process in processes:
         process.start()

@@ -26,7 +26,7 @@ def make_env() -> gymnasium.Env:
     return gymnasium.make(harness.ENV_ID)
 
 
-def measure(args: argparse.Namespace, envs_per_worker: int) -> tuple[int, float]:
+def measure(args: argparse.Namespace, envs_per_worker: int) -> harness.Measured:
     n_envs = args.workers * envs_per_worker
     envs = gymnasium.vector.AsyncVectorEnv([make_env] * n_envs)
     try:

@@ -5,7 +5,10 @@
 #
 # Usage: bash benchmarks/peers/install.sh [peer ...]   (default: all of them)
 #        CHECK_ONLY=1 bash benchmarks/peers/install.sh   re-runs only the import check of existing venvs
-# Peers: sample_factory rllib pufferlib torchrl gymnasium_async
+# Peers: sample_factory rllib pufferlib torchrl gymnasium_async envpool
+# The peers with an Atari path (run.py --workload atari) get ale-py (its PyPI wheels ship the ROMs) and
+# opencv-python-headless (gymnasium's AtariPreprocessing resizes with cv2), and their check makes and steps one
+# ALE/Pong-v5 env; EnvPool (Atari only here) brings its own emulator and ROMs (envpool-assets).
 # PufferLib 3.0.0 (and 2.0.x) ship only an sdist whose setup.py downloads raylib from GitHub while building, so
 # it does not install where only package registries are reachable; install.sh records that as its reason.
 # PYTHON picks the interpreter (default: python3.11, the one torch 2.13.0's local wheel is built for).
@@ -15,7 +18,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENVS="$HERE/.venvs"
 CONSTRAINTS="$HERE/constraints.txt"
 PYTHON="${PYTHON:-python3.11}"
-ALL_PEERS=(gymnasium_async sample_factory rllib pufferlib torchrl)
+ALL_PEERS=(gymnasium_async sample_factory rllib pufferlib torchrl envpool)
 PEERS=("$@")
 [ ${#PEERS[@]} -eq 0 ] && PEERS=("${ALL_PEERS[@]}")
 
@@ -23,11 +26,21 @@ PEERS=("$@")
 peer_packages() {
   case "$1" in
     gymnasium_async) echo "gymnasium" ;;
-    sample_factory) echo "sample-factory gymnasium" ;;
-    rllib) echo "ray[rllib] gymnasium" ;;
+    sample_factory) echo "sample-factory gymnasium ale-py opencv-python-headless" ;;
+    rllib) echo "ray[rllib] gymnasium ale-py opencv-python-headless" ;;
     pufferlib) echo "pufferlib gymnasium" ;;
     torchrl) echo "torchrl tensordict gymnasium" ;;
+    envpool) echo "envpool" ;;
     *) return 1 ;;
+  esac
+}
+
+# The workloads each peer's script has a path for (run.py --workload), each checked after the install.
+peer_workloads() {
+  case "$1" in
+    sample_factory|rllib) echo "cartpole atari" ;;
+    envpool) echo "atari" ;;
+    *) echo "cartpole" ;;
   esac
 }
 
@@ -74,10 +87,15 @@ for peer in "${PEERS[@]}"; do
   fi
   torch_version="$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>> "$log")"
   if [ "${torch_version%%+*}" != "2.13.0" ]; then fail "torch is '$torch_version', not 2.13.0"; continue; fi
-  if ! "$venv/bin/python" "$HERE/${peer}_throughput.py" --check >> "$log" 2>&1; then
-    fail "installed, but '${peer}_throughput.py --check' failed: see the log"; continue
-  fi
-  versions="$("$venv/bin/python" "$HERE/${peer}_throughput.py" --check 2>/dev/null | tail -n 1)"
+  checked=1
+  for workload in $(peer_workloads "$peer"); do
+    if ! "$venv/bin/python" "$HERE/${peer}_throughput.py" --check --workload "$workload" >> "$log" 2>&1; then
+      fail "installed, but '${peer}_throughput.py --check --workload $workload' failed: see the log"
+      checked=0; break
+    fi
+  done
+  [ "$checked" = 1 ] || continue
+  versions="$("$venv/bin/python" "$HERE/${peer}_throughput.py" --check --workload "$workload" 2>/dev/null | tail -n 1)"
   echo "ok $versions" > "$venv/STATUS"
   RESULT[$peer]="ok $versions"
   echo "   $peer installed: $versions"

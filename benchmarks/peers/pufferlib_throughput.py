@@ -34,7 +34,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="workers whose envs make one recv() batch (1: async double buffering, W: fully sync)")
 
 
-def measure(args: argparse.Namespace, envs_per_worker: int) -> tuple[int, float]:
+def measure(args: argparse.Namespace, envs_per_worker: int) -> harness.Measured:
     if not 1 <= args.batch_workers <= args.workers or args.workers % args.batch_workers:
         raise SystemExit(f"expected --batch-workers to divide --workers {args.workers}, got {args.batch_workers}")
     vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Multiprocessing,

@@ -49,7 +49,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="MultiSyncCollector or MultiAsyncCollector")
 
 
-def measure(args: argparse.Namespace, envs_per_worker: int) -> tuple[int, float]:
+def measure(args: argparse.Namespace, envs_per_worker: int) -> harness.Measured:
     collector_class = MultiSyncCollector if args.collector == "sync" else MultiAsyncCollector
     frames_per_worker = envs_per_worker * args.rollout_steps
     frames_per_batch = frames_per_worker * (args.workers if args.collector == "sync" else 1)

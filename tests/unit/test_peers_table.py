@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.peers.run import Results, build_table, install_status, median_ratio
+import pytest
+
+from benchmarks.peers.run import (
+    ATARI_PEERS,
+    PEERS,
+    Results,
+    build_table,
+    command,
+    install_status,
+    median_ratio,
+    parse_args,
+)
 
 
 def results_of(rates: dict[str, dict[int, list[float | None]]]) -> Results:
@@ -61,3 +72,32 @@ def test_install_status_reads_what_install_sh_left(tmp_path: Path) -> None:
     assert install_status("rllib", tmp_path) == (True, "python 3.11.7, torch 2.13.0+cpu, ray 2.60.0")
     assert install_status("pufferlib", tmp_path) == (False, "pip install pufferlib gymnasium failed (ERROR: x)")
     assert install_status("torchrl", tmp_path) == (False, "not installed (run benchmarks/peers/install.sh)")
+
+
+def test_atari_workload_runs_its_own_peers_and_tells_every_script() -> None:
+    args = parse_args(["--workload", "atari", "--envs-per-worker", "8"])
+    assert args.peers == list(ATARI_PEERS) == ["sample_factory", "rllib", "envpool"]
+    assert command("envpool", 8, args)[-2:] == ["--workload", "atari"]
+    assert parse_args([]).peers == list(PEERS)  # the CartPole workload keeps its peers
+
+
+def test_peers_atari_policy_is_image_obs_conv_policy_weight_for_weight() -> None:
+    torch = pytest.importorskip("torch")
+    from benchmarks.image_obs import ConvPolicy
+    from benchmarks.peers.harness import ATARI_ACTIONS, make_conv_policy
+
+    ours, theirs = ConvPolicy(n_actions=ATARI_ACTIONS).state_dict(), make_conv_policy().state_dict()
+    assert list(ours) == list(theirs)
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+
+
+def test_steps_per_cpu_second_get_their_own_table_where_measured() -> None:
+    results = Results(envs_per_worker=[8], systems=["rqrl", "envpool"])
+    results.add("rqrl", 8, 100.0, 400.0)
+    results.add("envpool", 8, 200.0, 200.0)
+    table = build_table(results)
+    second = table[table.index("Env steps per CPU second"):]
+    assert "| E (envs per worker) | rqrl steps/CPU s | EnvPool steps/CPU s | EnvPool / rqrl |" in second
+    assert "| 8 | 400 | 200 | 0.50 |" in second
+    assert "| 8 | 100 | 200 | 2.00 |" in table  # steps/s first
+    assert "per CPU second" not in build_table(results_of({"rqrl": {8: [100.0]}}))
