@@ -89,8 +89,10 @@ def test_scale_prints_linear_ratio_and_redis_cost_per_worker_count() -> None:
 def test_image_obs_prints_rates_and_bytes_per_step() -> None:
     out = run_benchmark("image_obs.py", "--envs", "2", "--seconds", "0.5", "--warmup", "0", "--rollout-steps", "8")
     rows = [line for line in out.splitlines() if line.startswith("| 2 |")]
-    assert len(rows) == 1, out
+    assert len(rows) == 2, out  # rates and bytes, then CPU per step by role
     cells = [float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")]
+    cpu = [float(cell.strip().replace(",", "")) for cell in rows[1].strip("|").split("|")]
+    assert all(value > 0 for value in cpu[1:4]), rows[1]  # workers, learner and redis-server all used CPU
     assert cells[1] > 0 and cells[2] > 0, rows[0]
     assert 0.25 < cells[5] < 0.6, rows[0]  # each frame crosses once: about a quarter of a 4-frame stack per step
 
