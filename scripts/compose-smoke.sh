@@ -96,12 +96,15 @@ compose() { docker compose -p "$PROJECT" "${COMPOSE_FILES[@]}" "$@"; }
 apt_install() {
   say "installing Debian packages: $*"
   [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || setup_failed "need root and apt-get to install $*"
+  # another apt beside this one (CI installs chromium while this runs in the background): wait for its locks
+  local wait_lock=(-o DPkg::Lock::Timeout=240)
   if [ ! -f "$LOGS/apt-updated" ]; then
-    timeout 300 apt-get update -qq >>"$LOGS/apt.log" 2>&1 || setup_failed "apt-get update (5 min limit); see $LOGS/apt.log"
+    timeout 300 apt-get "${wait_lock[@]}" update -qq >>"$LOGS/apt.log" 2>&1 \
+      || setup_failed "apt-get update (5 min limit); see $LOGS/apt.log"
     touch "$LOGS/apt-updated"
   fi
-  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends "$@" >>"$LOGS/apt.log" 2>&1 \
-    || setup_failed "apt-get install $* (10 min limit); see $LOGS/apt.log"
+  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends "$@" \
+    >>"$LOGS/apt.log" 2>&1 || setup_failed "apt-get install $* (10 min limit); see $LOGS/apt.log"
 }
 
 ensure_engine() {
