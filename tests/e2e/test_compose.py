@@ -20,6 +20,9 @@ from tests.run_files import read_rows
 
 pytestmark = pytest.mark.timeout(180)
 COMPOSE_URL = "redis://redis:6379/0"
+# compose.yaml's learner trains LunarLander-v3 unless RQRL_ENV names another env; box2d, which LunarLander needs, is
+# in the image but not in every test venv: the tests that train pick CartPole as a compose user would
+CARTPOLE = {"RQRL_ENV": "CartPole-v1"}
 _VARIABLE = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
 
 
@@ -143,6 +146,20 @@ def test_services_have_healthchecks_restart_policies_and_rotated_logs(compose):
         assert service["logging"]["driver"] == "json-file" and options["max-size"] and options["max-file"], name
 
 
+def test_the_learner_trains_lunar_lander_by_default_and_rqrl_env_picks_another(compose):
+    command = compose["services"]["learner"]["command"]
+    env_id = command[command.index("--env-id") + 1]
+    assert interpolate(env_id, {}) == "LunarLander-v3"
+    assert interpolate(env_id, CARTPOLE) == "CartPole-v1"
+    # enough actors for 16 workers to each step a group of 4 (with fewer, some of --scale worker=16 stay idle)
+    assert int(command[command.index("--n-actors") + 1]) >= 64
+    dockerfile = (REPO_ROOT / "workers" / "Dockerfile").read_text()
+    assert re.search(r'pip install .*"\.\[[^]]*\bbox2d\b', dockerfile), "the image needs gymnasium's box2d"
+    # CI's smoke test keeps CartPole (LunarLander takes longer than its budget on 2 cores), through RQRL_ENV
+    smoke = (REPO_ROOT / "scripts" / "compose-smoke.sh").read_text()
+    assert 'export RQRL_ENV="${RQRL_SMOKE_ENV:-CartPole-v1}"' in smoke
+
+
 def test_workers_and_learner_read_the_secret_from_a_compose_secrets_file(compose):
     assert compose["secrets"]["rqrl_secret"] == {"file": "./secrets/rqrl_secret"}
     for name in ("worker", "learner"):
@@ -166,30 +183,36 @@ def test_worker_service_command_runs(compose, redis_url, connection):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("variables", [CARTPOLE, {}], ids=["RQRL_ENV=CartPole-v1", "default"])
 def test_learner_service_command_trains_against_the_worker_service(compose, redis_url, connection, workers,
-                                                                    tmp_path):
+                                                                    tmp_path, variables):
+    if not variables:
+        pytest.importorskip("Box2D", reason="compose.yaml's default env, LunarLander-v3, needs rqrl[box2d]")
     worker_command = compose["services"]["worker"]["command"]
     workers.start("compose-worker", queue=worker_command[worker_command.index("--queue") + 1])
     workers.wait_registered(connection, 1)
     volume = tmp_path / "runs"
     volume.mkdir()
     learner = compose["services"]["learner"]
-    arguments = rqrl_arguments(learner, redis_url, {"runs": volume})
+    arguments = rqrl_arguments(learner, redis_url, {"runs": volume}, variables)
     result = subprocess.run([sys.executable, "-m", "rqrl", *arguments, "--total-env-steps", "2000",
                              "--n-actors", "2", "--batch-size", "2"], cwd=volume, env=service_env(learner, tmp_path),
                             capture_output=True, text=True, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((volume / "compose" / "summary.json").read_text())
     assert summary["env_steps"] >= 2000
+    config = json.loads((volume / "compose" / "config.json").read_text())
+    assert config["env_id"] == (variables or {"RQRL_ENV": "LunarLander-v3"})["RQRL_ENV"]
     health = run_rqrl(*rqrl_arguments({"command": learner["healthcheck"]["test"][1:]}, redis_url), timeout=60)
     assert health.returncode == 1 and "no run 'compose'" in health.stdout, "the run ended: no learner"
 
 
 def start_service(service: dict, redis_url: str, volume: Path, *extra: str) -> subprocess.Popen:
     """The service's command as a local process, as compose runs it (env, working directory, volume)."""
-    return subprocess.Popen([sys.executable, "-m", "rqrl", *rqrl_arguments(service, redis_url, {"runs": volume}),
-                             *extra], cwd=volume, env=service_env(service, volume.parent), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    arguments = rqrl_arguments(service, redis_url, {"runs": volume}, CARTPOLE)
+    return subprocess.Popen([sys.executable, "-m", "rqrl", *arguments, *extra], cwd=volume,
+                            env=service_env(service, volume.parent), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 @pytest.mark.slow  # four workers and a learner on a small machine: about a minute
