@@ -230,6 +230,8 @@ class LossTerms:
     value: float
     entropy: float
     mean_rho: float
+    grad_norm: float = math.nan
+    """The gradient's norm before clipping (Learner.update sets it)."""
 
 
 def impala_loss(model: ActorCritic, record: BatchedRecord, config: ImpalaConfig) -> LossTerms:
@@ -370,7 +372,7 @@ class Learner:
         terms = impala_loss(self.model, record, self.config)
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
-        nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        terms.grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
         self.optimizer.step()
         self.updates += 1
         return terms
@@ -392,15 +394,16 @@ class Learner:
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_lag_mean",
                  "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped",
                  "steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
-                 "update_seconds", "eval_return", "eval_return_std", "eval_seconds"]
+                 "update_seconds", "eval_return", "eval_return_std", "eval_seconds", "grad_norm"]
 """metrics.csv's columns and TensorBoard's scalars: steps_per_second is the average since the start,
 steps_per_second_10s over the last 10 s; the lags are those of the rollouts trained on; dequeue_seconds is
-collect_outputs' wait, update_seconds the gradient step and broadcast; the eval_ figures are those of an evaluation
+collect_outputs' wait, update_seconds the gradient step and broadcast; grad_norm the gradient's norm before
+--max-grad-norm clips it; the eval_ figures are those of an evaluation
 (--eval-every), in the rows after one. A row covers the updates since the last
 (metrics_seconds): METRIC_REDUCTIONS says how each figure is reduced over them, the others are the last update's."""
 METRIC_REDUCTIONS = {
     **dict.fromkeys(("policy_loss", "value_loss", "entropy", "mean_rho", "policy_lag_mean", "queue_size",
-                     "dequeue_seconds", "update_seconds"), "mean"),
+                     "dequeue_seconds", "update_seconds", "grad_norm"), "mean"),
     "policy_lag_max": "max", "policy_lag_min": "min", "dropped": "sum"}
 
 
@@ -499,7 +502,7 @@ class _TrainingLoop:
             "mean_rho": terms.mean_rho, "dropped": record.batch_size - fresh.batch_size,
             "steps_per_second_10s": self.progress.throughput.rate(), "policy_lag_min": float(trained_lag.min()),
             "workers_alive": workers, "records_rejected": _records_rejected(actors),
-            "dequeue_seconds": dequeue_seconds, "update_seconds": update_seconds,
+            "dequeue_seconds": dequeue_seconds, "update_seconds": update_seconds, "grad_norm": terms.grad_norm,
         })
         self.save()
         self.time_step(queue_size, dequeue_seconds)

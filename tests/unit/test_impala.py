@@ -474,6 +474,7 @@ def test_train_writes_the_run_folder(trained_run):
     assert losses == [int(row["env_steps"]) for row in rows], "one TensorBoard policy_loss per CSV row"
     assert all(float(row["policy_lag_max"]) == 0 for row in rows)  # serial actors always use the latest weights
     assert all(math.isfinite(float(row["policy_loss"])) for row in rows)
+    assert all(float(row["grad_norm"]) > 0 for row in rows), "the gradient's norm before clipping"
     config = json.loads((run / "config.json").read_text())
     assert (config["total_env_steps"], config["run_name"]) == (4096, "smoke")
     summary = json.loads((run / "summary.json").read_text())
