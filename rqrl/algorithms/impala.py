@@ -93,6 +93,12 @@ class ImpalaConfig(Tracking):
     pg_rho_bar: float = field(default=1.0, metadata={"help": "Clip of the importance ratio in the policy gradient."})
     entropy_coef: float = field(default=0.01, metadata={"help": "Weight of the entropy bonus."})
     value_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
+    reward_scale: float = field(default=1.0, metadata={
+        "help": "Factor on the rewards the learner trains on: value targets and value_loss are in these units, the "
+                "returns reported are not (0.01 suits LunarLander's rewards of +-100)."})
+    normalize_advantages: bool = field(default=False, metadata={
+        "help": "Give the policy gradient's advantages zero mean and unit variance in each batch, whatever the "
+                "rewards' scale and the value's bias."})
     max_grad_norm: float = field(default=10.0, metadata={"help": "Gradient norm clip."})
     hidden_size: int = field(default=64, metadata={"help": "Width of the two hidden layers of each MLP."})
     max_policy_lag: int | None = field(default=None, metadata={
@@ -126,7 +132,8 @@ class ImpalaConfig(Tracking):
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
                     "learner_threads", "progress_seconds",
                     "learner_timeout")
-        for name in (*positive, "rho_bar", "c_bar", "pg_rho_bar", "max_grad_norm", "queue_out_of_sync_factor"):
+        for name in (*positive, "rho_bar", "c_bar", "pg_rho_bar", "max_grad_norm", "queue_out_of_sync_factor",
+                     "reward_scale"):
             if not getattr(self, name) > 0:  # also refuses NaN
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
         for name in ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "hidden_size"):
@@ -244,12 +251,14 @@ def impala_loss(model: ActorCritic, record: BatchedRecord, config: ImpalaConfig)
     terminated = record.terminated.float()
     episode_ended = (record.terminated | record.truncated).float()
     vs, advantages = vtrace(
-        record.log_probs, target_log_probs.detach(), record.rewards, values.detach(),
+        record.log_probs, target_log_probs.detach(), config.reward_scale * record.rewards, values.detach(),
         next_state_values(model, record),
         bootstrap_discounts=config.discount * (1.0 - terminated),
         trace_discounts=config.discount * (1.0 - episode_ended),
         rho_bar=config.rho_bar, c_bar=config.c_bar, pg_rho_bar=config.pg_rho_bar,
     )
+    if config.normalize_advantages:
+        advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
     policy_loss = -(target_log_probs * advantages).mean()
     value_loss = 0.5 * (vs - values).pow(2).mean()
     entropy = -(log_probs_all.exp() * log_probs_all).sum(-1).mean()
