@@ -96,6 +96,12 @@ class ImpalaConfig(Tracking):
     pg_rho_bar: float = field(default=1.0, metadata={"help": "Clip of the importance ratio in the policy gradient."})
     entropy_coef: float = field(default=0.01, metadata={"help": "Weight of the entropy bonus."})
     value_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
+    reward_scale: float = field(default=1.0, metadata={
+        "help": "Factor on the rewards the learner trains on: value targets and value_loss are in these units, the "
+                "returns reported are not (0.01 suits LunarLander's rewards of +-100)."})
+    normalize_advantages: bool = field(default=False, metadata={
+        "help": "Give the policy gradient's advantages zero mean and unit variance in each batch, whatever the "
+                "rewards' scale and the value's bias."})
     max_grad_norm: float = field(default=10.0, metadata={"help": "Gradient norm clip."})
     hidden_size: int = field(default=64, metadata={"help": "Width of the two hidden layers of each MLP (image "
                                                            "observations: the Nature CNN's, 512)."})
@@ -131,7 +137,8 @@ class ImpalaConfig(Tracking):
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
                     "learner_threads", "progress_seconds",
                     "learner_timeout")
-        for name in (*positive, "rho_bar", "c_bar", "pg_rho_bar", "max_grad_norm", "queue_out_of_sync_factor"):
+        for name in (*positive, "rho_bar", "c_bar", "pg_rho_bar", "max_grad_norm", "queue_out_of_sync_factor",
+                     "reward_scale"):
             if not getattr(self, name) > 0:  # also refuses NaN
                 raise ConfigError(f"expected {name} > 0, got {getattr(self, name)}")
         for name in ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "hidden_size"):
@@ -254,6 +261,8 @@ class LossTerms:
     value: float
     entropy: float
     mean_rho: float
+    grad_norm: float = math.nan
+    """The gradient's norm before clipping (Learner.update sets it)."""
 
 
 def impala_loss(model: ActorCritic, record: BatchedRecord, config: ImpalaConfig) -> LossTerms:
@@ -264,12 +273,14 @@ def impala_loss(model: ActorCritic, record: BatchedRecord, config: ImpalaConfig)
     terminated = record.terminated.float()
     episode_ended = (record.terminated | record.truncated).float()
     vs, advantages = vtrace(
-        record.log_probs, target_log_probs.detach(), record.rewards, values.detach(),
+        record.log_probs, target_log_probs.detach(), config.reward_scale * record.rewards, values.detach(),
         next_state_values(model, record, values),
         bootstrap_discounts=config.discount * (1.0 - terminated),
         trace_discounts=config.discount * (1.0 - episode_ended),
         rho_bar=config.rho_bar, c_bar=config.c_bar, pg_rho_bar=config.pg_rho_bar,
     )
+    if config.normalize_advantages:
+        advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
     policy_loss = -(target_log_probs * advantages).mean()
     value_loss = 0.5 * (vs - values).pow(2).mean()
     entropy = -(log_probs_all.exp() * log_probs_all).sum(-1).mean()
@@ -392,7 +403,7 @@ class Learner:
         terms = impala_loss(self.model, record, self.config)
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
-        nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        terms.grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
         self.optimizer.step()
         self.updates += 1
         return terms
@@ -414,15 +425,16 @@ class Learner:
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_lag_mean",
                  "policy_lag_max", "queue_size", "policy_loss", "value_loss", "entropy", "mean_rho", "dropped",
                  "steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",
-                 "update_seconds", "eval_return", "eval_return_std", "eval_seconds"]
+                 "update_seconds", "eval_return", "eval_return_std", "eval_seconds", "grad_norm"]
 """metrics.csv's columns and TensorBoard's scalars: steps_per_second is the average since the start,
 steps_per_second_10s over the last 10 s; the lags are those of the rollouts trained on; dequeue_seconds is
-collect_outputs' wait, update_seconds the gradient step and broadcast; the eval_ figures are those of an evaluation
+collect_outputs' wait, update_seconds the gradient step and broadcast; grad_norm the gradient's norm before
+--max-grad-norm clips it; the eval_ figures are those of an evaluation
 (--eval-every), in the rows after one. A row covers the updates since the last
 (metrics_seconds): METRIC_REDUCTIONS says how each figure is reduced over them, the others are the last update's."""
 METRIC_REDUCTIONS = {
     **dict.fromkeys(("policy_loss", "value_loss", "entropy", "mean_rho", "policy_lag_mean", "queue_size",
-                     "dequeue_seconds", "update_seconds"), "mean"),
+                     "dequeue_seconds", "update_seconds", "grad_norm"), "mean"),
     "policy_lag_max": "max", "policy_lag_min": "min", "dropped": "sum"}
 
 
@@ -521,7 +533,7 @@ class _TrainingLoop:
             "mean_rho": terms.mean_rho, "dropped": record.batch_size - fresh.batch_size,
             "steps_per_second_10s": self.progress.throughput.rate(), "policy_lag_min": float(trained_lag.min()),
             "workers_alive": workers, "records_rejected": _records_rejected(actors),
-            "dequeue_seconds": dequeue_seconds, "update_seconds": update_seconds,
+            "dequeue_seconds": dequeue_seconds, "update_seconds": update_seconds, "grad_norm": terms.grad_norm,
         })
         self.save()
         self.time_step(queue_size, dequeue_seconds)

@@ -115,7 +115,7 @@ class MetricsWriter:
             self._tracker.close()
 
 
-LOSS_TERMS = frozenset({"entropy", "clip_fraction", "mean_rho"})
+LOSS_TERMS = frozenset({"entropy", "clip_fraction", "mean_rho", "grad_norm"})
 """Figures of the update itself, grouped with the losses."""
 
 

@@ -311,6 +311,25 @@ def test_impala_loss_reads_the_behaviour_log_probs():
     assert off_policy.value != pytest.approx(on_policy.value, rel=1e-3)
 
 
+def test_reward_scale_scales_the_targets_and_normalized_advantages_undo_it_in_the_policy_loss():
+    """With a value head that outputs 0, targets and advantages are linear in the rewards: reward_scale 10 makes
+    the value loss 100x and the policy loss 10x, unless normalize_advantages takes the scale out of the latter."""
+    torch.manual_seed(0)
+    model = ActorCritic(4, 2, 16)
+    torch.nn.init.zeros_(model.value[-1].weight)
+    record = collected_cartpole_batch(model)
+    config = ImpalaConfig(hidden_size=16)
+    plain, scaled = (impala_loss(model, record, dataclasses.replace(config, reward_scale=scale)) for scale in (1, 10))
+    assert scaled.value == pytest.approx(100 * plain.value, rel=1e-4)
+    assert scaled.policy == pytest.approx(10 * plain.policy, rel=1e-4)
+    normalized = dataclasses.replace(config, normalize_advantages=True)
+    plain, scaled = (impala_loss(model, record, dataclasses.replace(normalized, reward_scale=scale))
+                     for scale in (1, 10))
+    assert scaled.value == pytest.approx(100 * plain.value, rel=1e-4)
+    assert scaled.policy == pytest.approx(plain.policy, rel=1e-4, abs=1e-6)
+    assert scaled.entropy == plain.entropy
+
+
 def hand_batch(policy_versions, final_columns):
     steps, batch = 4, len(policy_versions)
     obs = torch.arange(steps * batch * 2, dtype=torch.float32).reshape(steps, batch, 2)
@@ -421,6 +440,7 @@ def test_make_flat_env_flattens_dict_observations(dict_env_id):
     {"total_env_steps": 0}, {"n_actors": 0}, {"n_rollout_steps": -1}, {"batch_size": 0}, {"learning_rate": 0.0},
     {"hidden_size": 0}, {"discount": 0.0}, {"discount": 1.01}, {"discount": -0.5}, {"rho_bar": 0.0},
     {"c_bar": -1.0}, {"pg_rho_bar": 0.0}, {"max_grad_norm": 0.0}, {"max_policy_lag": -1}, {"learner_threads": 0},
+    {"reward_scale": 0.0}, {"reward_scale": -1.0},
 ])
 def test_config_rejects_bad_values(bad):
     (name, value), = bad.items()
@@ -476,6 +496,7 @@ def test_train_writes_the_run_folder(trained_run):
     assert losses == [int(row["env_steps"]) for row in rows], "one TensorBoard policy_loss per CSV row"
     assert all(float(row["policy_lag_max"]) == 0 for row in rows)  # serial actors always use the latest weights
     assert all(math.isfinite(float(row["policy_loss"])) for row in rows)
+    assert all(float(row["grad_norm"]) > 0 for row in rows), "the gradient's norm before clipping"
     config = json.loads((run / "config.json").read_text())
     assert (config["total_env_steps"], config["run_name"]) == (4096, "smoke")
     summary = json.loads((run / "summary.json").read_text())
