@@ -17,11 +17,17 @@ Run from the repository root::
     python benchmarks/train_cartpole.py --seeds 0 1 2
     python benchmarks/train_cartpole.py --env Acrobot-v1 --seeds 0 1 2
     python benchmarks/train_cartpole.py --variants rqrl baseline ppo ppo-baseline dqn --seeds 0 1 2
+    python benchmarks/train_cartpole.py --config examples/lunarlander.json --variants rqrl --budget 6000000
+
+``--config FILE`` takes a run's settings as ``rqrl train --config`` does (a JSON object with the keys of a run's
+config.json, ``algo`` naming the learner): they apply to that learner's variants, and its ``env_id`` replaces
+``--env``. ``--workers`` sets the local workers of the rqrl variants; ``--run-dir`` keeps each run's metrics.csv.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import statistics
@@ -34,6 +40,7 @@ from rqrl import LocalSampler, NewEnvUpdate
 from rqrl.algorithms import dqn, ppo
 from rqrl.algorithms.common import TrainResult, env_spaces, make_flat_env
 from rqrl.algorithms.impala import ActorCritic, ImpalaConfig, train
+from rqrl.cli.config_file import file_algorithm, file_settings, read_settings
 from rqrl.maze.serial import SerialDistributedActors
 
 VARIANTS = {"rqrl": "IMPALA, rqrl (Redis, local workers)",
@@ -43,11 +50,37 @@ VARIANTS = {"rqrl": "IMPALA, rqrl (Redis, local workers)",
             "dqn": "DQN, rqrl SEED (Redis, central inference)"}
 
 log = logging.getLogger("train_cartpole")
+CONFIGS = {"impala": ImpalaConfig, "ppo": ppo.PpoConfig, "dqn": dqn.DqnConfig}
 
 
-def run_ppo(env_id: str, seed: int, variant: str, budget: int, run_dir: str) -> TrainResult:
-    config = ppo.PpoConfig(env_id=env_id, seed=seed, total_env_steps=budget, run_dir=run_dir,
-                           run_name=f"{variant}-{seed}", progress=False)
+def algorithm_of(variant: str) -> str:
+    """The learner a variant trains: ``ppo`` for the PPO variants, ``dqn``, else IMPALA."""
+    return "ppo" if variant.startswith("ppo") else "dqn" if variant == "dqn" else "impala"
+
+
+def settings_from_file(path: str | None) -> tuple[str | None, dict]:
+    """The algorithm and checked settings of ``--config`` (None and {} without one), as ``rqrl train`` reads them."""
+    if path is None:
+        return None, {}
+    data = read_settings(path)
+    algo = file_algorithm(path, data, None)
+    return algo, file_settings(path, data, algo, CONFIGS[algo])
+
+
+def run_settings(variant: str, config_algo: str | None, config: dict, workers: int | None) -> dict:
+    """Extra config settings of one variant's run: the file's, where it names this variant's learner, and
+    ``--workers`` for the variants with local workers."""
+    settings = dict(config) if config_algo == algorithm_of(variant) else {}
+    settings.pop("env_id", None)
+    settings.pop("run_dir", None)
+    if workers is not None and variant in ("rqrl", "ppo"):
+        settings["workers"] = workers
+    return settings
+
+
+def run_ppo(env_id: str, seed: int, variant: str, budget: int, run_dir: str, settings: dict) -> TrainResult:
+    config = ppo.PpoConfig(**{"total_env_steps": budget, **settings, "env_id": env_id, "seed": seed,
+                              "run_dir": run_dir, "run_name": f"{variant}-{seed}", "progress": False})
     sampler = None
     if variant == "ppo-baseline":
         obs_size, n_actions, _ = env_spaces(env_id)
@@ -57,24 +90,26 @@ def run_ppo(env_id: str, seed: int, variant: str, budget: int, run_dir: str) -> 
     return ppo.train(config, sampler=sampler)
 
 
-def run_once(env_id: str, seed: int, variant: str, budget: int, run_dir: str, dqn_seconds: float) -> dict:
+def run_once(env_id: str, seed: int, variant: str, budget: int, run_dir: str, dqn_seconds: float,
+             settings: dict) -> dict:
     if variant == "dqn":
         started = time.monotonic()
-        result = dqn.train(dqn.DqnConfig(env_id=env_id, seed=seed, seconds=dqn_seconds, total_env_steps=budget,
-                                         run_dir=run_dir, run_name=f"{variant}-{seed}", progress=False))
+        result = dqn.train(dqn.DqnConfig(**{"seconds": dqn_seconds, "total_env_steps": budget, **settings,
+                                            "env_id": env_id, "seed": seed, "run_dir": run_dir,
+                                            "run_name": f"{variant}-{seed}", "progress": False}))
         wall = time.monotonic() - started
         log.info("  %-12s seed %d: solved=%s in %.1f s, %s env steps", variant, seed, result.solved, wall,
                  f"{result.env_steps:,}")
         return {"solved": result.solved, "seconds": wall, "env_steps": result.env_steps, "bottleneck": None}
     if variant.startswith("ppo"):
         started = time.monotonic()
-        result = run_ppo(env_id, seed, variant, budget, run_dir)
+        result = run_ppo(env_id, seed, variant, budget, run_dir, settings)
         wall = time.monotonic() - started
         log.info("  %-12s seed %d: solved=%s in %.1f s, %s env steps", variant, seed, result.solved, wall,
                  f"{result.env_steps:,}")
         return {"solved": result.solved, "seconds": wall, "env_steps": result.env_steps, "bottleneck": None}
-    config = ImpalaConfig(env_id=env_id, seed=seed, total_env_steps=budget, run_dir=run_dir,
-                          run_name=f"{variant}-{seed}", progress=False)
+    config = ImpalaConfig(**{"total_env_steps": budget, **settings, "env_id": env_id, "seed": seed,
+                             "run_dir": run_dir, "run_name": f"{variant}-{seed}", "progress": False})
     actors = None
     if variant == "baseline":
         obs_size, n_actions, _ = env_spaces(env_id)
@@ -94,20 +129,34 @@ def run_once(env_id: str, seed: int, variant: str, budget: int, run_dir: str, dq
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--env", default=None, help="gymnasium env id (default: --config's env_id, else CartPole-v1)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--budget", type=int, default=2_000_000, help="env steps before giving up on a seed")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="env steps before giving up on a seed (default: --config's total_env_steps, else 2M)")
     parser.add_argument("--variants", nargs="+", default=["rqrl", "baseline"], choices=list(VARIANTS))
     parser.add_argument("--dqn-seconds", type=float, default=600.0, help="time budget of each DQN run")
+    parser.add_argument("--config", help="JSON settings, as `rqrl train --config` takes (for its algo's variants)")
+    parser.add_argument("--workers", type=int, help="local workers of the rqrl IMPALA and PPO variants")
+    parser.add_argument("--run-dir", help="keep each run's folder (metrics.csv) here (default: a temporary one)")
     args = parser.parse_args()
+    try:
+        config_algo, config = settings_from_file(args.config)
+    except Exception as error:  # click.UsageError: a bad file, said in one line
+        parser.error(str(error))
+    args.env = args.env or config.get("env_id", "CartPole-v1")
+    args.budget = args.budget or config.pop("total_env_steps", 2_000_000)
+    config.pop("total_env_steps", None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     results: dict[str, list[dict]] = {variant: [] for variant in args.variants}
-    with tempfile.TemporaryDirectory(prefix="rqrl-bench-") as run_dir:
+    with contextlib.ExitStack() as stack:
+        run_dir = args.run_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="rqrl-bench-"))
         for index, seed in enumerate(args.seeds):
             order = args.variants if index % 2 == 0 else list(reversed(args.variants))
             for variant in order:
                 log.info("%s, seed %d (%d/%d): %s", args.env, seed, index + 1, len(args.seeds), variant)
-                results[variant].append(run_once(args.env, seed, variant, args.budget, run_dir, args.dqn_seconds))
+                settings = run_settings(variant, config_algo, config, args.workers)
+                results[variant].append(run_once(args.env, seed, variant, args.budget, run_dir, args.dqn_seconds,
+                                                 settings))
     print(f"\n{args.env}: time and env steps to solve, median over seeds {args.seeds}\n")
     print("| learner and sampling | solved | median seconds | median env steps | median steps/s | seconds per seed "
           "| bottleneck per seed |")

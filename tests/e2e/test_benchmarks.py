@@ -3,6 +3,7 @@ No timed assertion: the numbers are the scripts' business, not the tests'."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -136,9 +137,17 @@ def test_train_cartpole_prints_ppo_next_to_its_single_process_baseline() -> None
 
 @pytest.mark.slow  # about 30 s: an IMPALA run and a 3-second DQN run, each with its own Redis and processes
 @pytest.mark.timeout(200)
-def test_train_cartpole_prints_dqn_and_the_impala_bottleneck() -> None:
-    out = run_benchmark("train_cartpole.py", "--env", "tests.fixtures:RqrlGuessSign-v0", "--variants", "rqrl",
-                        "dqn", "--seeds", "0", "--budget", "2000", "--dqn-seconds", "3")
+def test_train_cartpole_prints_dqn_and_the_impala_bottleneck_with_a_config_file(tmp_path) -> None:
+    config = tmp_path / "impala.json"  # env and budget from the file; its settings reach IMPALA's run only
+    config.write_text(json.dumps({"algo": "impala", "env_id": "tests.fixtures:RqrlGuessSign-v0",
+                                  "total_env_steps": 2000, "batch_size": 2, "reward_scale": 0.5}))
+    out = run_benchmark("train_cartpole.py", "--config", str(config), "--variants", "rqrl", "dqn", "--seeds", "0",
+                        "--workers", "1", "--run-dir", str(tmp_path), "--dqn-seconds", "3")
+    impala_config = json.loads((tmp_path / "rqrl-0" / "config.json").read_text())
+    assert impala_config["env_id"] == "tests.fixtures:RqrlGuessSign-v0" and impala_config["workers"] == 1
+    assert (impala_config["batch_size"], impala_config["reward_scale"]) == (2, 0.5)
+    assert impala_config["total_env_steps"] == 2000 and (tmp_path / "rqrl-0" / "metrics.csv").exists()
+    assert json.loads((tmp_path / "dqn-0" / "config.json").read_text())["batch_size"] != 2  # DQN's own default
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and "," in line}
     impala = rows["IMPALA, rqrl (Redis, local workers)"]
     assert impala.rstrip(" |").split("|")[-1].strip() in ("workers", "learner", "balanced"), impala

@@ -13,6 +13,7 @@ from rqrl.algorithms.impala import ImpalaConfig
 from rqrl.algorithms.ppo import PpoConfig
 from rqrl.cli.config_file import file_settings, read_settings
 from rqrl.cli.train import file_options
+from tests.children import REPO_ROOT
 from tests.cli_runner import invoke
 
 
@@ -103,3 +104,11 @@ def test_terminal_on_life_loss_is_a_key_of_every_algorithms_file(tmp_path, algo,
     path = settings_file(tmp_path, {"algo": algo, "terminal_on_life_loss": "yes"})
     result = invoke("train", "--config", path)
     assert result.exit_code == 2 and 'terminal_on_life_loss must be true or false, got "yes"' in result.stderr
+
+
+@pytest.mark.parametrize("path", sorted(str(path) for path in (REPO_ROOT / "examples").glob("*.json")))
+def test_every_example_config_is_taken_by_rqrl_train(path):
+    algo, settings = file_options(None, path, {}, set())
+    config = {"impala": ImpalaConfig, "ppo": PpoConfig, "dqn": DqnConfig}[algo](**settings)
+    assert config.env_id == json.loads(open(path).read())["env_id"]
+
