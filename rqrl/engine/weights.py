@@ -5,7 +5,7 @@ MULTI/EXEC, and lets the previous version expire a few seconds later (readers ne
 fetch version and blob in one Lua call, so a read is never torn). Workers fetch the blob only when
 the version moved. Memory stays at about one blob per broadcast in the last ``ttl_seconds``.
 
-Each blob is signed with HMAC-SHA256 under the run's weights key (``rqrl.engine.codec.weights_key``) and
+Each blob is signed (keyed BLAKE3) under the run's weights key (``rqrl.engine.codec.weights_key``) and
 names its version inside the signed part. Workers load only a blob that verifies, names the version
 the pointer gives and is newer than the one they hold; anything else (forged weights, a forged or
 rolled-back pointer, a missing blob) is refused and logged, and they keep the weights they have.

@@ -124,9 +124,9 @@ def plan_chain(applied: Sequence[ChainEntry], target: Sequence[ChainEntry]) -> t
 _STATE_DICT, _ARRAYS, _PICKLE = b"T", b"N", b"P"
 
 
-UPDATE_MAGIC = b"RQRLUPD1"
+UPDATE_MAGIC = b"RQRLUPD2"
 """The envelope of an update blob: tagged under the run's weights key together with the key it is stored at."""
-CALL_MAGIC = b"RQRLCAL1"
+CALL_MAGIC = b"RQRLCAL2"
 """A call spec, tagged under the run's weights key, its version inside."""
 
 

@@ -3,13 +3,13 @@
 A worker's ``ActorGroup`` yields one rollout per actor for the same rollout id and policy version. Sent as
 one safetensors buffer (every per-actor array with a leading actor axis; the arrays whose length varies per
 actor, final observations and finished episodes, concatenated with per-actor counts), a group costs one
-header, one HMAC, one Redis value and one numpy pass per array instead of one of each per actor: the
+header, one tag, one Redis value and one numpy pass per array instead of one of each per actor: the
 per-rollout cost that kept ``collect_outputs`` below the machine's limit with many envs per worker. Workers
 encode the group straight from its ``[T, n]`` buffers (``RolloutSteps``, ``encode_steps_group``); the same
 bytes as ``encode_group`` makes of its records.
 
 Every queue entry is a group (``rqrl.rollouts.v1``, of one rollout or more); ``decode_signed_entry`` reads it
-after the HMAC check, and never unpickles.
+after the tag check, and never unpickles.
 """
 
 from __future__ import annotations
@@ -230,13 +230,13 @@ def entry_stream(group_id: int, part: int) -> int | str:
 
 
 def encode_signed_group(records: Sequence[RolloutRecord], run_id: str, key: bytes) -> bytes:
-    """encode_group, tagged with HMAC-SHA256 under the run's records key (``rqrl.engine.codec.records_key``)."""
+    """encode_group, tagged with keyed BLAKE3 under the run's records key (``rqrl.engine.codec.records_key``)."""
     return sign(encode_group(records, run_id), key, RECORD_MAGIC)
 
 
 def encode_signed_steps(steps: RolloutSteps, actor_ids: Sequence[int], continues_previous: Sequence[bool],
                         policy_version: int, rollout_id: int, worker: str, run_id: str, key: bytes) -> bytes:
-    """encode_steps_group, tagged with HMAC-SHA256 under the run's records key (as ``encode_signed_group``)."""
+    """encode_steps_group, tagged with keyed BLAKE3 under the run's records key (as ``encode_signed_group``)."""
     return sign(encode_steps_group(steps, actor_ids, continues_previous, policy_version, rollout_id, worker, run_id),
                 key, RECORD_MAGIC)
 

@@ -1,7 +1,7 @@
 """The learner's side of the out-of-sync queue: what it popped, checked, in order, and acknowledged.
 
 Every entry the learner pops sits on the run's unacknowledged list (see rqrl.engine.trajectories) at an
-absolute index. The inbox checks each entry's HMAC tag under the run's records key before it parses
+absolute index. The inbox checks each entry's tag under the run's records key before it parses
 anything, then decodes it (never unpickling) and checks every field against the run (see
 ``Inbox.accept``); what fails is rejected, counted by reason and logged, never raised, and changes
 nothing about what is accepted later. An entry holds one rollout or an actor group's rollouts of one

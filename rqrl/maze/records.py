@@ -5,7 +5,7 @@ A rollout is time-major ``[T, ...]`` numpy arrays; a batch stacks ``B`` rollouts
 (nested keys flattened with ``/`` on the wire).
 
 On the wire records travel as group entries (``rqrl.maze.group_records``), safetensors buffers signed with
-HMAC-SHA256 under the run's records key; the learner checks the tag before it parses anything, then every
+keyed BLAKE3 under the run's records key; the learner checks the tag before it parses anything, then every
 field against the run's ``RecordSpec`` (``check_record`` and its group form).
 """
 

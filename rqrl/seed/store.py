@@ -65,8 +65,8 @@ def unseal(blob: bytes, key: bytes) -> tuple[dict[str, np.ndarray], dict[str, st
 
 
 
-SETTINGS_MAGIC = b"RQRLSET1"
-EVENT_MAGIC = b"RQRLEVT1"
+SETTINGS_MAGIC = b"RQRLSET2"
+EVENT_MAGIC = b"RQRLEVT2"
 _EVENT_FIELDS: dict[str, type] = {"kind": str, "actor": int, "thread": int, "error": str}
 """What an actor's event holds (``Actor`` reports a thread that died): anything else is refused."""
 """The magic of a run's signed settings (under ``SeedRun.settings_key``)."""

@@ -20,6 +20,7 @@ from rqrl.engine.codec import (
     encode_arrays,
     encode_state_dict,
     loads_object,
+    payload_tag,
     read_metadata,
     records_key,
     secret_from_environment,
@@ -209,6 +210,27 @@ def test_a_tag_under_one_key_or_magic_verifies_under_no_other():
         verify(tagged, key, WEIGHTS_MAGIC)  # a record is never taken for weights, nor a pickle for either
     with pytest.raises(SignatureError, match="unsigned"):
         verify(payload, key, RECORD_MAGIC)
+
+
+def test_the_tag_is_keyed_blake3_under_a_key_derived_from_the_secret():
+    import blake3
+
+    key = blake3.blake3(b"s3cret", derive_key_context="rqrl 2026-11-27 payload tag key").digest()
+    assert sign(b"payload", "s3cret", RECORD_MAGIC) == RECORD_MAGIC + blake3.blake3(b"payload", key=key).digest() + (
+        b"payload")
+    assert payload_tag(memoryview(b"xpayload")[1:], b"s3cret") == payload_tag(b"payload", "s3cret")
+
+
+def test_a_blob_of_another_rqrl_version_is_refused_with_what_to_do():
+    import hashlib
+    import hmac
+
+    key = records_key("s", "run-a")
+    payload = encode_arrays({"rewards": np.ones(4, np.float32)}, {"run_id": "run-a"})
+    older = b"RQRLREC1" + hmac.new(key, payload, hashlib.sha256).digest() + payload  # HMAC-SHA256, before BLAKE3
+    with pytest.raises(SignatureError, match=r"another rqrl version \(RQRLREC1; this one reads RQRLREC2\): run the "
+                                             r"same rqrl version on the learner and on every worker"):
+        verify(older, key, RECORD_MAGIC)
 
 
 @pytest.mark.parametrize("position", [0, 7, 8, 39, 40, 41, -1])
