@@ -6,7 +6,11 @@ Sides, for one shape (env, worker processes, logical workers, samples per iterat
   back to back with fixed weights: what sampling alone delivers;
 * *ppo, sample ahead* -- ``rqrl.algorithms.ppo.train`` as ``rqrl train ppo`` runs it: the next iteration is
   sampled while the learner trains on this one;
-* *ppo, in turn* -- the same with ``sample_ahead=False``: sample, then train, then sample.
+* *ppo, sample ahead, prefix only* -- the same with ``extra_episodes=False``: each call's episodes past the
+  round-robin prefix are dropped, not trained on (the "episodes dropped per call" column shows what that costs);
+* *ppo, in turn* -- ``sample_ahead=False``: sample, then train, then sample.
+
+The sampler and the PPO sides keep the call's extra episodes (``extra_episodes``, PPO's default) unless named.
 
 Steps/s of a PPO side are measured between its first and last update (``metrics.csv``), so start-up is left
 out, as it is for the sampler (timed from its second call). Rounds alternate the order of the sides.
@@ -41,12 +45,12 @@ class Rate:
     dropped_per_call: float
 
 
-def config(args: argparse.Namespace, run_dir: str, sample_ahead: bool = True) -> ppo.PpoConfig:
+def config(args: argparse.Namespace, run_dir: str, sample_ahead: bool = True, extras: bool = True) -> ppo.PpoConfig:
     return ppo.PpoConfig(env_id=args.env, n_workers=args.n_workers, num_samples=args.num_samples,
                          workers=args.processes, total_env_steps=args.num_samples * args.iterations,
                          target_return=1e9, run_dir=run_dir, progress=False, metrics_seconds=0,
                          checkpoint_seconds=1e9, sample_ahead=sample_ahead, epochs=args.epochs,
-                         minibatch_size=args.minibatch_size)
+                         minibatch_size=args.minibatch_size, extra_episodes=extras)
 
 
 def measure_sampler(args: argparse.Namespace, run_dir: str) -> Rate:
@@ -62,8 +66,8 @@ def measure_sampler(args: argparse.Namespace, run_dir: str) -> Rate:
     return Rate(steps / elapsed, dropped / max(1, args.iterations - 1))
 
 
-def measure_ppo(args: argparse.Namespace, run_dir: str, sample_ahead: bool) -> Rate:
-    result = ppo.train(config(args, run_dir, sample_ahead))
+def measure_ppo(args: argparse.Namespace, run_dir: str, sample_ahead: bool, extras: bool = True) -> Rate:
+    result = ppo.train(config(args, run_dir, sample_ahead, extras))
     with open(Path(result.run_dir) / "metrics.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     first, last = rows[0], rows[-1]
@@ -75,6 +79,7 @@ def measure_ppo(args: argparse.Namespace, run_dir: str, sample_ahead: bool) -> R
 
 SIDES = {"sampler": lambda args, folder: measure_sampler(args, folder),
          "ppo, sample ahead": lambda args, folder: measure_ppo(args, folder, True),
+         "ppo, sample ahead, prefix only": lambda args, folder: measure_ppo(args, folder, True, extras=False),
          "ppo, in turn": lambda args, folder: measure_ppo(args, folder, False)}
 
 

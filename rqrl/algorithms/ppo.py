@@ -87,6 +87,10 @@ class PpoConfig(Tracking):
         "help": "Sample the next iteration while training on this one (its batch is then one update old; the "
                 "clipped surrogate is taken against the log-probs it was sampled with); off: strictly on-policy, "
                 "the workers idle while the learner trains."})
+    extra_episodes: bool = field(default=True, metadata={
+        "help": "Train on the whole episodes that arrived past num_samples too (garage returns its overshoot) "
+                "instead of dropping them: about a quarter more data per iteration on CartPole, at no sampling "
+                "cost; off: the shortest round-robin prefix, the same episodes for a seed on any number of workers."})
     minibatch_size: int = field(default=256, metadata={"help": "Steps per gradient step."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus."})
     value_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
@@ -314,7 +318,7 @@ def make_sampler(config: PpoConfig, model: ActorCritic, *, secret: str | bytes |
                      max_episode_length=max_episode_length(config), n_workers=config.n_workers, seed=config.seed,
                      redis_url=config.redis_url, worker_redis_url=config.worker_redis_url, run_name=config.run_name,
                      n_local_workers=config.workers, start_method="forkserver", secret=secret,
-                     redis_server=redis_server, progress=False)
+                     redis_server=redis_server, progress=False, return_extras=config.extra_episodes)
 
 
 METRIC_FIELDS = ["seconds", "updates", "steps_per_second", "mean_return", "episodes", "policy_loss", "value_loss",

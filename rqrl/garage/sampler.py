@@ -100,7 +100,10 @@ class MultiprocessingSampler:
     embedded Redis; an injected ``connection``; ``run_name``; ``queue_name``; ``n_local_workers``;
     ``collect_timeout`` (seconds without a new episode); ``no_worker_timeout``; ``secret``; ...),
     ``workers_per_job`` (logical workers one job runs round robin; default: spread evenly over the local
-    workers, else 1) and ``progress`` (a tqdm bar per call). Redis, workers and jobs start at the first
+    workers, else 1), ``progress`` (a tqdm bar per call) and ``return_extras`` (``obtain_samples`` also returns
+    the whole episodes of the call that arrived past its prefix, as garage returns its overshoot, rather than
+    dropping them: more data for the same sampling, but the episode set is no longer fixed by the seed alone).
+    Redis, workers and jobs start at the first
     ``obtain_*`` call (or ``start_worker()``) and stop at ``shutdown_worker()``.
     """
 
@@ -116,7 +119,8 @@ class MultiprocessingSampler:
                  min_job_seconds: float = DEFAULTS.min_job_seconds, max_job_seconds: float = DEFAULTS.max_job_seconds,
                  secret: str | bytes | None = None, hang_seconds: float = DEFAULTS.hang_seconds,
                  redis_outage_seconds: float = DEFAULTS.redis_outage_seconds, worker_redis_url: str | None = None,
-                 redis_server: str | None = None, options: RunOptions | None = None, progress: bool = True):
+                 redis_server: str | None = None, options: RunOptions | None = None, progress: bool = True,
+                 return_extras: bool = False):
         factory, agents, envs = call_form(args, agents, envs, worker_factory)
         factory = factory_or_parameters(factory, max_episode_length=max_episode_length, is_tf_worker=is_tf_worker,
                                         seed=seed, n_workers=n_workers, worker_class=worker_class,
@@ -130,6 +134,7 @@ class MultiprocessingSampler:
             secret=secret, hang_seconds=hang_seconds, redis_outage_seconds=redis_outage_seconds,
             worker_redis_url=worker_redis_url, redis_server=redis_server))
         self.progress = progress
+        self.return_extras = return_extras
         self._injected = connection
         self.total_env_steps = 0
         self.dropped_episodes = 0
@@ -163,7 +168,8 @@ class MultiprocessingSampler:
 
     def obtain_samples(self, itr: int, num_samples: int, agent_update: Any, env_update: Any = None) -> EpisodeBatch:
         """Whole episodes, all under this call's updates, with at least ``num_samples`` steps in all: the
-        shortest round-robin prefix over the logical workers (``itr`` is ignored, as in garage)."""
+        shortest round-robin prefix over the logical workers (``itr`` is ignored, as in garage), then, with
+        ``return_extras``, the call's other episodes that had arrived (in round-robin order)."""
         check_count("num_samples", num_samples)
         return self._obtain(SAMPLES, num_samples, agent_update, env_update)
 
@@ -197,11 +203,13 @@ class MultiprocessingSampler:
         """garage's state (factory, agents, envs) and rqrl's options less the run name: unpickling starts a
         fresh run (on the same redis_url, else REDIS_URL, else an embedded Redis)."""
         return {"factory": self._factory, "agents": self._agents, "envs": self._envs,
-                "options": dataclasses.replace(self.options, run_name=None), "progress": self.progress}
+                "options": dataclasses.replace(self.options, run_name=None), "progress": self.progress,
+                "return_extras": self.return_extras}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["factory"], state["agents"], state["envs"],  # type: ignore[misc]
-                      options=state["options"], progress=state["progress"])
+                      options=state["options"], progress=state["progress"],
+                      return_extras=state.get("return_extras", False))
 
     # ---- set-up ---------------------------------------------------------------------------------------------
 
@@ -436,9 +444,18 @@ class MultiprocessingSampler:
                         f"no episode arrived for {self.options.collect_timeout:.0f} s ({len(episodes)} so far) with "
                         f"{self._supervisor.workers_alive()} worker(s) alive; raise collect_timeout for longer "
                         f"episodes, or check the workers' logs")
-        chosen = order.chosen(episodes)
+            chosen = order.chosen(episodes)
+            if self.return_extras and mode == SAMPLES:
+                chosen += self._extras(version, set(chosen), episodes, bar)
         self.dropped_episodes += len(episodes) - len(chosen)
         return EpisodeBatch.concatenate(*(episodes[key] for key in chosen))
+
+    def _extras(self, version: int, prefix: set[tuple[int, int]], episodes: dict[tuple[int, int], EpisodeBatch],
+                bar: Any) -> list[tuple[int, int]]:
+        """The call's episodes past its prefix, in round-robin order: those popped, and those queued now."""
+        for blob in self._store.pop(version, _POP_BATCH, timeout=0):
+            self._receive(blob, version, None, episodes, bar)
+        return sorted((key for key in episodes if key not in prefix), key=lambda key: (key[1], key[0]))
 
     @property
     def sidelined_workers(self) -> dict[str, str]:

@@ -180,12 +180,22 @@ def test_actors_per_job_prints_both_splits_and_their_ratio() -> None:
     assert "| 1 (before) |" in out and "| auto (now) |" in out and "auto / 1 = " in out
 
 
+@pytest.mark.timeout(120)
+def test_tag_cost_prints_both_tags_for_each_blob() -> None:
+    out = run_benchmark("tag_cost.py", "--seconds", "0.02", "--rounds", "1")
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| blob")]
+    assert [row[0] for row in rows] == ["CartPole entry", "Atari entry, zstd", "random frames entry",
+                                        "Nature CNN weights"], out
+    assert all(float(row[2].replace(",", "")) > 0 and float(row[3].replace(",", "")) > 0 for row in rows), out
+
+
 @pytest.mark.timeout(300)
 def test_ppo_throughput_prints_each_side_against_the_sampler() -> None:
     out = run_benchmark("ppo_throughput.py", "--n-workers", "2", "--num-samples", "300", "--iterations", "2",
                         "--epochs", "1", "--processes", "1")
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert {"sampler", "ppo, sample ahead", "ppo, in turn"} <= set(rows), out
+    assert {"sampler", "ppo, sample ahead", "ppo, sample ahead, prefix only", "ppo, in turn"} <= set(rows), out
     assert float(rows["sampler"].split("|")[3]) == 1.0
     assert all(float(rows[side].split("|")[2].replace(",", "")) > 0 for side in rows if side != "side"), out
 

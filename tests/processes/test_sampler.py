@@ -118,6 +118,28 @@ def test_no_stale_step_when_updates_land_mid_episode(connection, redis_url):
         assert sampler.dropped_episodes > 0
 
 
+def test_return_extras_returns_the_seeded_prefix_then_the_calls_other_episodes(connection, redis_url):
+    """With return_extras the episodes past the round-robin prefix come too (after it, each whole and of the
+    call's own version), where the default drops them; the prefix is the seeded one of the default sampler."""
+    policy = fixtures.mlp_policy(seed=3)
+    with make_sampler(redis_url, policy, fixtures.make_cartpole(), n_workers=4, seed=11, max_episode_length=60,
+                      workers_per_job=1, return_extras=True) as sampler:
+        with_extras = [sampler.obtain_samples(0, 300, policy.state_dict()) for _ in range(3)]
+        kept_dropped = sampler.dropped_episodes
+    local = LocalSampler(policy, fixtures.make_cartpole(), n_workers=4, seed=11, max_episode_length=60)
+    prefixes = [local.obtain_samples(0, 300, policy.state_dict()) for _ in range(3)]
+    local.shutdown_worker()
+    extras = 0
+    for batch, prefix in zip(with_extras, prefixes, strict=True):
+        count = len(prefix.lengths)
+        np.testing.assert_array_equal(batch.lengths[:count], prefix.lengths)
+        np.testing.assert_array_equal(batch.actions[: int(prefix.lengths.sum())], prefix.actions)
+        assert (batch.step_types[np.cumsum(batch.lengths) - 1] != StepType.MID).all()  # every episode whole
+        extras += len(batch.lengths) - count
+    assert extras > 0, "4 logical workers, 1 per job: the first groups run ahead of the prefix"
+    assert kept_dropped < extras, (kept_dropped, extras)
+
+
 def test_same_seed_gives_identical_episodes_on_one_and_two_processes(connection, redis_url):
     one = collect_seeded(redis_url, n_local_workers=1, workers_per_job=4)
     two = collect_seeded(redis_url, n_local_workers=2, workers_per_job=1)
