@@ -58,6 +58,9 @@ OTHERS_LEAD = 2
 group's are stepped together and kept within one); what runs further ahead would only be dropped."""
 PACE_SECONDS = 0.01
 """How often a job whose workers are held back reads the call's progress."""
+OVER_CHECK_SECONDS = 0.1
+"""How often a stepping job asks whether its call is over: its episodes in flight are then dropped at once
+rather than run to their end (a Pong episode takes seconds) and refused."""
 
 SAMPLER_KIND = "garage-sampler"
 """``RunConfig.extra["kind"]`` of a sampler run: its job refuses runs of any other kind."""
@@ -241,11 +244,17 @@ class SamplerGroupJob(GroupJob):
 
     def _one_by_one(self) -> dict[str, Any]:
         """The active workers' episodes round robin, each stepped on its own."""
+        watch = _CallWatch(self)
         while self.active:
             for w in list(self.active):
                 self.current = (w, self.next_k[w])
                 self.reseed(w)
-                stop = self.push(w, self.workers[w].rollout(on_step=self.held.touch))  # a long episode is not hung
+                try:
+                    episode = self.workers[w].rollout(on_step=watch.step)
+                except _CallOver:
+                    self.workers[w]._clear_episode()  # dropped unfinished: nobody would take it
+                    return self.stale()
+                stop = self.push(w, episode)
                 if stop is not None:
                     return stop
                 if self.quota_met(w):
@@ -286,6 +295,26 @@ class SamplerGroupJob(GroupJob):
         return None
 
 
+class _CallOver(Exception):
+    """The call a job's episode in flight was for is over (raised from a step, caught by the job)."""
+
+
+class _CallWatch:
+    """A one-by-one episode's ``on_step``: keeps the job's lease alive through a long episode, and raises _CallOver
+    when the call turns out over (asked every OVER_CHECK_SECONDS)."""
+
+    def __init__(self, job: SamplerGroupJob):
+        self.job, self.checked = job, time.monotonic()
+
+    def step(self) -> None:
+        self.job.held.touch()
+        now = time.monotonic()
+        if now - self.checked > OVER_CHECK_SECONDS:
+            self.checked = now
+            if self.job.store.call_over(self.job.version):
+                raise _CallOver
+
+
 class LockstepTurns:
     """A sampler job's active workers stepped together (rqrl.garage.lockstep), one batched forward per step.
 
@@ -300,7 +329,7 @@ class LockstepTurns:
         self.waiting = list(job.active)
         """Workers between episodes, held back while they are ahead (samples mode)."""
         self.others = _lowest_elsewhere(progress, job.call, job.members)
-        self.paced = time.monotonic()
+        self.paced = self.over_checked = time.monotonic()
 
     def run(self) -> dict[str, Any] | None:
         """Step until every worker is done or the job yields; a result to return, or None to go on one by one
@@ -349,13 +378,19 @@ class LockstepTurns:
         return self.push_finished(finished)
 
     def pace(self) -> bool:
-        """Read the call's progress when a waiting worker is too far ahead of the others; True if the call is over."""
-        job = self.job
-        if self.yielding or job.call.mode == EXACT or time.monotonic() - self.paced <= PACE_SECONDS or not any(
-                job.next_k[w] > self.others + OTHERS_LEAD for w in self.waiting):
+        """Read the call's progress when a waiting worker is too far ahead of the others, and whether the call is
+        over every OVER_CHECK_SECONDS; True if it is."""
+        job, now = self.job, time.monotonic()
+        if self.yielding:
             return False
+        if job.call.mode == EXACT or now - self.paced <= PACE_SECONDS or not any(
+                job.next_k[w] > self.others + OTHERS_LEAD for w in self.waiting):
+            if now - self.over_checked <= OVER_CHECK_SECONDS:
+                return False
+            self.over_checked = now
+            return job.store.call_over(job.version)
         self.others, over = _pace(job.store, job.version, job.call, job.members)
-        self.paced = time.monotonic()
+        self.paced = self.over_checked = time.monotonic()
         return over
 
     def begin_waiting(self) -> None:

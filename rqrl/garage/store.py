@@ -289,6 +289,14 @@ class SamplerStore:
         except ValueError:
             return None
 
+    def call_over(self, version: int) -> bool:
+        """Whether call ``version`` is over (finished or superseded), in one round trip."""
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.sampler_version)
+            pipe.exists(self.keys.sampler_done(version))
+            current, done = pipe.execute()
+        return _over(version, current, done)
+
     def pace(self, version: int) -> tuple[dict[int, tuple[int, int]], bool]:
         """``progress(version)`` and whether the call is over (superseded or finished), in one round trip."""
         with self.connection.pipeline(transaction=False) as pipe:
@@ -296,8 +304,7 @@ class SamplerStore:
             pipe.get(self.keys.sampler_version)
             pipe.exists(self.keys.sampler_done(version))
             raw, current, done = pipe.execute()
-        over = bool(done) or current is None or current not in (str(version).encode(), str(version))
-        return _parse_progress(raw), over
+        return _parse_progress(raw), _over(version, current, done)
 
     def read_call(self, version: int, n_workers: int, weights_key: bytes) -> SamplerCall | None:
         """The call of ``version``, or None once the sampler forgot it; SignatureError for a call spec the sampler
@@ -337,3 +344,8 @@ def _parse_progress(raw: dict[Any, Any]) -> dict[int, tuple[int, int]]:
         except ValueError:
             continue
     return {worker: (k, steps) for worker, (k, steps) in counts.items()}
+
+
+def _over(version: int, current: bytes | str | None, done: int) -> bool:
+    """A call is over once it is done or ``version`` moved on (or is gone: the run stopped)."""
+    return bool(done) or current is None or current not in (str(version).encode(), str(version))

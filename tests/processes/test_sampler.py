@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import time
 
 import gymnasium
 import numpy as np
@@ -116,6 +117,25 @@ def test_no_stale_step_when_updates_land_mid_episode(connection, redis_url):
             assert int(batch.lengths.sum()) >= 40
         # groups 0 and 1 ran to their quota (40 steps each) before groups 2 and 3 got a process
         assert sampler.dropped_episodes > 0
+
+
+@pytest.mark.parametrize("module_policy", [False, True], ids=["one-by-one", "lockstep"])
+def test_a_job_drops_its_episodes_in_flight_once_the_call_is_over(connection, redis_url, module_policy):
+    """Worker 0's 5-step episode ends the call while worker 1 is early in a 400-step one (20 s): the job sees the
+    call is over within OVER_CHECK_SECONDS and drops it unfinished, where it used to run it to the end, have it
+    refused as stale and hold the process from the next call meanwhile. A garage agent's episodes run one by
+    one, a module's in lockstep."""
+    envs = [fixtures.EchoEnv(length=5, step_sleep=0.05), fixtures.EchoEnv(length=400, step_sleep=0.05)]
+    policy = torch.nn.Linear(3, 64) if module_policy else fixtures.VersionPolicy(0)
+    with make_sampler(redis_url, policy, envs, n_workers=2, workers_per_job=2, max_episode_length=500) as sampler:
+        updates = [policy.state_dict() if module_policy else {"value": np.asarray(v)} for v in (1, 2)]
+        first = sampler.obtain_samples(0, 5, updates[0])
+        started = time.monotonic()
+        second = sampler.obtain_samples(0, 5, updates[1])
+        waited = time.monotonic() - started
+        assert first.lengths.tolist()[:1] == [5] and second.lengths.tolist()[:1] == [5]
+        assert sampler.dropped_episodes == 0, "worker 1's long episode was run to its end and refused"
+    assert waited < 15, f"the second call waited {waited:.1f} s for the first call's job"
 
 
 def test_return_extras_returns_the_seeded_prefix_then_the_calls_other_episodes(connection, redis_url):
