@@ -259,7 +259,7 @@ class SamplerStore:
         return int(queued) + int(stale or 0)
 
     def finish(self, version: int) -> None:
-        """The call has what it needs: its jobs stop after their current episode."""
+        """The call has what it needs: its jobs drop their episodes in flight and stop."""
         self.connection.set(self.keys.sampler_done(version), 1)
 
     def pop(self, version: int, count: int, timeout: float) -> list[bytes]:
