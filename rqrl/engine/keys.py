@@ -201,7 +201,8 @@ class RunKeys:
 
     @property
     def sampler_stale(self) -> str:
-        """Integer: episodes refused because their call was over (read and reset by the sampler)."""
+        """Integer: episodes refused, or dropped unfinished, because their call was over (read and reset by the
+        sampler)."""
         return self._key("stale")
 
     @property

@@ -253,6 +253,7 @@ class SamplerGroupJob(GroupJob):
                     episode = self.workers[w].rollout(on_step=watch.step)
                 except _CallOver:
                     self.workers[w]._clear_episode()  # dropped unfinished: nobody would take it
+                    self.store.count_dropped(1)
                     return self.stale()
                 stop = self.push(w, episode)
                 if stop is not None:
@@ -353,6 +354,7 @@ class LockstepTurns:
         it too once no worker runs and none may start)."""
         job = self.job
         if self.pace():
+            job.store.count_dropped(len(self.group.running))  # dropped unfinished (run() abandons them)
             return job.stale()
         self.begin_waiting()
         if not self.group.running:

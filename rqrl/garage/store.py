@@ -297,6 +297,12 @@ class SamplerStore:
             current, done = pipe.execute()
         return _over(version, current, done)
 
+    def count_dropped(self, episodes: int) -> None:
+        """Count ``episodes`` a job dropped unfinished when its call turned out over (the sampler adds them to
+        ``dropped_episodes`` with those refused as stale)."""
+        if episodes:
+            self.connection.incrby(self.keys.sampler_stale, episodes)
+
     def pace(self, version: int) -> tuple[dict[int, tuple[int, int]], bool]:
         """``progress(version)`` and whether the call is over (superseded or finished), in one round trip."""
         with self.connection.pipeline(transaction=False) as pipe:
