@@ -34,6 +34,7 @@ import statistics
 import tempfile
 import time
 
+import click
 import numpy as np
 
 from rqrl import LocalSampler, NewEnvUpdate
@@ -71,8 +72,6 @@ def run_settings(variant: str, config_algo: str | None, config: dict, workers: i
     """Extra config settings of one variant's run: the file's, where it names this variant's learner, and
     ``--workers`` for the variants with local workers."""
     settings = dict(config) if config_algo == algorithm_of(variant) else {}
-    settings.pop("env_id", None)
-    settings.pop("run_dir", None)
     if workers is not None and variant in ("rqrl", "ppo"):
         settings["workers"] = workers
     return settings
@@ -141,11 +140,12 @@ def main() -> None:
     args = parser.parse_args()
     try:
         config_algo, config = settings_from_file(args.config)
-    except Exception as error:  # click.UsageError: a bad file, said in one line
-        parser.error(str(error))
-    args.env = args.env or config.get("env_id", "CartPole-v1")
-    args.budget = args.budget or config.pop("total_env_steps", 2_000_000)
-    config.pop("total_env_steps", None)
+    except click.UsageError as error:  # a bad file, said in one line
+        parser.error(error.message)
+    file_env, file_budget = config.pop("env_id", None), config.pop("total_env_steps", None)
+    config.pop("run_dir", None)  # --run-dir, or a temporary folder
+    args.env = args.env or file_env or "CartPole-v1"
+    args.budget = args.budget or file_budget or 2_000_000
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     results: dict[str, list[dict]] = {variant: [] for variant in args.variants}
     with contextlib.ExitStack() as stack:

@@ -251,8 +251,7 @@ class SamplerGroupJob(GroupJob):
                 self.reseed(w)
                 try:
                     episode = self.workers[w].rollout(on_step=watch.step)
-                except _CallOver:
-                    self.workers[w]._clear_episode()  # dropped unfinished: nobody would take it
+                except _CallOver:  # dropped unfinished (rollout clears it): nobody would take it
                     self.store.count_dropped(1)
                     return self.stale()
                 stop = self.push(w, episode)
@@ -301,19 +300,24 @@ class _CallOver(Exception):
 
 
 class _CallWatch:
-    """A one-by-one episode's ``on_step``: keeps the job's lease alive through a long episode, and raises _CallOver
-    when the call turns out over (asked every OVER_CHECK_SECONDS)."""
+    """Whether a stepping job's call is over, asked of Redis at most every OVER_CHECK_SECONDS."""
 
     def __init__(self, job: SamplerGroupJob):
         self.job, self.checked = job, time.monotonic()
 
-    def step(self) -> None:
-        self.job.held.touch()
+    def over(self) -> bool:
         now = time.monotonic()
-        if now - self.checked > OVER_CHECK_SECONDS:
-            self.checked = now
-            if self.job.store.call_over(self.job.version):
-                raise _CallOver
+        if now - self.checked <= OVER_CHECK_SECONDS:
+            return False
+        self.checked = now
+        return self.job.store.call_over(self.job.version)
+
+    def step(self) -> None:
+        """A one-by-one episode's ``on_step``: keeps the job's lease alive through a long episode, and raises
+        _CallOver once the call is over."""
+        self.job.held.touch()
+        if self.over():
+            raise _CallOver
 
 
 class LockstepTurns:
@@ -330,7 +334,8 @@ class LockstepTurns:
         self.waiting = list(job.active)
         """Workers between episodes, held back while they are ahead (samples mode)."""
         self.others = _lowest_elsewhere(progress, job.call, job.members)
-        self.paced = self.over_checked = time.monotonic()
+        self.paced = time.monotonic()
+        self.watch = _CallWatch(job)
 
     def run(self) -> dict[str, Any] | None:
         """Step until every worker is done or the job yields; a result to return, or None to go on one by one
@@ -382,17 +387,14 @@ class LockstepTurns:
     def pace(self) -> bool:
         """Read the call's progress when a waiting worker is too far ahead of the others, and whether the call is
         over every OVER_CHECK_SECONDS; True if it is."""
-        job, now = self.job, time.monotonic()
+        job = self.job
         if self.yielding:
             return False
-        if job.call.mode == EXACT or now - self.paced <= PACE_SECONDS or not any(
+        if job.call.mode == EXACT or time.monotonic() - self.paced <= PACE_SECONDS or not any(
                 job.next_k[w] > self.others + OTHERS_LEAD for w in self.waiting):
-            if now - self.over_checked <= OVER_CHECK_SECONDS:
-                return False
-            self.over_checked = now
-            return job.store.call_over(job.version)
+            return self.watch.over()
         self.others, over = _pace(job.store, job.version, job.call, job.members)
-        self.paced = self.over_checked = time.monotonic()
+        self.paced = self.watch.checked = time.monotonic()
         return over
 
     def begin_waiting(self) -> None:

@@ -498,12 +498,17 @@ class LogicalWorker:
 
     def rollout(self, on_step: Callable[[], None] | None = None) -> EpisodeBatch:
         """Run one whole episode under the current agent and env, and return it; ``on_step()`` after each step
-        (the sampler's job keeps its lease alive with it through long episodes)."""
+        (the sampler's job keeps its lease alive with it through long episodes). An exception, from the env, the
+        agent or ``on_step`` (a job whose call is over), leaves no half-collected episode behind."""
         with self._own_rngs():
-            self._start_episode()
-            while not self._step_episode():
-                if on_step is not None:
-                    on_step()
+            try:
+                self._start_episode()
+                while not self._step_episode():
+                    if on_step is not None:
+                        on_step()
+            except BaseException:
+                self._clear_episode()
+                raise
         return self.collect_episode()
 
     def shutdown(self) -> None:

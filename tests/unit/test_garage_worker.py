@@ -227,6 +227,21 @@ def test_rollout_of_an_env_that_terminates():
     assert batch.env_spec.max_episode_length == 10
 
 
+def test_a_rollout_stopped_by_an_exception_leaves_no_half_episode_behind():
+    built = worker(FixedLengthEnv(length=5), max_length=10)
+    steps = []
+
+    def stop_after_two() -> None:
+        steps.append(1)
+        if len(steps) == 2:
+            raise KeyboardInterrupt  # as a sampler job's on_step raises when its call is over
+
+    with pytest.raises(KeyboardInterrupt):
+        built.rollout(on_step=stop_after_two)
+    batch = built.rollout()
+    assert batch.lengths.tolist() == [5] and len(batch.observations) == 5  # nothing of the dropped episode
+
+
 def test_termination_on_the_last_allowed_step_is_terminal():
     batch = worker(FixedLengthEnv(length=5), max_length=5).rollout()
     assert batch.step_types.tolist() == [FIRST, MID, MID, MID, TERMINAL]
