@@ -39,7 +39,8 @@ FRAMES_METADATA = "frames"
 """The metadata entry that names a payload's packed series (JSON: name -> stack axis)."""
 
 __all__ = [
-    "FRAMES_METADATA", "PackedFrames", "pack_frames", "pack_series", "packed_names", "unpack_frames", "unpack_series",
+    "FRAMES_METADATA", "PackedFrames", "pack_frames", "pack_series", "packed_names", "series_view", "unpack_frames",
+    "unpack_series",
 ]
 
 
@@ -84,6 +85,30 @@ def unpack_frames(frames: np.ndarray, index: np.ndarray, stack_axis: int) -> np.
     return np.ascontiguousarray(series)
 
 
+def series_view(frames: np.ndarray, index: np.ndarray, stack_axis: int) -> np.ndarray | None:
+    """``unpack_frames`` without the copy where it can: a read-only view of ``frames`` when ``index`` ``[L, S, K]``
+    is every stream's frames back to back, one more per step (no reset in the entry, the common case), whose
+    stacks overlap in memory; None otherwise. Saves the learner a gather of every stack (about a sixth of its
+    CPU per 84x84 step): batching copies each observation once, straight from the frames."""
+    if (index.ndim != 3 or frames.ndim < 1 + MIN_FRAME_DIMS or not frames.flags.c_contiguous
+            or stack_axis not in (0, -1)):
+        return None
+    streams, steps, depth = index.shape
+    run = steps + depth - 1  # frames per stream
+    if len(frames) != streams * run or not np.array_equal(index, _back_to_back(streams, steps, depth)):
+        return None
+    stride = frames.strides[0]
+    view = np.lib.stride_tricks.as_strided(frames, (streams, steps, depth, *frames.shape[1:]),
+                                           (run * stride, stride, stride, *frames.strides[1:]), writeable=False)
+    return view if stack_axis == 0 else np.moveaxis(view, 2, -1)
+
+
+def _back_to_back(streams: int, steps: int, depth: int) -> np.ndarray:
+    """The index of streams whose every step shifts by one frame, their frames stream by stream."""
+    return (np.arange(streams)[:, None, None] * (steps + depth - 1) + np.arange(steps)[:, None]
+            + np.arange(depth))
+
+
 def _stack_axes(obs_shape: tuple[int, ...]) -> list[int]:
     """Where a stack axis may lie: first (channels first, gymnasium's FrameStackObservation) or last."""
     return [axis for axis, size in ((0, obs_shape[0]), (-1, obs_shape[-1])) if 2 <= size <= MAX_STACK]
@@ -114,9 +139,10 @@ def _pack(stacks: np.ndarray, shifted: np.ndarray, axis: int) -> PackedFrames:
     steps, streams, depth = stacks.shape[:3]
     new = np.ones((steps, streams, depth), bool)
     new[shifted, : depth - 1] = False  # a shifted step brings only its newest frame
-    ids = np.cumsum(new.ravel()).reshape(steps, streams, depth) - 1
-    index_dtype = np.int32 if int(ids[-1, -1, -1]) < 2**31 else np.int64
-    return PackedFrames(stacks[new], _frame_index(ids, shifted).astype(index_dtype), axis)
+    by_stream = new.swapaxes(0, 1)  # a stream's frames back to back: its series reads as a view (series_view)
+    ids = (np.cumsum(by_stream.ravel()).reshape(by_stream.shape) - 1).swapaxes(0, 1)
+    index_dtype = np.int32 if int(by_stream.sum()) <= 2**31 else np.int64
+    return PackedFrames(stacks.swapaxes(0, 1)[by_stream], _frame_index(ids, shifted).astype(index_dtype), axis)
 
 
 def _frame_index(ids: np.ndarray, shifted: np.ndarray) -> np.ndarray:
@@ -153,9 +179,11 @@ def packed_names(metadata: Mapping[str, str]) -> list[str]:
     return list(json.loads(metadata[FRAMES_METADATA])) if FRAMES_METADATA in metadata else []
 
 
-def unpack_series(arrays: MutableMapping[str, np.ndarray], metadata: Mapping[str, str]) -> list[str]:
+def unpack_series(arrays: MutableMapping[str, np.ndarray], metadata: Mapping[str, str], views: bool = False
+                  ) -> list[str]:
     """Rebuild, in ``arrays``, the series ``pack_series`` packed (dropping their packed arrays); returns their
-    names. RecordError if the payload says it packed something it does not hold."""
+    names. ``views``: as read-only views of the frames where ``series_view`` can (for a reader that copies them
+    anyway), else contiguous arrays. RecordError if the payload says it packed something it does not hold."""
     raw = metadata.get(FRAMES_METADATA)
     if raw is None:
         return []
@@ -168,5 +196,6 @@ def unpack_series(arrays: MutableMapping[str, np.ndarray], metadata: Mapping[str
     for name, axis, frames, index in packed:
         if name in arrays:
             raise RecordError(f"payload holds {name!r} both packed and as it is")
-        arrays[name] = unpack_frames(frames, index, axis)
+        view = series_view(frames, index, axis) if views else None
+        arrays[name] = unpack_frames(frames, index, axis) if view is None else view
     return [name for name, *_ in packed]

@@ -268,7 +268,7 @@ def _decode(payload: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict[st
     """An entry's arrays and metadata, decompressed and with its packed observation series rebuilt (each as the
     actors' ``obs`` and ``next_obs``)."""
     arrays, metadata = decode_arrays(decompress(payload))
-    for name in unpack_series(arrays, metadata):
+    for name in unpack_series(arrays, metadata, views=True):  # batch_records copies them into the batch
         series = arrays.pop(name)
         if series.ndim < 2 or series.shape[1] < 2:
             raise RecordError(f"group entry's packed {name} is {list(series.shape)}, expected [actors, steps + 1, ...]")

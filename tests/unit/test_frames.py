@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rqrl.engine.frames import FRAMES_METADATA, pack_frames, pack_series, packed_names, unpack_frames, unpack_series
+from rqrl.engine.frames import (
+    FRAMES_METADATA,
+    pack_frames,
+    pack_series,
+    packed_names,
+    series_view,
+    unpack_frames,
+    unpack_series,
+)
 from rqrl.errors import RecordError
 
 
@@ -43,6 +51,35 @@ def test_a_frame_stack_series_round_trips_bit_for_bit(steps, streams, depth, hei
     assert restored.dtype == series.dtype and restored.flags.c_contiguous
     np.testing.assert_array_equal(restored, series)
     assert len(packed.frames) <= streams * (steps + depth * (1 + len(inside))), "one frame per shifted step"
+    view = series_view(packed.frames, np.swapaxes(packed.frame_index, 0, 1), packed.stack_axis)
+    if view is not None:  # no reset: every stream's stacks read straight from its frames
+        np.testing.assert_array_equal(view, np.swapaxes(series, 0, 1))
+    else:
+        assert inside or depth == height == width, "a series without resets is viewed"
+
+
+@pytest.mark.parametrize("stack_axis", [0, -1])
+def test_a_series_without_resets_reads_as_a_view_of_its_frames(stack_axis):
+    frames = np.random.default_rng(4).integers(0, 256, (2, 12, 7, 5), dtype=np.uint8)
+    obs = np.stack([stacked_series(actor, 4, set(), stack_axis) for actor in frames], axis=1)  # [12, 2, *obs]
+    arrays: dict[str, np.ndarray] = {}
+    metadata = pack_series(arrays, {"obs": obs})
+    packed = arrays["obs@frames"]
+    assert unpack_series(arrays, metadata, views=True) == ["obs"]
+    view = arrays["obs"]
+    np.testing.assert_array_equal(view, np.swapaxes(obs, 0, 1))
+    assert np.shares_memory(view, packed) and not view.flags.writeable, "no copy, and nobody writes through it"
+
+
+def test_a_series_with_a_reset_is_gathered_even_where_views_are_asked_for():
+    frames = np.random.default_rng(5).integers(0, 256, (2, 12, 6, 6), dtype=np.uint8)
+    obs = np.stack([stacked_series(frames[0], 4, set(), 0), stacked_series(frames[1], 4, {5}, 0)], axis=1)
+    arrays: dict[str, np.ndarray] = {}
+    metadata = pack_series(arrays, {"obs": obs})
+    packed = arrays["obs@frames"]
+    unpack_series(arrays, metadata, views=True)
+    np.testing.assert_array_equal(arrays["obs"], np.swapaxes(obs, 0, 1))
+    assert not np.shares_memory(arrays["obs"], packed) and arrays["obs"].flags.c_contiguous
 
 
 def test_an_atari_sized_series_sends_one_frame_per_step():
