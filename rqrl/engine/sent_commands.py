@@ -4,6 +4,9 @@ The commands go out on a connection of their own, taken from the client's pool; 
 caller needs them (``read``), or never (``abandon``: the connection is closed). Either way the connection goes
 back to its pool once. A lost connection is not an error here: ``send`` returns None and ``read`` returns None,
 and the caller falls back to its waiting path.
+
+What is worth sending ahead is the caller's to judge: a rollout job sends its entries ahead only while the queue
+has had room, since a push into a full queue is refused and its payload sent again (``rqrl.maze.jobs``).
 """
 
 from __future__ import annotations

@@ -156,6 +156,8 @@ class ActorGroupJob(GroupJob):
         self.in_flight: tuple[list[SentPush], list[tuple[PendingRollout, list[int]]], int] | None = None
         """The last rollout's push, sent but not yet confirmed: its reply is read after the next rollout is stepped,
         so the worker does not idle waiting for Redis (one entry per rollout: the common case)."""
+        self.queue_was_full = False
+        """The last push waited for room in the queue: the next rollout's entries are pushed, not sent ahead."""
         self.weights_check: SentFetch | None = None
         """Sent after a rollout, read before the next one."""
 
@@ -239,7 +241,10 @@ class ActorGroupJob(GroupJob):
         continues = [rollout.continues_previous and actor not in self.refused for actor in rollout.actor_ids]
         entries = _group_entries(rollout, continues, self.group_id, self.config.run_id, self.context.records_key)
         self.queue.bound = self.config.entries_bound(len(entries[0][1]))
-        sent = [] if cut else self._send(entries)  # the last rollout of a job is pushed, not left in flight
+        # the last rollout of a job is pushed, not left in flight; and while the queue is full, sending ahead would
+        # move payloads to Redis only to have them refused and sent again (a fifth of the bytes, frames over a
+        # 1 ms link): ``push`` asks for room first, and the worker waits for the learner anyway
+        sent = [] if cut or self.queue_was_full else self._send(entries)
         self.position += 1
         if len(sent) == len(entries):
             self.in_flight = (sent, entries, self.position)
@@ -265,6 +270,7 @@ class ActorGroupJob(GroupJob):
         """Note the actors whose rollout an earlier job had delivered already, and the group's progress."""
         duplicates = {entry.stream_id for entry in report.duplicates}
         self.refused = {actor for entry, actors in entries if entry.stream_id in duplicates for actor in actors}
+        self.queue_was_full = report.waited_seconds > 0
         if self.lease is not None:
             self.lease.record_progress(next_rollout_id)
 

@@ -228,3 +228,25 @@ def test_weights_published_while_a_worker_waits_for_room_reach_the_rollout_after
         wait_until(last_rollout_delivered, 30, interval=0, message=f"rollout {max(expected)} delivered")
     assert {rollout: versions[rollout] for rollout in expected} == {
         rollout: {version} for rollout, version in expected.items()}
+
+
+def test_a_worker_that_waited_for_room_sends_no_payload_into_a_full_queue(connection, redis_url, run_name):
+    """With a learner slower than its worker, the queue is full whenever the worker pushes: once a push had to wait
+    for room, the next rollout's entries wait for room before their payloads go, instead of being sent ahead only
+    to be refused and sent again. Redis takes in about what the learner takes out."""
+    rollout_bytes = 16 * fixtures.WIDE_OBS_SIZE * 4
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_wide_counting_env,
+                      policy=fixtures.mlp_policy(obs_size=fixtures.WIDE_OBS_SIZE), n_rollout_steps=16, n_actors=3,
+                      batch_size=3, actors_per_job=3, queue_out_of_sync_factor=1.0) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        actors.collect_outputs("cpu")
+        before = connection.info("stats")
+        for _ in range(6):
+            time.sleep(0.3)  # the worker steps a rollout in milliseconds: it waits for room by now
+            actors.collect_outputs("cpu")
+        after = connection.info("stats")
+    taken_in = after["total_net_input_bytes"] - before["total_net_input_bytes"]
+    given_out = after["total_net_output_bytes"] - before["total_net_output_bytes"]
+    assert given_out > 6 * 3 * rollout_bytes, "six batches of three rollouts were popped"
+    assert taken_in - given_out < 6 * rollout_bytes, (
+        f"Redis took in {taken_in:,} bytes and gave out {given_out:,}: payloads were sent into a full queue")
