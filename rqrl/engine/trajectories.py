@@ -189,6 +189,9 @@ class PushReport:
 
     waited_seconds: float
     duplicates: tuple[PendingRollout, ...]
+    room_left: int | None = None
+    """Entries the queue had room for after the last of these pushes, as its last length read says (None: not
+    read, as for a push sent ahead that went in)."""
 
 
 @dataclass(frozen=True)
@@ -350,7 +353,7 @@ class TrajectoryQueue:
         duplicates: list[PendingRollout] = []
         poll, waited = 0.0005, False
         started = last_check = time.monotonic()
-        room = 0 if found_full else self._room(len(pending))
+        room, room_read = 0 if found_full else self._room(len(pending)), not found_full and len(pending) > 1
         while True:
             while room <= 0:  # no payload is sent until there is room for it
                 time.sleep(poll)
@@ -361,7 +364,7 @@ class TrajectoryQueue:
                     on_wait()
                     if is_stopped():
                         raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
-                room = self.bound - self.size()
+                room, room_read = self.bound - self.size(), True
             sent, rest = pending[:room], pending[room:]
             results = self.try_push(sent, token, lease) if chunks == 1 else self._try_push_chunked(sent, token, lease)
             if QueuePush.NOT_HOLDER in results:
@@ -374,15 +377,16 @@ class TrajectoryQueue:
             pending = full + retry + rest
             if not pending:
                 break
-            room = len(pending) if retry else self.bound - self.size()
-        return PushReport(time.monotonic() - started if waited else 0.0, tuple(duplicates))
+            room, room_read = (len(pending), False) if retry else (self.bound - self.size(), True)
+        return PushReport(time.monotonic() - started if waited else 0.0, tuple(duplicates),
+                          room - len(sent) if room_read else None)
 
     def _room(self, wanted: int) -> int:
-        """How many of ``wanted`` rollouts the first attempt sends: what fits (one LLEN, no payload). Sending them
-        all into a full queue would move every refused rollout's bytes to Redis for nothing."""
+        """The room the first attempt counts on: what the queue has (one LLEN, no payload), of which it sends what
+        fits. Sending them all into a full queue would move every refused rollout's bytes to Redis for nothing."""
         if wanted <= 1:
             return wanted  # the push script says FULL for one rollout as cheaply as LLEN would
-        return min(wanted, self.bound - self.size())
+        return self.bound - self.size()
 
     def _value_limit(self) -> int:
         """The largest entry pushed: ``max_entry_bytes``, or what the server takes in one command when that is

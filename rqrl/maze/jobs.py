@@ -157,7 +157,8 @@ class ActorGroupJob(GroupJob):
         """The last rollout's push, sent but not yet confirmed: its reply is read after the next rollout is stepped,
         so the worker does not idle waiting for Redis (one entry per rollout: the common case)."""
         self.queue_was_full = False
-        """The last push waited for room in the queue: the next rollout's entries are pushed, not sent ahead."""
+        """The last push waited for room in the queue, or left too little for another rollout: the next rollout's
+        entries are pushed (room asked for first), not sent ahead."""
         self.weights_check: SentFetch | None = None
         """Sent after a rollout, read before the next one."""
 
@@ -270,7 +271,9 @@ class ActorGroupJob(GroupJob):
         """Note the actors whose rollout an earlier job had delivered already, and the group's progress."""
         duplicates = {entry.stream_id for entry in report.duplicates}
         self.refused = {actor for entry, actors in entries if entry.stream_id in duplicates for actor in actors}
-        self.queue_was_full = report.waited_seconds > 0
+        # a push that waited, or left no room for another rollout's entries, says the learner is the bottleneck
+        self.queue_was_full = report.waited_seconds > 0 or (report.room_left is not None
+                                                             and report.room_left < len(entries))
         if self.lease is not None:
             self.lease.record_progress(next_rollout_id)
 
@@ -305,8 +308,10 @@ class ActorGroupJob(GroupJob):
 
 def _combined(reports: list[PushReport]) -> PushReport:
     """One report of several pushes: the seconds they waited, and every duplicate."""
+    rooms = [report.room_left for report in reports if report.room_left is not None]
     return PushReport(sum(report.waited_seconds for report in reports),
-                      tuple(duplicate for report in reports for duplicate in report.duplicates))
+                      tuple(duplicate for report in reports for duplicate in report.duplicates),
+                      min(rooms) if rooms else None)
 
 
 def _group_entries(rollout: GroupRollout, continues: list[bool], group_id: int, run_id: str,

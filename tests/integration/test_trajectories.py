@@ -120,6 +120,14 @@ def test_push_into_room_does_not_wait(connection, run_name):
     assert queue.size() == 2
 
 
+def test_push_says_how_much_room_it_left_when_it_read_the_queue_length(connection, run_name):
+    queue = TrajectoryQueue(connection, RunKeys(run_name), bound=5)
+    assert queue.push([rollout(0, 0), rollout(1, 0)], never_stopped).room_left == 3, "read before pushing two"
+    assert queue.push([rollout(2, 0), rollout(3, 0), rollout(4, 0)], never_stopped).room_left == 0
+    assert TrajectoryQueue(connection, RunKeys(run_name + "-other"), bound=5).push(
+        [rollout(0, 0)], never_stopped).room_left is None, "one rollout goes without reading the length"
+
+
 @pytest.mark.timeout(60)
 def test_push_raises_when_the_run_stops_while_full(connection, run_name):
     queue = TrajectoryQueue(connection, RunKeys(run_name), bound=1)
