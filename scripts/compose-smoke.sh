@@ -103,13 +103,7 @@ apt_install() {
   # another apt beside this one (CI installs chromium while this runs in the background): wait for its locks
   local wait_lock=(-o DPkg::Lock::Timeout=240)
   if [ ! -f "$LOGS/apt-updated" ]; then
-    # apt-get update does not wait for the lists lock (DPkg::Lock::Timeout covers dpkg's only; apt 2.6): retry
-    local waited=0
-    until timeout 300 apt-get "${wait_lock[@]}" update -qq >>"$LOGS/apt.log" 2>&1; do
-      tail -3 "$LOGS/apt.log" | grep -q "Could not get lock" && [ "$waited" -lt 300 ] \
-        || setup_failed "apt-get update (5 min limit); see $LOGS/apt.log"
-      sleep 5; waited=$((waited + 5))
-    done
+    bash scripts/apt-update.sh "$LOGS/apt.log" || setup_failed "apt-get update (5 min limit); see $LOGS/apt.log"
     touch "$LOGS/apt-updated"
   fi
   DEBIAN_FRONTEND=noninteractive timeout 600 apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends "$@" \

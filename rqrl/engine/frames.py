@@ -140,8 +140,9 @@ def _pack(stacks: np.ndarray, shifted: np.ndarray, axis: int) -> PackedFrames:
     new = np.ones((steps, streams, depth), bool)
     new[shifted, : depth - 1] = False  # a shifted step brings only its newest frame
     by_stream = new.swapaxes(0, 1)  # a stream's frames back to back: its series reads as a view (series_view)
-    ids = (np.cumsum(by_stream.ravel()).reshape(by_stream.shape) - 1).swapaxes(0, 1)
-    index_dtype = np.int32 if int(by_stream.sum()) <= 2**31 else np.int64
+    counted = np.cumsum(by_stream.ravel())
+    ids = (counted.reshape(by_stream.shape) - 1).swapaxes(0, 1)
+    index_dtype = np.int32 if int(counted[-1]) <= 2**31 else np.int64
     return PackedFrames(stacks.swapaxes(0, 1)[by_stream], _frame_index(ids, shifted).astype(index_dtype), axis)
 
 
