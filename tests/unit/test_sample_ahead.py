@@ -46,7 +46,7 @@ def test_the_next_call_runs_while_the_learner_trains():
     sampler.gate.clear()  # call 1 waits: the learner goes on meanwhile
     ahead = SampleAhead(sampler, 100)
     ahead.take(0, {"w": torch.zeros(())})
-    assert ahead._next is not None and not ahead._next.done()
+    assert ahead._next.in_flight and sampler.calls == [(0, 0.0)]  # call 1 started, still waiting
     sampler.gate.set()
     assert ahead.take(1, {"w": torch.ones(())}) == (1, 0.0)
     ahead.close()
