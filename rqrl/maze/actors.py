@@ -34,6 +34,7 @@ import redis
 import torch
 from rq import Queue
 
+from rqrl.engine.ahead import CallAhead
 from rqrl.engine.codec import records_key, weights_key
 from rqrl.engine.connection import connect, first_contact, redis_errors
 from rqrl.engine.keys import RunKeys
@@ -52,7 +53,7 @@ from rqrl.engine.timings import protocol_timings
 from rqrl.engine.trajectories import Popped, QueueIndicesLost, TrajectoryQueue
 from rqrl.engine.weights import WeightStore
 from rqrl.errors import CollectTimeoutError, ConfigError, RqrlError, RunStoppedError
-from rqrl.maze.inbox import Inbox, probe_spec
+from rqrl.maze.inbox import Decoded, Inbox, probe_spec
 from rqrl.maze.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.maze.rollout import EnvFactory
 from rqrl.maze.stats import EpochStatsAggregator, RolloutEvents, StatsReader, record_batch
@@ -109,6 +110,16 @@ class DistributedActors(StatsReader, abc.ABC):
 JUNK_POP_ENTRIES = 256
 """Most entries one pop takes while whole pops are refused: junk drains at Redis's speed, and good entries that
 follow it come in pops of at most this many (about 1 MB each)."""
+
+
+@dataclass(frozen=True)
+class _PoppedAhead:
+    """A pop made while the caller held its batch (see RunOptions.pop_ahead), with its entries decoded."""
+
+    popped: Popped
+    decoded: list[Decoded]
+    pending_before: int  # records the inbox held when it was made
+    popped_at: float  # time.monotonic() once it returned
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,7 @@ class RedisDistributedActors(DistributedActors):
         worker_redis_url: str | None = None,
         redis_server: str | None = None,
         learner_timeout: float = DEFAULTS.learner_timeout,
+        pop_ahead: bool = DEFAULTS.pop_ahead,
         options: RunOptions | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
@@ -181,7 +193,8 @@ class RedisDistributedActors(DistributedActors):
             actors_per_job=actors_per_job, start_method=start_method, collect_timeout=collect_timeout,
             no_worker_timeout=no_worker_timeout, min_job_seconds=min_job_seconds, max_job_seconds=max_job_seconds,
             secret=secret, hang_seconds=hang_seconds, resume=resume, redis_outage_seconds=redis_outage_seconds,
-            worker_redis_url=worker_redis_url, redis_server=redis_server, learner_timeout=learner_timeout))
+            worker_redis_url=worker_redis_url, redis_server=redis_server, learner_timeout=learner_timeout,
+            pop_ahead=pop_ahead))
         self.queue_out_of_sync_factor = queue_out_of_sync_factor
         self.actor_env_seeds = check_seeds("actor_env_seeds", actor_env_seeds, n_actors, 0)
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
@@ -212,6 +225,7 @@ class RedisDistributedActors(DistributedActors):
         self._emptied_at: float | None = None  # when the learner's last pop left the queue empty (see _pause_for)
         self._waited = 0.0  # idle seconds of the collect in hand (see last_wait_seconds)
         self._last_batch: dict[str, float] = {}
+        self._ahead: CallAhead[_PoppedAhead] | None = CallAhead("rqrl-pop-ahead") if options.pop_ahead else None
 
     def _redis_url(self, options: RunOptions, connection: redis.Redis | None) -> str | None:
         """The URL given, else (without an injected connection) REDIS_URL, the ecosystem's convention."""
@@ -438,16 +452,22 @@ class RedisDistributedActors(DistributedActors):
     def _collect(self, learner_device: str) -> CollectedOutputs:
         started = time.perf_counter()
         self._waited = 0.0
+        ahead = self._take_ahead()
         self.supervisor.raise_actor_failures(throttled=True)
         self.supervisor.check_sidelined_workers(throttled=True)
         self._reap()
         inbox = self._inbox
-        pending_before = len(inbox)
-        wanted = self._entries_for(self.batch_size - pending_before)
-        self._pause_for(wanted)
-        popped = self._pop(wanted)
+        popped = ahead.popped if ahead is not None else None
+        pending_before = ahead.pending_before if ahead is not None else len(inbox)
+        first = popped
+        if popped is None or len(inbox) < self.batch_size:  # else the batch came ahead: no pop, no round trip
+            wanted = self._entries_for(self.batch_size - len(inbox))
+            self._pause_for(wanted)
+            popped = self._pop(wanted)
+        first = first or popped
         per_entry = self._records_per_entry()
-        size_before, size_after = popped.size_before * per_entry + pending_before, popped.size_after * per_entry
+        # the queue as this batch's first pop found it (the one made ahead, if any), and as the last one left it
+        size_before, size_after = first.size_before * per_entry + pending_before, popped.size_after * per_entry
         if len(inbox) < self.batch_size:
             size_after = self._wait_for_batch() * self._records_per_entry()
         records = inbox.peek(self.batch_size)
@@ -458,7 +478,39 @@ class RedisDistributedActors(DistributedActors):
         self._record_stats(records, size_before, dequeue_time)
         # only now is the batch the caller's; it is acknowledged when the caller asks for the next one
         inbox.hand_over(len(records))
+        self._start_ahead()
         return CollectedOutputs(batch, size_before, size_after, dequeue_time)
+
+    def _start_ahead(self) -> None:
+        """Pop and decode the next batch on the pop-ahead thread while the caller trains on this one."""
+        wanted = self._entries_for(self.batch_size - len(self._inbox))
+        if self._ahead is not None and wanted > 0:
+            self._ahead.start(self._pop_ahead, self._inbox, self._queue, wanted)
+
+    @staticmethod
+    def _pop_ahead(inbox: Inbox, queue: TrajectoryQueue, count: int) -> _PoppedAhead:
+        """On the pop-ahead thread: touches Redis and decodes, and changes nothing the learner's thread reads."""
+        pending_before = len(inbox)
+        popped, decoded = inbox.pop_ahead(queue, count)
+        return _PoppedAhead(popped, decoded, pending_before, time.monotonic())
+
+    def _take_ahead(self) -> _PoppedAhead | None:
+        """The pop started after the last batch, its entries received into the inbox; None if none was started or
+        it failed on Redis (this collect's own pop meets the error again, and reads what it may have moved)."""
+        if self._ahead is None or not self._ahead.in_flight:
+            return None
+        try:
+            ahead = self._ahead.take()
+        except QueueIndicesLost:  # nothing was popped; realign as _pop does
+            self._inbox.restart_indices()
+            return None
+        except redis.RedisError as error:
+            log.debug("the pop ahead failed (%s); collecting without it", error)
+            return None
+        assert ahead is not None, "in_flight: a call was started"
+        self._inbox.receive(self._queue, ahead.popped, ahead.decoded)
+        self._emptied_at = ahead.popped_at if ahead.popped.size_after == 0 else None
+        return ahead
 
     def _wait_for_batch(self) -> int:
         """The slow path: block on the queue, watching for failures (at most every 0.5 s: each check is a round
@@ -611,6 +663,8 @@ class RedisDistributedActors(DistributedActors):
         if self.connection is None:
             return
         timeout = protocol_timings().stop_wait if timeout is None else timeout
+        if self._ahead is not None:
+            self._ahead.close()  # one pop at most; what it moved stays unacknowledged, and the run's keys go below
         # a Ctrl-C between a command and its reply leaves that idle connection owing a reply to whatever runs
         # next on it: the clean-up starts on fresh connections
         self.connection.connection_pool.disconnect(inuse_connections=False)

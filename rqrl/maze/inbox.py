@@ -23,7 +23,7 @@ from rqrl.engine.codec import MAX_ID
 from rqrl.engine.policy import ActFunction
 from rqrl.engine.trajectories import Popped, TrajectoryQueue
 from rqrl.errors import RecordError, SignatureError
-from rqrl.maze.group_records import decode_signed_entry
+from rqrl.maze.group_records import DecodedEntry, decode_signed_entry
 from rqrl.maze.records import RecordSpec, RolloutRecord, record_signature
 from rqrl.maze.rollout import ActorGroup
 from rqrl.maze.stats import EpochStatsAggregator, RolloutEvents
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 LOG_INTERVAL_SECONDS = 5.0
 REBASE_AFTER = 3  # tagged records in a row past the rollout-id bound before an actor's base follows them
 """At most one rejection warning per this many seconds; the next one says how many went unlogged."""
+
+Decoded = DecodedEntry | SignatureError | RecordError
+"""A popped entry, decoded, or the error that rejects it."""
 
 REJECTION_REASONS = ("unauthenticated", "malformed", "invalid", "duplicate")
 """Why entries are rejected: no valid tag under the run's records key; tagged but undecodable; a field that
@@ -83,6 +86,8 @@ class Inbox:
         self._pending_indices: list[int] = []  # absolute index of each pending record on the unacknowledged list
         self.next_index = 0  # absolute index of the next unacknowledged entry not read yet
         self.done_below = 0  # entries below this index are handed over or rejected: acknowledged at the next pop
+        self.held_from = 0  # the first index of the batch the caller holds: a pop made before it asks for the next
+        # batch (pop_ahead) acknowledges only below it
         self._last_rollout: dict[int, int] = {}
         # actor id -> highest rollout id of a tagged, in-bounds record, accepted or not: the base of the id bound
         self._last_seen: dict[int, int] = {} if resumed else dict.fromkeys(range(spec.n_actors), -1)
@@ -100,17 +105,38 @@ class Inbox:
         """Acknowledge what the learner is done with, pop up to ``count`` rollouts and accept them,
         first reading any entries a retried pop left unseen on the unacknowledged list."""
         popped = queue.pop(count, self.done_below)
+        self.receive(queue, popped, self.decode(popped.entries))
+        return popped
+
+    def pop_ahead(self, queue: TrajectoryQueue, count: int) -> tuple[Popped, list[Decoded]]:
+        """Pop up to ``count`` rollouts while the caller still holds its batch (acknowledging only what came before
+        it) and decode them; touches nothing here, so it may run on another thread. ``receive`` takes the result."""
+        popped = queue.pop(count, self.held_from)
+        return popped, self.decode(popped.entries)
+
+    def decode(self, blobs: list[bytes]) -> list[Decoded]:
+        """Each entry's rollouts, or the error that rejects it (a SignatureError: not tagged under the run's key)."""
+        decoded: list[Decoded] = []
+        for blob in blobs:
+            try:
+                decoded.append(decode_signed_entry(blob, self.run_id, self.key, self.spec))
+            except (SignatureError, RecordError) as error:
+                decoded.append(error)
+        return decoded
+
+    def receive(self, queue: TrajectoryQueue, popped: Popped, decoded: list[Decoded]) -> None:
+        """Accept what a pop took (``decoded``: its entries, decoded), first reading any entries a retried pop
+        left unseen on the unacknowledged list."""
         self._note_oversized(popped.oversized, queue.max_entry_bytes)
         if popped.first_index > self.next_index:  # a pop whose reply was lost
             missed, first = queue.unacknowledged(self.next_index, popped.first_index - 1)
             self.accept(missed, first)
-        self.accept(popped.entries, popped.first_index)
-        return popped
+        self.accept_decoded(decoded, popped.first_index)
 
     def take_over(self, queue: TrajectoryQueue) -> None:
         """A resumed run: what the previous learner popped but did not finish with comes first."""
         entries, first = queue.unacknowledged()
-        self.next_index = self.done_below = first
+        self.next_index = self.done_below = self.held_from = first
         self._last_seen = {}  # the previous learner's rollout ids are unknown here: each actor's first sets its base
         if entries:
             log.warning("run %s: re-delivering %d rollout(s) the previous learner popped but did not finish with",
@@ -123,6 +149,7 @@ class Inbox:
 
     def hand_over(self, count: int) -> None:
         """The first ``count`` records are the caller's now: acknowledged with the next pop."""
+        self.held_from = self.done_below
         self._pending = self._pending[count:]
         self._pending_indices = self._pending_indices[count:]
         self.done_below = self._pending_indices[0] if self._pending_indices else self.next_index
@@ -131,21 +158,24 @@ class Inbox:
         """Redis lost the unacknowledged list: indices restart at 0. Pending records keep index 0, so
         nothing popped after them is acknowledged before they are handed over."""
         self._pending_indices = [0] * len(self._pending)
-        self.next_index = self.done_below = 0
+        self.next_index = self.done_below = self.held_from = 0
 
     def accept(self, blobs: list[bytes], first_index: int) -> None:
-        """Check and decode entries popped onto the unacknowledged list from ``first_index`` on; reject (count,
-        log, never raise) what is not tagged under the run's key, malformed, does not fit the run or was
-        delivered already."""
-        self.next_index = max(self.next_index, first_index + len(blobs))
-        for index, blob in enumerate(blobs, start=first_index):
-            try:
-                entry = decode_signed_entry(blob, self.run_id, self.key, self.spec)
-            except SignatureError as error:
-                self._reject("unauthenticated", error)
+        """Check and decode entries popped onto the unacknowledged list from ``first_index`` on (see
+        ``accept_decoded``)."""
+        self.accept_decoded(self.decode(blobs), first_index)
+
+    def accept_decoded(self, entries: list[Decoded], first_index: int) -> None:
+        """Take decoded entries popped onto the unacknowledged list from ``first_index`` on; reject (count, log,
+        never raise) what is not tagged under the run's key, malformed, does not fit the run or was delivered
+        already."""
+        self.next_index = max(self.next_index, first_index + len(entries))
+        for index, entry in enumerate(entries, start=first_index):
+            if isinstance(entry, SignatureError):
+                self._reject("unauthenticated", entry)
                 continue
-            except RecordError as error:
-                self._reject("malformed", error)
+            if isinstance(entry, RecordError):
+                self._reject("malformed", entry)
                 continue
             self.records_per_entry = max(self.records_per_entry or 0, len(entry.records))
             for record in entry.records:  # one, or an actor group's: they share the entry's index

@@ -83,6 +83,40 @@ def test_a_new_inbox_takes_over_what_the_last_one_did_not_hand_over(connection, 
     assert (second.next_index, second.done_below) == (4, 2)
 
 
+def test_a_pop_ahead_acknowledges_nothing_of_the_batch_in_hand(connection, run_name):
+    """RunOptions.pop_ahead: the next batch is popped while the caller holds this one; a learner that dies then
+    leaves both batches to the one that resumes the run."""
+    first, queue = inbox_and_queue(connection, run_name)
+    connection.rpush(RunKeys(run_name).trajectories, *[encoded(actor, rollout) for rollout in range(3)
+                                                       for actor in (0, 1)])
+    first.pop(queue, 2)
+    first.hand_over(2)
+    popped, decoded = first.pop_ahead(queue, 2)  # the caller holds rollouts 0; this acknowledges nothing of them
+    assert len(first) == 0 and first.next_index == 2, "pop_ahead changed the inbox"
+    first.receive(queue, popped, decoded)
+    assert ids(first.peek(10)) == [(0, 1), (1, 1)]
+    entries, index = queue.unacknowledged()
+    assert index == 0 and [decode(entry).rollout_id for entry in entries] == [0, 0, 1, 1]
+    second, _ = inbox_and_queue(connection, run_name)
+    second.take_over(queue)
+    assert ids(second.peek(10)) == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    first.hand_over(2)  # the caller asked for the next batch: rollouts 0 are done, rollouts 1 in hand
+    first.receive(queue, *first.pop_ahead(queue, 2))
+    entries, index = queue.unacknowledged()
+    assert index == 2 and [decode(entry).rollout_id for entry in entries] == [1, 1, 2, 2]
+
+
+def test_what_a_lost_pop_ahead_moved_is_read_by_the_next_pop(connection, run_name):
+    """A pop ahead whose result never reached the inbox (a Redis error, a Ctrl-C): its entries wait on the
+    unacknowledged list, and the next pop reads them first, in order, with junk among them rejected."""
+    inbox, queue = inbox_and_queue(connection, run_name)
+    connection.rpush(RunKeys(run_name).trajectories, encoded(0, 0), b"junk", encoded(1, 0), encoded(0, 1))
+    inbox.pop_ahead(queue, 3)  # dropped
+    inbox.pop(queue, 1)
+    assert ids(inbox.peek(10)) == [(0, 0), (1, 0), (0, 1)]
+    assert inbox.records_rejected == 1 and inbox.next_index == 4
+
+
 def test_an_episode_a_fault_cut_is_counted_once(connection, run_name):
     inbox, queue = inbox_and_queue(connection, run_name)
     # rollout 1 of actor 0 does not continue rollout 0, which ended inside an episode

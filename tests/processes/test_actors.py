@@ -22,11 +22,13 @@ from rqrl import (
     RolloutEvents,
     SubprocDistributedActors,
 )
+from rqrl.engine.codec import records_key
 from rqrl.engine.options import RunOptions
-from rqrl.maze.group_records import encode_group
+from rqrl.maze.group_records import decode_signed_entry, encode_group
+from rqrl.maze.records import RecordSpec
 from tests import fixtures
 from tests.children import REPO_ROOT, alive, worker_env
-from tests.factories import redis_actors, rollout_record
+from tests.factories import TEST_SECRET, redis_actors, rollout_record
 from tests.integration.test_actors import local_actors  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
 
@@ -365,6 +367,33 @@ def test_rollouts_a_lost_pop_reply_left_unseen_are_still_delivered_once(connecti
         assert sorted(r for a, r in delivered if a == actor) == list(range(5))
 
 
+def test_the_next_batch_is_popped_while_the_caller_trains_and_the_one_in_hand_stays_unacknowledged(
+        connection, redis_url, run_name):
+    """RunOptions.pop_ahead (on by default): with the queue full, the next batch leaves it on a thread of its own
+    while the caller holds this one; both stay on the unacknowledged list (a learner that dies now leaves both to
+    the next), and the caller's next batch is the one popped ahead, acknowledging the one before."""
+    def unacknowledged_ids(actors) -> list[tuple[int, int]]:
+        key, spec = records_key(TEST_SECRET, actors.config.run_id), RecordSpec(n_steps=4, n_actors=2)
+        entries = connection.lrange(actors.keys.unacknowledged, 0, -1)
+        records = [record for entry in entries
+                   for record in decode_signed_entry(entry, actors.config.run_id, key, spec).records]
+        return [(record.actor_id, record.rollout_id) for record in records]
+
+    with local_actors(redis_url, run_name, n_rollout_steps=4, n_actors=2, batch_size=2, actors_per_job=1,
+                      n_local_workers=2) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        wait_until(lambda: connection.llen(actors.keys.trajectories) == 4, 30, message="the queue full (4 rollouts)")
+        first = actors.collect_outputs("cpu").record
+        wait_until(lambda: connection.llen(actors.keys.unacknowledged) == 4, 10, message="the next batch popped ahead")
+        held = list(zip(first.actor_id.tolist(), first.rollout_id.tolist(), strict=True))
+        popped_ahead = unacknowledged_ids(actors)[2:]
+        assert unacknowledged_ids(actors)[:2] == held
+        second = actors.collect_outputs("cpu").record
+        assert list(zip(second.actor_id.tolist(), second.rollout_id.tolist(), strict=True)) == popped_ahead
+        wait_until(lambda: unacknowledged_ids(actors)[:2] == popped_ahead, 10,
+                   message=lambda: f"the first batch acknowledged; unacknowledged: {unacknowledged_ids(actors)}")
+
+
 def test_stats_cover_returns_lengths_throughput_lag_queue_and_workers(connection, redis_url, run_name):
     with local_actors(redis_url, run_name, n_actors=4, batch_size=4, n_local_workers=2) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
@@ -438,9 +467,9 @@ def test_foreign_and_corrupted_queue_entries_are_rejected_and_counted(connection
         assert actors.records_rejected == len(junk)
         assert actors.get_stats_value(RolloutEvents.records_rejected, name="sum") == len(junk)
         # rejected entries are acknowledged like trained ones: only the last batch stays unacknowledged, the
-        # one entry of the two actors' group (one worker steps both)
+        # one entry of the two actors' group (one worker steps both), and the next one if it was popped ahead
         assert actors.config.actor_groups == [[0, 1]]
-        assert connection.llen(actors.keys.unacknowledged) == 1
+        assert 1 <= connection.llen(actors.keys.unacknowledged) <= 2
 
 
 def test_a_nan_reward_is_refused_with_the_fix(connection, redis_url, run_name):
@@ -461,7 +490,8 @@ def test_rollouts_too_large_for_one_entry_arrive_once_each_in_order(connection, 
         actors.broadcast_updated_policy(actors.policy.state_dict())
         batches = [actors.collect_outputs("cpu").record for _ in range(6)]
         assert actors.config.actor_groups == [[0, 1, 2, 3]]
-        assert connection.llen(actors.keys.unacknowledged) == 4, "the last batch: one entry per rollout"
+        assert 4 <= connection.llen(actors.keys.unacknowledged) <= 8, (
+            "the last batch, one entry per rollout, and the next one if it was popped ahead")
         assert connection.hlen(actors.keys.pushed_rollouts) == 4, "one marker per part of the group"
         assert actors.queue_capacity == actors.max_queue_size == 8
         assert actors.records_rejected == 0
