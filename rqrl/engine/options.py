@@ -63,9 +63,10 @@ class RunOptions:
     """Seconds without a learner heartbeat (it beats about once a second while collecting) after which the
     run's jobs stop and free their workers; a resumed learner re-runs the groups."""
     pop_ahead: bool = True
-    """Maze's collect_outputs pops and decodes the next batch on a thread while the caller trains on this one. Two
-    batches then sit on the unacknowledged list (both re-delivered to a learner that resumes the run), and the
-    workers may run one batch further ahead of the learner's policy than the queue's bound alone allows."""
+    """Maze's collect_outputs pops and decodes the next batch on a thread while the caller trains on this one (after
+    a collect that did not wait for rollouts: the learner sets the pace). Two batches then sit on the
+    unacknowledged list (both re-delivered to a learner that resumes the run), and the workers may run one batch
+    further ahead of the learner's policy than the queue's bound alone allows."""
 
     def __post_init__(self) -> None:
         for name in ("collect_timeout", "no_worker_timeout", "min_job_seconds", "hang_seconds",

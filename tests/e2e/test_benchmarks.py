@@ -87,6 +87,19 @@ def test_scale_prints_linear_ratio_and_redis_cost_per_worker_count() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_pop_ahead_prints_both_settings_and_their_ratio_for_each_training_step() -> None:
+    out = run_benchmark("pop_ahead.py", "--envs", "2", "--seconds", "0.5", "--warmup", "0", "--rollout-steps", "8",
+                        "--train-ms", "0", "20")
+    rows = [line for line in out.splitlines() if line.startswith("| sleep")]
+    assert [row.split("|")[1].strip() for row in rows] == ["sleep 0 ms", "sleep 20 ms"], out
+    for row in rows:
+        off, on, ratio, collect_off, collect_on = (float(cell.strip().replace(",", ""))
+                                                   for cell in row.strip("|").split("|")[1:])
+        assert off > 0 and on > 0 and ratio == pytest.approx(on / off, abs=0.01), row
+        assert collect_off >= 0 and collect_on >= 0, row
+
+
+@pytest.mark.timeout(300)
 def test_image_obs_prints_rates_and_bytes_per_step() -> None:
     out = run_benchmark("image_obs.py", "--envs", "2", "--seconds", "0.5", "--warmup", "0", "--rollout-steps", "8")
     rows = [line for line in out.splitlines() if line.startswith("| 2 |")]

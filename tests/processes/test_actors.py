@@ -369,9 +369,10 @@ def test_rollouts_a_lost_pop_reply_left_unseen_are_still_delivered_once(connecti
 
 def test_the_next_batch_is_popped_while_the_caller_trains_and_the_one_in_hand_stays_unacknowledged(
         connection, redis_url, run_name):
-    """RunOptions.pop_ahead (on by default): with the queue full, the next batch leaves it on a thread of its own
-    while the caller holds this one; both stay on the unacknowledged list (a learner that dies now leaves both to
-    the next), and the caller's next batch is the one popped ahead, acknowledging the one before."""
+    """RunOptions.pop_ahead (on by default): not after a collect that waited for rollouts (the workers set the
+    pace); with the queue full, the next batch leaves it on a thread of its own while the caller holds this one;
+    both stay on the unacknowledged list (a learner that dies now leaves both to the next), and the caller's next
+    batch is the one popped ahead, acknowledging the one before."""
     def unacknowledged_ids(actors) -> list[tuple[int, int]]:
         key, spec = records_key(TEST_SECRET, actors.config.run_id), RecordSpec(n_steps=4, n_actors=2)
         entries = connection.lrange(actors.keys.unacknowledged, 0, -1)
@@ -382,8 +383,11 @@ def test_the_next_batch_is_popped_while_the_caller_trains_and_the_one_in_hand_st
     with local_actors(redis_url, run_name, n_rollout_steps=4, n_actors=2, batch_size=2, actors_per_job=1,
                       n_local_workers=2) as actors:
         actors.broadcast_updated_policy(actors.policy.state_dict())
+        actors.collect_outputs("cpu")  # waits for the workers to start
+        assert actors.last_wait_seconds > 0 and not actors._ahead.in_flight
         wait_until(lambda: connection.llen(actors.keys.trajectories) == 4, 30, message="the queue full (4 rollouts)")
         first = actors.collect_outputs("cpu").record
+        assert actors.last_wait_seconds == 0 and actors._ahead.in_flight
         wait_until(lambda: connection.llen(actors.keys.unacknowledged) == 4, 10, message="the next batch popped ahead")
         held = list(zip(first.actor_id.tolist(), first.rollout_id.tolist(), strict=True))
         popped_ahead = unacknowledged_ids(actors)[2:]
