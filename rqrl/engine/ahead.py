@@ -39,9 +39,16 @@ class CallAhead(Generic[T]):
         self._future = self._pool.submit(call, *args)
 
     def take(self) -> T | None:
-        """The call's result once it is done (None if none was started); its exception, if it raised one."""
-        future, self._future = self._future, None
-        return None if future is None else future.result()
+        """The call's result once it is done (None if none was started); its exception, if it raised one. A wait cut
+        short (a KeyboardInterrupt) leaves the call in flight, for the next take."""
+        future = self._future
+        if future is None:
+            return None
+        try:
+            return future.result()
+        finally:
+            if future.done():
+                self._future = None
 
     def close(self) -> None:
         """Wait for the call in flight (its result is dropped; its error only logged) and end the thread; a later

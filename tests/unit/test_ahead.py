@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import pytest
@@ -56,4 +57,26 @@ def test_close_ends_the_thread_and_a_later_start_makes_a_new_one():
     assert not any(thread.name.startswith("test-ahead-restart") for thread in threading.enumerate())
     ahead.start(lambda: "again")
     assert ahead.take() == "again"
+    ahead.close()
+
+
+def test_a_wait_cut_short_by_ctrl_c_leaves_the_call_for_the_next_take():
+    gate = threading.Event()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    ahead: CallAhead[str] = CallAhead("test-ahead")
+    ahead.start(lambda: gate.wait(10) and "done")
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(KeyboardInterrupt):
+            ahead.take()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert ahead.in_flight, "the call still runs: its result is the next take's"
+    gate.set()
+    assert ahead.take() == "done"
     ahead.close()
