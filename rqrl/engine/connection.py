@@ -10,6 +10,7 @@ memory before a command or script starts, and a transaction with a refused comma
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import ssl
@@ -46,15 +47,31 @@ def out_of_memory_advice(where: str) -> str:
             f"(a run's keys: `rqrl stop`), or raise it (CONFIG SET maxmemory, or maxmemory in redis.conf)")
 
 
+class _GiveUp:
+    """When a client stops riding out outages (``math.inf``: never); one per client, shared by its connections."""
+
+    def __init__(self) -> None:
+        self.at = math.inf
+
+
 class _OutageRetry(Retry):
     """Retry through outages and a full Redis, but not through a refused login or an untrusted certificate,
     which redis-py also reports as connection errors and which no amount of waiting will fix. A full Redis
-    is said at once (at a bounded rate), so a stall is never silent."""
+    is said at once (at a bounded rate), so a stall is never silent. Nor past ``give_up.at``: a process shutting
+    down (see ``stop_riding_out``)."""
 
     def __init__(self, backoff: ExponentialWithJitterBackoff, retries: int, url: str, outage_seconds: float):
         super().__init__(backoff, retries, (redis.ConnectionError, redis.TimeoutError, OutOfMemoryError))
         self.where = f"Redis at {redact_url(url)}"
         self.outage_seconds = outage_seconds
+        self.give_up = _GiveUp()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _OutageRetry:
+        """redis-py gives each connection a deep copy of the client's retry: the copies share ``give_up``."""
+        memo[id(self.give_up)] = self.give_up
+        clone = copy.copy(self)
+        clone.__dict__ = copy.deepcopy(self.__dict__, memo)
+        return clone
 
     def call_with_retry(
         self,
@@ -64,7 +81,7 @@ class _OutageRetry(Retry):
         with_failure_count: bool = False,
     ) -> _T:
         def retryable(error: Exception) -> bool:
-            if refused_login(error):
+            if refused_login(error) or time.monotonic() > self.give_up.at:
                 return False
             if isinstance(error, OutOfMemoryError):
                 _OUT_OF_MEMORY_LOG.warning("%s; waiting up to %.0f s for memory", out_of_memory_advice(self.where),
@@ -133,6 +150,15 @@ def connect(url: str, outage_seconds: float = DEFAULT_OUTAGE_SECONDS) -> redis.R
                          outage_seconds)
     return redis.Redis.from_url(url, retry=retry, socket_connect_timeout=5, health_check_interval=30,
                                 retry_on_error=[redis.ConnectionError, redis.TimeoutError, OutOfMemoryError])
+
+
+def stop_riding_out(client: redis.Redis, grace_seconds: float) -> None:
+    """Let ``client`` retry through an outage for at most ``grace_seconds`` more (a client from ``connect``; others
+    are left as they are): a process shutting down gets a short window for its last writes, not the full
+    outage window, so a Redis that is gone does not hold up its exit."""
+    retry = client.connection_pool.connection_kwargs.get("retry")
+    if isinstance(retry, _OutageRetry):
+        retry.give_up.at = min(retry.give_up.at, time.monotonic() + grace_seconds)
 
 
 @contextlib.contextmanager

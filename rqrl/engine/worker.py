@@ -27,7 +27,7 @@ from rq.utils import now
 from rq.version import VERSION as RQ_VERSION
 
 from rqrl.engine.codec import secret_from_environment
-from rqrl.engine.connection import connect
+from rqrl.engine.connection import connect, redact_url, stop_riding_out
 from rqrl.engine.health import host_worker_prefix
 from rqrl.engine.jobs import configure_secret, set_heartbeat_hook, set_worker_hooks
 from rqrl.engine.keys import DEFAULT_QUEUE
@@ -46,6 +46,10 @@ from rqrl.engine.timings import protocol_timings
 __all__ = ["DEFAULT_QUEUE", "RolloutJob", "RolloutWorker", "run_worker", "send_heartbeat"]
 
 log = logging.getLogger(__name__)
+
+SHUTDOWN_REDIS_GRACE_SECONDS = 3.0
+"""After SIGTERM/SIGINT, how long a worker still retries through a Redis outage (its last push, its group handed
+back, its deregistration) before it gives up and exits; the learner re-runs what it could not hand back."""
 
 _running: RolloutWorker | None = None
 
@@ -102,6 +106,7 @@ class RolloutWorker(SimpleWorker):
         """RQ's warm shutdown, plus a flag the running job reads: it ends its slice after the rollout in hand
         and enqueues its continuation, so the worker exits in seconds, not after a whole slice."""
         self.shutdown_requested = True
+        stop_riding_out(self.connection, SHUTDOWN_REDIS_GRACE_SECONDS)  # a Redis that is gone must not hold the exit
         if self.get_state() == "busy":
             log.warning("worker %s: shutting down; the running job hands its actor group back after its current "
                         "rollout", self.name)
@@ -229,4 +234,12 @@ def run_worker(
     connection = connect(redis_url)
     worker = RolloutWorker(list(queue_names), connection=connection, name=name or default_worker_name(),
                            secret=secret)
-    return worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
+    try:
+        return worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
+    except (redis.ConnectionError, redis.TimeoutError) as error:
+        if not worker.shutdown_requested:
+            raise
+        log.warning("worker %s: Redis at %s stayed unreachable as it shut down (%s); it exits without deregistering "
+                    "(its registration lapses after worker_ttl, and the learner re-runs any group it held)",
+                    worker.name, redact_url(redis_url), error)
+        return False

@@ -5,16 +5,20 @@ The tests here start processes; the in-process ones are in tests/integration/tes
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.children import REPO_ROOT, run_rqrl, stop_process, worker_env
+from rqrl.engine.connection import stop_riding_out
+from rqrl.errors import RedisUnavailableError
+from tests.children import REPO_ROOT, WorkerProcesses, run_rqrl, stop_process, worker_env
 from tests.factories import redis_actors
 from tests.integration.test_worker import enqueue_raw
 from tests.polling import wait_until
+from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -153,3 +157,34 @@ def test_sigterm_to_a_worker_waiting_for_first_weights_hands_the_group_back(conn
             f"the continuation is queued under an id of its own: {queued}"
         assert connection.exists(f"rq:job:{queued[0]}"), "its job survives the end of the job it replaces"
         assert connection.get(f"rqrl:{run_name}:lease:0").decode() == queued[0], "and holds the group's lease"
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+def test_sigterm_stops_a_worker_within_seconds_when_its_redis_is_gone(tmp_path, run_name, busy):
+    """A worker whose Redis vanished (a crash, a host gone) exits within seconds of SIGTERM and says why, instead of
+    riding out the whole outage window (60 s) for its last writes and its deregistration; busy or idle."""
+    server = RedisServer(tmp_path).start()
+    workers = WorkerProcesses(server.url)
+    actors = None
+    try:
+        worker = workers.start("orphaned", extra=["--log-level", "INFO"])
+        workers.wait_registered(server.admin, 1)
+        if busy:
+            actors = redis_actors(server.url, run_name, n_actors=2, actors_per_job=2, pop_ahead=False)
+            actors.start()
+            actors.broadcast_updated_policy(actors.policy.state_dict())
+            actors.collect_outputs("cpu")
+            assert server.admin.hget("rq:worker:orphaned", "state") == b"busy"
+        server.kill()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=20)
+        output = worker.stderr.read().decode()
+    finally:
+        workers.stop_all()
+        if actors is not None:
+            stop_riding_out(actors.connection, 0)
+            with contextlib.suppress(RedisUnavailableError):
+                actors.stop(timeout=1)
+        server.stop()
+    assert worker.returncode == 0, output
+    assert "stayed unreachable as it shut down" in output, output
