@@ -204,7 +204,8 @@ def test_acknowledged_batches_are_not_delivered_again(connection, redis_url, run
     first.start()
     first.broadcast_updated_policy(first.policy.state_dict())
     before = [first.collect_outputs("cpu").record for _ in range(3)]
-    assert len(connection.lrange(first.keys.unacknowledged, 0, -1)) == 2, "only the last batch is unacknowledged"
+    assert len(connection.lrange(first.keys.unacknowledged, 0, -1)) in (2, 4), (
+        "only the last batch is unacknowledged, and the next one if it was popped ahead (RunOptions.pop_ahead)")
     first.connection.close()
     del first
     with actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2, resume=True) as second:
