@@ -1,8 +1,9 @@
 """One call run ahead on a thread of its own while the caller does other work, its result taken later.
 
 A learner's loop alternates between fetching a batch and training on it. Fetching the next batch while it
-trains hides the fetch: socket reads, decompression and HMAC checks release the GIL, and so does most of a
-training step. ``CallAhead`` holds at most one such call; its error, if any, is raised where the result is taken.
+trains hides the fetch where the step leaves the CPU free (a learner waiting on its GPU):
+``benchmarks/pop_ahead.py`` measures how much. ``CallAhead`` holds at most one such call; its error, if any, is
+raised where the result is taken.
 """
 
 from __future__ import annotations

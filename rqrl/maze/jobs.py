@@ -307,7 +307,7 @@ class ActorGroupJob(GroupJob):
 
 
 def _combined(reports: list[PushReport]) -> PushReport:
-    """One report of several pushes: the seconds they waited, and every duplicate."""
+    """One report of several pushes: the seconds they waited, every duplicate, and the least room any left."""
     rooms = [report.room_left for report in reports if report.room_left is not None]
     return PushReport(sum(report.waited_seconds for report in reports),
                       tuple(duplicate for report in reports for duplicate in report.duplicates),
