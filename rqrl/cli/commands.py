@@ -152,11 +152,11 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
             raise click.ClickException(f"no run {run_name!r} in the Redis at {redact_url(redis_url)} (already "
                                        f"stopped, or another Redis or database?)")
         config = RunConfig.from_json(raw_config)
-        connection.set(keys.stopped, 1)
         if deadline is None or learner_gone(deadline):
             RunStore(connection, keys, b"").stop(rollout_queue(config.queue_name, connection), wait)
             click.echo(f"run {run_name}: no live learner; stopped its jobs and removed its keys")
             return
+        connection.set(keys.stopped, 1)
         click.echo(f"run {run_name}: stop requested; waiting up to {wait:g} s for its learner to finish")
         deadline_at = time.monotonic() + wait
         while connection.exists(keys.config):
@@ -164,6 +164,11 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
                 raise click.ClickException(f"run {run_name}: its learner has not finished within {wait:g} s; it "
                                            f"stops at its next collect (raise --wait to wait longer)")
             time.sleep(0.2)
+    except redis.exceptions.OutOfMemoryError as error:
+        raise click.ClickException(
+            f"cannot stop run {run_name!r}: Redis at {redact_url(redis_url)} is at its maxmemory and refused the "
+            f"run's stop flag ({error}); raise maxmemory for a moment (redis-cli CONFIG SET maxmemory BYTES) and "
+            f"run this again: the learner deletes the run's keys as it stops, which frees the memory") from error
     except (redis.RedisError, RqrlError) as error:
         raise click.ClickException(f"cannot stop run {run_name!r}: {error}") from error
     click.echo(f"run {run_name}: stopped by its learner (checkpoint written, keys removed)")

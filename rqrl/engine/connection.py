@@ -54,6 +54,10 @@ class _GiveUp:
         self.at = math.inf
 
 
+_PROCESS_GIVE_UP = _GiveUp()
+"""Every client's in this process, once the process is asked to stop (see ``stop_riding_out_in_process``)."""
+
+
 class _OutageRetry(Retry):
     """Retry through outages and a full Redis, but not through a refused login or an untrusted certificate,
     which redis-py also reports as connection errors and which no amount of waiting will fix. A full Redis
@@ -81,11 +85,13 @@ class _OutageRetry(Retry):
         with_failure_count: bool = False,
     ) -> _T:
         def retryable(error: Exception) -> bool:
-            if refused_login(error) or time.monotonic() > self.give_up.at:
+            give_up_at = min(self.give_up.at, _PROCESS_GIVE_UP.at)
+            if refused_login(error) or time.monotonic() > give_up_at:
                 return False
             if isinstance(error, OutOfMemoryError):
+                window = min(self.outage_seconds, give_up_at - time.monotonic())
                 _OUT_OF_MEMORY_LOG.warning("%s; waiting up to %.0f s for memory", out_of_memory_advice(self.where),
-                                           self.outage_seconds)
+                                           window)
             return is_retryable(error) if is_retryable else True
 
         return super().call_with_retry(do, fail, retryable, with_failure_count)
@@ -159,6 +165,27 @@ def stop_riding_out(client: redis.Redis, grace_seconds: float) -> None:
     retry = client.connection_pool.connection_kwargs.get("retry")
     if isinstance(retry, _OutageRetry):
         retry.give_up.at = min(retry.give_up.at, time.monotonic() + grace_seconds)
+
+
+def stop_riding_out_in_process(grace_seconds: float) -> None:
+    """``stop_riding_out`` for every client of ``connect`` in this process, made or to be made: what a process
+    asked to stop (SIGTERM, Ctrl-C) does, so no thread of it, busy with Redis or not, holds the exit for an
+    outage window."""
+    _PROCESS_GIVE_UP.at = min(_PROCESS_GIVE_UP.at, time.monotonic() + grace_seconds)
+
+
+@contextlib.contextmanager
+def riding_out_briefly(client: redis.Redis, grace_seconds: float) -> Iterator[None]:
+    """``stop_riding_out`` for the block only: a tear-down that an object may follow with a fresh start gets
+    the short window, and the client its full outage window back afterwards."""
+    retry = client.connection_pool.connection_kwargs.get("retry")
+    before = retry.give_up.at if isinstance(retry, _OutageRetry) else None
+    stop_riding_out(client, grace_seconds)
+    try:
+        yield
+    finally:
+        if isinstance(retry, _OutageRetry) and before is not None:
+            retry.give_up.at = before
 
 
 @contextlib.contextmanager

@@ -244,6 +244,7 @@ def push_error_report(connection: redis.Redis, keys: RunKeys, report: dict[str, 
             pipe.rpush(keys.errors, json.dumps(report))
             pipe.expire(keys.errors, ERROR_TTL_SECONDS)
             pipe.execute()
-    except redis.RedisError:
-        log.exception("could not report the failure of job %s to the run", report.get("job_id"))
+    except redis.RedisError as error:  # one line: the job's own error, raised next, carries the traceback
+        log.warning("could not report the failure of job %s to the run (%s: %s)", report.get("job_id"),
+                    type(error).__name__, error)
 

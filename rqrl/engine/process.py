@@ -108,18 +108,24 @@ SHUTDOWN_GRACE_SECONDS = 45.0
 def terminate_like_ctrl_c(grace_seconds: float = SHUTDOWN_GRACE_SECONDS) -> None:
     """Make SIGTERM raise Terminated in the main thread, once: a second SIGTERM is ignored, so it cannot cut
     the clean-up short (SIGKILL still can). Ctrl-C raises KeyboardInterrupt as always (a second one cuts the
-    clean-up short, as a user pressing it twice means). Should the clean-up after either hang, a watchdog
+    clean-up short, as a user pressing it twice means). After either, no Redis client of the process rides out an
+    outage for more than a few seconds (``rqrl.engine.teardown``). Should the clean-up after either hang, a watchdog
     prints every thread's stack and exits (143, or 130 after Ctrl-C) ``grace_seconds`` later: a stop always
     ends, and says where it was stuck. SIGUSR1 prints every thread's stack at any time. A SIGINT ignored from
     the start (``nohup``, a background job of a script) stays ignored."""
+    from rqrl.engine.connection import stop_riding_out_in_process  # here: `rqrl --help` needs no redis-py
+    from rqrl.engine.teardown import TEARDOWN_REDIS_GRACE_SECONDS
+
     def on_sigterm(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _start_shutdown_watchdog(signal.SIGTERM, grace_seconds)
+        stop_riding_out_in_process(TEARDOWN_REDIS_GRACE_SECONDS)  # a thread inside an outage gives up too
         raise Terminated("SIGTERM")
 
     def on_sigint(signum: int, frame: object) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _start_shutdown_watchdog(signal.SIGINT, grace_seconds)
+        stop_riding_out_in_process(TEARDOWN_REDIS_GRACE_SECONDS)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)

@@ -103,10 +103,10 @@ class RunStore:
         every key of the run. Its failed jobs stay in RQ's failed registry, with their tracebacks, for
         rq-dashboard and ``rq`` to show until their failure_ttl (a day) ends."""
         connection = self.connection
-        connection.set(self.keys.stopped, 1)
-        deadline = time.monotonic() + timeout
+        flagged = raise_stop_flag(connection, self.keys)  # refused: no job hears of it, so none is waited for
+        deadline = time.monotonic() + (timeout if flagged else 0.0)
         started = started_registry(queue.name, connection)
-        while time.monotonic() < deadline:
+        while flagged:
             self._remove_queued_jobs(queue)
             # jobs whose lease expired died with their worker: nothing to wait for
             # a started job whose group holds a lease is still running: the lease may already name the
@@ -115,10 +115,11 @@ class RunStore:
                        is not None and group_is_leased(connection, self.keys, group_id)]
             if not running:
                 break
+            if time.monotonic() >= deadline:
+                log.warning("jobs of run %s still running after %.0f s; deleting its keys anyway",
+                            self.keys.run_name, timeout)
+                break
             time.sleep(0.05)
-        else:
-            log.warning("jobs of run %s still running after %.0f s; deleting its keys anyway", self.keys.run_name,
-                        timeout)
         self._remove_queued_jobs(queue)
         keys = list(connection.scan_iter(match=self.keys.pattern, count=1000))
         if keys:
@@ -129,6 +130,18 @@ class RunStore:
             if job_id.startswith(self.keys.job_id_prefix):
                 queue.remove(job_id)
                 self.connection.delete(Job.key_for(job_id))
+
+
+def raise_stop_flag(connection: redis.Redis, keys: RunKeys) -> bool:
+    """Set the run's stop flag; False when Redis is full and refuses it (OOM): the caller deletes the run's
+    keys all the same, which frees the memory, and the jobs stop once they find the learner's deadline gone."""
+    try:
+        connection.set(keys.stopped, 1)
+    except redis.exceptions.OutOfMemoryError:
+        log.warning("run %s: Redis is at its maxmemory and refused the stop flag; deleting the run's keys without "
+                    "it (its jobs stop within seconds, once they find its learner gone)", keys.run_name)
+        return False
+    return True
 
 
 def adopt(existing: RunConfig, requested: RunConfig, fields: tuple[str, ...] = RESUME_FIELDS) -> RunConfig:

@@ -52,6 +52,25 @@ SHUTDOWN_REDIS_GRACE_SECONDS = 3.0
 back, its deregistration) before it gives up and exits; the learner re-runs what it could not hand back."""
 
 _running: RolloutWorker | None = None
+_stopping: set[str] = set()  # names of this process's workers asked to stop
+_SHUTDOWN_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.OutOfMemoryError)
+"""What a Redis that is gone or full raises at a stopping worker: a warning, not a traceback, and exit code 0."""
+
+
+class _OneLineOutageOnStop(logging.Filter):
+    """RQ logs a Redis that vanished under a stopping worker as an unhandled exception, its traceback a screen of
+    chained retries; one line says as much, and ``run_worker`` says what it means for the run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        name = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if isinstance(error, _SHUTDOWN_REDIS_ERRORS) and isinstance(name, str) and name in _stopping:
+            record.exc_info, record.exc_text = None, None
+            record.msg = f"{record.msg} ({type(error).__name__}: {str(error).replace('%', '%%')})"
+        return True
+
+
+logging.getLogger("rq.worker").addFilter(_OneLineOutageOnStop())
 
 
 class RolloutWorker(SimpleWorker):
@@ -106,6 +125,7 @@ class RolloutWorker(SimpleWorker):
         """RQ's warm shutdown, plus a flag the running job reads: it ends its slice after the rollout in hand
         and enqueues its continuation, so the worker exits in seconds, not after a whole slice."""
         self.shutdown_requested = True
+        _stopping.add(self.name)
         stop_riding_out(self.connection, SHUTDOWN_REDIS_GRACE_SECONDS)  # a Redis that is gone must not hold the exit
         if self.get_state() == "busy":
             log.warning("worker %s: shutting down; the running job hands its actor group back after its current "
@@ -236,10 +256,11 @@ def run_worker(
                            secret=secret)
     try:
         return worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
-    except (redis.ConnectionError, redis.TimeoutError) as error:
+    except _SHUTDOWN_REDIS_ERRORS as error:
         if not worker.shutdown_requested:
             raise
-        log.warning("worker %s: Redis at %s stayed unreachable as it shut down (%s); it exits without deregistering "
-                    "(its registration lapses after worker_ttl, and the learner re-runs any group it held)",
-                    worker.name, redact_url(redis_url), error)
+        state = "stayed full" if isinstance(error, redis.exceptions.OutOfMemoryError) else "stayed unreachable"
+        log.warning("worker %s: Redis at %s %s as it shut down (%s); it exits without deregistering (its "
+                    "registration lapses after worker_ttl, and the learner re-runs any group it held)",
+                    worker.name, redact_url(redis_url), state, error)
         return False

@@ -46,6 +46,7 @@ from rqrl.engine.rq_safety import rollout_queue
 from rqrl.engine.run_config import RunConfig, split_actors
 from rqrl.engine.run_store import RunStore
 from rqrl.engine.supervisor import Supervisor
+from rqrl.engine.teardown import tearing_down
 from rqrl.engine.timings import protocol_timings
 from rqrl.errors import CollectTimeoutError, RecordError, RunStoppedError, SignatureError
 from rqrl.garage.episodes import EnvSpec, EpisodeBatch, decode_episodes
@@ -180,16 +181,19 @@ class MultiprocessingSampler:
         return self._obtain(EXACT, n_eps_per_worker, agent_update, env_update)
 
     def shutdown_worker(self) -> None:
-        """Stop the jobs and local workers, delete every key and job of the run, stop an embedded Redis."""
+        """Stop the jobs and local workers, delete every key and job of the run, stop an embedded Redis. A Redis
+        that is gone costs it a few seconds and a warning of what was left there, not an error."""
         if not self._started:
             return
+        embedded = self._local.server is not None
         try:
-            with self._redis_errors():
+            with self._redis_errors(), tearing_down(self._connection, self.redis_url, self._run_store.keys.run_name,
+                                                    embedded=embedded):
                 self._run_store.stop(self._rq_queue, protocol_timings().stop_wait)
         finally:
             self._local.stop_workers(protocol_timings().stop_wait)
             self._started = False
-            if self._local.server is not None:
+            if embedded:
                 self._connection.close()
                 self._local.stop_redis()
 

@@ -49,6 +49,7 @@ from rqrl.engine.rq_safety import rollout_queue
 from rqrl.engine.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.engine.run_store import RunStore
 from rqrl.engine.supervisor import Supervisor, count_live_workers
+from rqrl.engine.teardown import tearing_down
 from rqrl.engine.timings import protocol_timings
 from rqrl.engine.trajectories import Popped, QueueIndicesLost, TrajectoryQueue
 from rqrl.engine.weights import WeightStore
@@ -662,23 +663,26 @@ class RedisDistributedActors(DistributedActors):
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop jobs and local workers, delete the run's keys and jobs, stop the embedded Redis; waits at most
-        ``timeout`` s (default: ProtocolTimings.stop_wait, 15 s) for them before it kills the workers."""
+        ``timeout`` s (default: ProtocolTimings.stop_wait, 15 s) for them before it kills the workers. A Redis
+        that is gone costs it a few seconds and a warning of what was left there, not an error."""
         if self.connection is None:
             return
         timeout = protocol_timings().stop_wait if timeout is None else timeout
-        if self._ahead is not None:
-            self._ahead.close()  # one pop at most; what it moved stays unacknowledged, and the run's keys go below
-        # a Ctrl-C between a command and its reply leaves that idle connection owing a reply to whatever runs
-        # next on it: the clean-up starts on fresh connections
-        self.connection.connection_pool.disconnect(inuse_connections=False)
-        with self._redis_errors():
+        embedded = self.local_workers.server is not None
+        with self._redis_errors(), tearing_down(self.connection, self.redis_url, self.keys.run_name,
+                                                embedded=embedded):
+            if self._ahead is not None:
+                self._ahead.close()  # one pop at most; what it moved stays unacknowledged, and the keys go below
+            # a Ctrl-C between a command and its reply leaves that idle connection owing a reply to whatever runs
+            # next on it: the clean-up starts on fresh connections
+            self.connection.connection_pool.disconnect(inuse_connections=False)
             try:
                 if self._started:
                     self._run_store.stop(self._rq_queue, timeout)
             finally:
                 self.local_workers.stop_workers(timeout)
                 self._started = False
-                if self.local_workers.server is not None:
+                if embedded:
                     self.connection.close()
                     self.local_workers.stop_redis()
                     self.connection = None

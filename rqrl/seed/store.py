@@ -36,7 +36,7 @@ from rqrl.engine.codec import (
 from rqrl.engine.compression import compress, decompress, worth_compressing
 from rqrl.engine.keys import DEFAULT_QUEUE, RunKeys
 from rqrl.engine.run_config import RunConfig, split_actors
-from rqrl.engine.run_store import RunStore
+from rqrl.engine.run_store import RunStore, raise_stop_flag
 from rqrl.errors import ConfigError, RecordError, RunStoppedError, SignatureError
 
 EVENTS_KEPT = 1000
@@ -177,7 +177,8 @@ class SeedRun:
         return bool(self.connection.exists(self.keys.stopped))
 
     def stop(self) -> None:
-        self.connection.set(self.keys.stopped, 1)
+        """Set the run's stop flag (a full Redis refuses it: the trainer then ends its processes and jobs itself)."""
+        raise_stop_flag(self.connection, self.keys)
 
     def record(self, config: SeedRecord) -> None:
         """The run's record that every family writes (``rqrl status``, ``health --run`` and ``stop`` read it)."""

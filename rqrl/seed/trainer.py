@@ -33,12 +33,13 @@ import gymnasium
 import redis
 
 from rqrl.engine.codec import secret_from_environment
-from rqrl.engine.connection import connect, first_contact
+from rqrl.engine.connection import DEFAULT_OUTAGE_SECONDS, connect, first_contact, redis_errors
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.process import stop_processes
 from rqrl.engine.server import EmbeddedRedis
+from rqrl.engine.teardown import tearing_down
 from rqrl.engine.weights import WeightStore
 from rqrl.errors import ConfigError, ProcessesDiedError, RecordError, SignatureError
 from rqrl.seed.actor import decode_transitions, run_actor_process
@@ -115,6 +116,13 @@ class Trainer:
 
     def start(self, duration: float) -> None:
         """Start training, and block until completed (``duration`` seconds plus the shutdown)."""
+        try:
+            self._start(duration)
+        except redis.RedisError as error:  # an outage past its window, a refusal: rqrl's error, naming the URL
+            with redis_errors(self.redis_url, DEFAULT_OUTAGE_SECONDS):
+                raise error
+
+    def _start(self, duration: float) -> None:
         if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
             raise ConfigError(f"expected duration > 0 seconds, got {duration!r}")
         deadline = time.monotonic() + duration
@@ -308,27 +316,33 @@ class Trainer:
                 self._launcher(name)
 
     def _shutdown(self, run: SeedRun | None, embedded: EmbeddedRedis | None, own_connection: Any) -> None:
-        """Stop the processes, take in the transitions still queued, delete the run's keys."""
+        """Stop the processes, take in the transitions still queued, delete the run's keys; a Redis that is gone
+        costs a few seconds and a warning (``rqrl.engine.teardown``), and the processes stop all the same."""
         try:
             if run is not None:
-                run.stop()
+                with tearing_down(run.connection, self.redis_url, run.keys.run_name, embedded=embedded is not None):
+                    self._tear_down(run)
+        finally:
             stop_processes(list(self.processes.values()), self.config.shutdown_timeout)
             self.processes.clear()
-            if self.fleet is not None:
-                self.fleet.stop(self.config.shutdown_timeout)
-                self.fleet = None
-            self._launcher = None
-            if run is not None:
-                while self._receive(run, 10_000):
-                    pass
-                self.stats.counters = run.counters()
-                self.stats.transitions_dropped = self.stats.counters.get("transitions_dropped", 0)
-                run.delete()
-        finally:
+            self.fleet, self._launcher = None, None
             if own_connection is not None:
                 own_connection.close()
             if embedded is not None:
                 embedded.stop()
+
+    def _tear_down(self, run: SeedRun) -> None:
+        """The run's part in Redis: its stop flag, its jobs, the transitions still queued, its keys."""
+        run.stop()  # first: the processes and jobs see it and end on their own
+        stop_processes(list(self.processes.values()), self.config.shutdown_timeout)
+        self.processes.clear()
+        if self.fleet is not None:
+            self.fleet.stop(self.config.shutdown_timeout)
+        while self._receive(run, 10_000):
+            pass
+        self.stats.counters = run.counters()
+        self.stats.transitions_dropped = self.stats.counters.get("transitions_dropped", 0)
+        run.delete()
 
 
 def _exit_cause(exitcode: int | None) -> str:

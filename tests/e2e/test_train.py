@@ -26,6 +26,7 @@ from tests.children import (
     worker_env,
 )
 from tests.polling import wait_until
+from tests.redis_servers import RedisServer
 from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_scalars
 
 pytestmark = pytest.mark.timeout(240)
@@ -218,6 +219,37 @@ def test_sigterm_to_a_ppo_learner_stops_like_ctrl_c_and_progress_is_plain_lines(
     progress = [line for line in stderr.splitlines() if line.startswith(f"PPO {TRIVIAL_ENV}:")]
     assert progress and "\r" not in stderr and all("steps/s (last 10 s)" in line for line in progress), stderr[-3000:]
 
+
+
+def test_sigterm_to_a_ppo_learner_whose_redis_is_gone_exits_within_seconds_with_its_checkpoint(tmp_path):
+    """Redis crashed under a run and the learner is told to stop: its sampling call in flight (sample-ahead) and
+    its tear-down ride out the outage for 3 s, not 60 s each (before: the 45 s watchdog cut the clean-up short)."""
+    server = RedisServer(tmp_path, tcp=True).start()
+    marker = uuid.uuid4().hex
+    command = [sys.executable, "-m", "rqrl", "train", *PPO_ARGUMENTS, "--total-env-steps", "100000000",
+               "--target-return", "1000", "--checkpoint-seconds", "0.5", "--run-dir", str(tmp_path / "runs"),
+               "--run-name", "ppo-orphaned", "--redis-url", server.url, "--no-progress"]
+    learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "runs" / "ppo-orphaned"
+    try:
+        wait_until(lambda: rows_written(run, learner) >= 3, 120, interval=0.2, message="2 rows of metrics.csv")
+        server.kill()
+        time.sleep(2.0)  # the learner and its sampler ride out the outage now
+        learner.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        stdout, stderr = communicate_or_show_stacks(learner, 60)
+        exited_after = time.monotonic() - signalled
+    finally:
+        stop_process(learner)
+        server.stop()
+    assert learner.returncode == 143, stderr[-3000:]
+    assert exited_after < 25, f"exited {exited_after:.1f} s after SIGTERM: {stderr[-3000:]}"
+    assert "did not finish within" not in stderr, "the watchdog cut the clean-up short"
+    assert "`rqrl stop ppo-orphaned --redis-url URL` deletes them" in stderr, stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM", summary
+    assert load_checkpoint(run / "checkpoint.safetensors").counters["env_steps"] == summary["env_steps"]
 
 def test_rqrl_stop_ends_a_ppo_run(tmp_path, connection, redis_url):
     command = [sys.executable, "-m", "rqrl", "train", *PPO_ARGUMENTS, "--total-env-steps", "100000000",

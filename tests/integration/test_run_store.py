@@ -1,0 +1,54 @@
+"""A run's record in Redis, stopped by its learner or by `rqrl stop`, also when Redis is full."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.rq_safety import rollout_queue
+from rqrl.engine.run_config import RunConfig
+from rqrl.engine.run_store import RunStore
+from rqrl.engine.server import EmbeddedRedis
+from tests.cli_runner import invoke
+
+
+def fill_up(client: redis.Redis) -> None:
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+
+
+def test_a_full_redis_refuses_the_stop_flag_and_the_run_is_deleted_all_the_same(caplog):
+    """The stop that would free a full Redis used to fail on its first write (the flag), leaving every key."""
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        keys = RunKeys("full-run")
+        client.set(keys.config, "{}")
+        client.rpush(keys.trajectories, b"x" * 100_000)
+        fill_up(client)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, "rqrl.engine.run_store"):
+            RunStore(client, keys, b"").stop(rollout_queue(None, client), timeout=10)
+        assert time.monotonic() - started < 5, "no wait for jobs that were never told"
+        assert client.keys("rqrl:full-run:*") == []
+        assert "refused the stop flag; deleting the run's keys without it" in caplog.text
+        assert "still running" not in caplog.text
+
+
+def test_rqrl_stop_of_a_live_learner_on_a_full_redis_says_how_to_make_room():
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        keys = RunKeys("full-live")
+        client.set(keys.config, RunConfig(run_name="full-live", run_id="f", queue_name="rqrl", n_rollout_steps=4,
+                                          n_actors=1, batch_size=1, queue_bound=1, actor_env_seeds=[0],
+                                          actor_agent_seeds=[0], actor_groups=[[0]]).to_json())
+        client.set(keys.learner_deadline, time.time() + 60)
+        fill_up(client)
+        result = invoke("stop", "full-live", "--redis-url", server.url, "--wait", "1")
+        assert result.exit_code == 1, result.stdout
+        assert "is at its maxmemory and refused the run's stop flag" in result.stderr
+        assert "CONFIG SET maxmemory" in result.stderr
+        client.config_set("maxmemory", 0)
+        assert client.get(keys.config) is not None, "a live learner's run is its to delete"

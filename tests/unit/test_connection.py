@@ -1,0 +1,29 @@
+"""Redis clients' outage window, cut short for a process asked to stop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rqrl.engine import connection
+from rqrl.engine.connection import connect, stop_riding_out_in_process
+from tests.children import free_port
+
+
+@pytest.fixture
+def own_process_window(monkeypatch):
+    """This test's process-wide window, so the test session's clients keep theirs."""
+    monkeypatch.setattr(connection, "_PROCESS_GIVE_UP", connection._GiveUp())
+
+
+def test_a_process_asked_to_stop_cuts_every_clients_outage_window_short(own_process_window):
+    made_before = connect(f"redis://127.0.0.1:{free_port()}/0", outage_seconds=60)
+    stop_riding_out_in_process(0.3)
+    made_after = connect(f"redis://127.0.0.1:{free_port()}/0", outage_seconds=60)
+    for client in (made_before, made_after):
+        started = time.monotonic()
+        with pytest.raises(connection.redis.ConnectionError):
+            client.ping()
+        assert time.monotonic() - started < 3, "gave up within the process's grace, not the 60 s window"
+        client.close()
