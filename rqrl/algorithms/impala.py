@@ -87,8 +87,15 @@ class ImpalaConfig(Tracking):
         "help": "Redis URL of the local workers, if their ACL user is not the learner's (default: --redis-url)."})
     actors_per_job: int | None = field(default=None, metadata={
         "help": "Actors one job steps together with one batched policy call (default: n_actors / local workers; "
-                "with external workers only, n_actors / the workers registered at the start, 1 if none). Larger "
-                "is faster per worker, smaller spreads over more workers."})
+                "with external workers only, n_actors / the workers registered at the start, after "
+                "--wait-for-workers, 1 if none). Larger is faster per worker, smaller spreads over more workers."})
+    wait_for_workers: float = field(default=60.0, metadata={
+        "help": "With external workers only and no --actors-per-job: seconds the start waits for the first `rqrl "
+                "worker` to register, then until no more came for 3 s, and splits the actors over them (workers "
+                "started with the learner, as compose starts them, come up over seconds); 0: no wait."})
+    pop_ahead: bool = field(default=True, metadata={
+        "help": "Pop and decode the next batch on a thread while the learner trains on this one (it pays with a "
+                "GPU learner; two batches then wait unacknowledged, and the policy lag may be one batch more)."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate."})
     discount: float = field(default=0.99, metadata={"help": "Discount factor gamma."})
     rho_bar: float = field(default=1.0, metadata={"help": "V-trace clip of the importance ratio in the TD errors."})
@@ -338,7 +345,8 @@ def make_actors(config: ImpalaConfig, model: ActorCritic, *, secret: str | bytes
         n_local_workers=workers,
         actors_per_job=config.actors_per_job,
         start_method="forkserver", resume=config.resume is not None, secret=secret, redis_server=redis_server,
-        learner_timeout=config.learner_timeout,
+        learner_timeout=config.learner_timeout, wait_for_workers=config.wait_for_workers,
+        pop_ahead=config.pop_ahead,
     )
 
 

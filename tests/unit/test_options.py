@@ -35,6 +35,9 @@ def test_the_message_names_the_value():
     ({"queue_name": ""}, "expected queue_name to be a non-empty string"),
     ({"run_name": "bad name!"}, "run name"),
     ({"start_method": "threads"}, r"unknown start_method 'threads'; choose one of multiprocessing"),
+    ({"wait_for_workers": -1}, "expected wait_for_workers >= 0 seconds, got -1"),
+    ({"wait_for_workers": float("inf")}, "expected wait_for_workers >= 0 seconds, got inf"),
+    ({"wait_for_workers": True}, "expected wait_for_workers >= 0 seconds, got True"),
 ])
 def test_inconsistent_options_are_refused_with_the_value(options, message):
     with pytest.raises(ConfigError, match=message):
