@@ -7,9 +7,11 @@ The tests here run in-process; those that start processes are in tests/processes
 from __future__ import annotations
 
 import pytest
+import redis
 
-from rqrl.errors import ConfigError
+from rqrl.errors import ConfigError, RedisUnavailableError
 from rqrl.seed import Config, Trainer
+from tests.children import free_port
 from tests.conftest import TEST_SECRET
 from tests.seed_fixtures import cartpole_agent, make_cartpole
 
@@ -55,3 +57,15 @@ def test_the_module_offers_the_seed_pages_names():
 
     assert {"Actor", "Config", "Trainer"} <= set(rqrl.seed.__all__)
     assert rqrl.seed.Actor is Actor and all(hasattr(rqrl.seed, name) for name in rqrl.seed.__all__)
+
+
+
+def test_a_redis_that_does_not_answer_is_named_in_rqrls_own_error(run_name):
+    """The trainer raised redis-py's errors as they came; the other families raise rqrl's, which name the URL and
+    what to do."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5)  # injected: no first contact, redis-py's retry
+    trainer = Trainer(cartpole_agent(), config(url, run_name, connection=client), make_cartpole)
+    with pytest.raises(RedisUnavailableError, match=f"Redis at {url} stayed unreachable") as raised:
+        trainer.start(1.0)
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
