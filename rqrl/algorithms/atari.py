@@ -34,16 +34,29 @@ TERMINAL_ON_LIFE_LOSS_HELP = (
     "Atari (ALE/...) only: end an episode at each life lost (AtariPreprocessing's terminal_on_life_loss); the "
     "training episodes and their returns are then lives, evaluations still play whole games.")
 
+REPEAT_ACTION_PROBABILITY_HELP = (
+    "Atari (ALE/...) only: the chance that the emulator repeats the previous action instead of the one taken "
+    "(sticky actions; default: v5's 0.25, as Machado et al. 2018 recommend; 0 for the deterministic v4 setting of "
+    "the Nature DQN and IMPALA papers). Evaluations use the same.")
+
 
 def is_atari(env_id: str) -> bool:
     """Whether ``env_id`` is one of ale-py's (``ALE/...``)."""
     return env_id.startswith(PREFIX)
 
 
-def check_atari_options(env_id: str, terminal_on_life_loss: bool) -> None:
-    """ConfigError naming the flag if an Atari-only option is set for an env that is not Atari."""
-    if terminal_on_life_loss and not is_atari(env_id):
-        raise ConfigError(f"--terminal-on-life-loss is for Atari env ids ({PREFIX}...), not {env_id!r}; leave it out")
+def check_atari_options(env_id: str, terminal_on_life_loss: bool,
+                        repeat_action_probability: float | None = None) -> None:
+    """ConfigError naming the flag if an Atari-only option is set for an env that is not Atari, or out of range."""
+    given = [flag for flag, value in (("--terminal-on-life-loss", terminal_on_life_loss),
+                                      ("--repeat-action-probability", repeat_action_probability is not None)) if value]
+    if given and not is_atari(env_id):
+        raise ConfigError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for Atari env ids "
+                          f"({PREFIX}...), not {env_id!r}; leave {'it' if len(given) == 1 else 'them'} out")
+    if repeat_action_probability is not None and not (
+            isinstance(repeat_action_probability, (int, float)) and not isinstance(repeat_action_probability, bool)
+            and 0.0 <= repeat_action_probability <= 1.0):
+        raise ConfigError(f"expected --repeat-action-probability between 0 and 1, got {repeat_action_probability!r}")
 
 
 def register_atari_envs() -> None:

@@ -97,16 +97,19 @@ def is_image(space: gymnasium.Space[Any]) -> bool:
     return isinstance(space, gymnasium.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
 
-def make_train_env(env_id: str, terminal_on_life_loss: bool = False, **kwargs: Any) -> gymnasium.Env:
+def make_train_env(env_id: str, terminal_on_life_loss: bool = False, repeat_action_probability: float | None = None,
+                   **kwargs: Any) -> gymnasium.Env:
     """The env the learners' workers, their evaluations and ``rqrl evaluate`` step: an Atari id (``ALE/...``)
-    preprocessed by rqrl.algorithms.atari (``terminal_on_life_loss`` is its option), any other as make_env makes it
-    (``kwargs`` go to gymnasium.make); observations that are not images (is_image) flattened to a vector, as the
-    MLPs take them. Module level, so the env factory a learner sends its workers (a partial of this function)
-    pickles by reference and works wherever rqrl is installed."""
+    preprocessed by rqrl.algorithms.atari (``terminal_on_life_loss`` and ``repeat_action_probability``, None: v5's,
+    are its options), any other as make_env makes it (``kwargs`` go to gymnasium.make); observations that are not
+    images (is_image) flattened to a vector, as the MLPs take them. Module level, so the env factory a learner sends
+    its workers (a partial of this function) pickles by reference and works wherever rqrl is installed."""
+    check_atari_options(env_id, terminal_on_life_loss, repeat_action_probability)
     if is_atari(env_id):
+        if repeat_action_probability is not None:
+            kwargs["repeat_action_probability"] = repeat_action_probability
         env = make_atari_env(env_id, terminal_on_life_loss=terminal_on_life_loss, **kwargs)
     else:
-        check_atari_options(env_id, terminal_on_life_loss)
         env = make_env(env_id, **kwargs)
     shape = env.observation_space.shape
     if not is_image(env.observation_space) and (shape is None or len(shape) != 1):  # None: a Dict or Tuple space
@@ -115,8 +118,15 @@ def make_train_env(env_id: str, terminal_on_life_loss: bool = False, **kwargs: A
 
 
 def env_factory(config: Any) -> functools.partial[gymnasium.Env]:
-    """The env factory a learner's workers call: make_train_env with the run's ``env_id`` and Atari option."""
-    return functools.partial(make_train_env, config.env_id, terminal_on_life_loss=config.terminal_on_life_loss)
+    """The env factory a learner's workers call: make_train_env with the run's ``env_id`` and Atari options."""
+    return functools.partial(make_train_env, config.env_id, terminal_on_life_loss=config.terminal_on_life_loss,
+                             **eval_env_options(config))
+
+
+def eval_env_options(config: Any) -> dict[str, Any]:
+    """What an evaluation's env shares with the training env (whole games: no terminal_on_life_loss)."""
+    probability = getattr(config, "repeat_action_probability", None)
+    return {} if probability is None else {"repeat_action_probability": probability}
 
 
 class EnvSpaces(NamedTuple):

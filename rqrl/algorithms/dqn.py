@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rqrl.algorithms.atari import TERMINAL_ON_LIFE_LOSS_HELP, check_atari_options
+from rqrl.algorithms.atari import REPEAT_ACTION_PROBABILITY_HELP, TERMINAL_ON_LIFE_LOSS_HELP, check_atari_options
 from rqrl.algorithms.checkpoint import (
     TrainingState,
     load_checkpoint,
@@ -44,6 +44,7 @@ from rqrl.algorithms.common import (
     check_resume,
     env_factory,
     env_spaces,
+    eval_env_options,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -68,6 +69,7 @@ class DqnConfig(Tracking):
     env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector or image observations, "
                                                                   "Discrete actions; ALE/... for Atari)."})
     terminal_on_life_loss: bool = field(default=False, metadata={"help": TERMINAL_ON_LIFE_LOSS_HELP})
+    repeat_action_probability: float | None = field(default=None, metadata={"help": REPEAT_ACTION_PROBABILITY_HELP})
     seconds: float = field(default=600.0, metadata={"help": "Time budget of the run."})
     total_env_steps: int = field(default=2_000_000, metadata={"help": "Step budget: stop after this many env steps."})
     target_return: float | None = field(default=None, metadata={
@@ -116,7 +118,7 @@ class DqnConfig(Tracking):
         "help": "Seconds between two progress lines when stderr is not a terminal."})
 
     def __post_init__(self) -> None:
-        check_atari_options(self.env_id, self.terminal_on_life_loss)
+        check_atari_options(self.env_id, self.terminal_on_life_loss, self.repeat_action_probability)
         check_wandb(self.wandb)
         check_evaluation(self.eval_every, self.eval_episodes)
         for name in ("seconds", "total_env_steps", "hidden_size", "learning_rate", "learner_threads",
@@ -243,7 +245,8 @@ class _DqnRun:
                               initial=int(self.before["env_steps"]), enabled=config.progress,
                               interval=config.progress_seconds)
         self.started = self.last_checkpoint = time.monotonic()
-        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed)
+        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed,
+                                         **eval_env_options(config))
         # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
         self.last_row = (self.before["env_steps"], self.before["train_steps"]) if config.resume else None
 

@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -53,16 +54,17 @@ def check_video_support() -> None:
 
 
 def evaluate(model: nn.Module, env_id: str, episodes: int = 10, seed: int = 0, greedy: bool = True,
-             video_folder: str | Path | None = None) -> list[float]:
-    """Returns of ``episodes`` episodes with ``model`` (see run_episodes); with ``video_folder``, each episode is
-    also an mp4 file there (gymnasium's RecordVideo: needs moviepy, and the env's renderer, pygame for the classic
-    control envs: both in ``rqrl[video]``)."""
+             video_folder: str | Path | None = None, **env_options: Any) -> list[float]:
+    """Returns of ``episodes`` episodes with ``model`` (see run_episodes) on make_train_env(env_id, **env_options);
+    with ``video_folder``, each episode is also an mp4 file there (gymnasium's RecordVideo: needs moviepy, and the
+    env's renderer, pygame for the classic control envs: both in ``rqrl[video]``)."""
     if video_folder is None:
-        env = make_train_env(env_id)
+        env = make_train_env(env_id, **env_options)
     else:
         check_video_support()
         prefix = env_id.replace(":", "-").replace("/", "-")  # ALE/Pong-v5: no folder of its own
-        env = gymnasium.wrappers.RecordVideo(make_train_env(env_id, render_mode="rgb_array"), str(video_folder),
+        env = gymnasium.wrappers.RecordVideo(make_train_env(env_id, render_mode="rgb_array", **env_options),
+                                             str(video_folder),
                                              episode_trigger=lambda _: True, name_prefix=prefix)
     try:
         return run_episodes(model, env, episodes, seed, greedy)
@@ -85,10 +87,10 @@ class PeriodicEvaluation:
     in the learner's process (training waits for them: ``eval_seconds`` says how long). None: never."""
 
     def __init__(self, env_id: str, every_seconds: float | None, episodes: int, seed: int,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, **env_options: Any):
         self.every_seconds, self.episodes, self.seed = every_seconds, episodes, seed + EVAL_SEED_OFFSET
         self._clock = clock
-        self._env = make_train_env(env_id) if every_seconds is not None else None
+        self._env = make_train_env(env_id, **env_options) if every_seconds is not None else None
         self._next = clock() + every_seconds if every_seconds is not None else math.inf
 
     def maybe_run(self, model: nn.Module) -> dict[str, float] | None:

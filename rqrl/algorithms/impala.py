@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rqrl.algorithms.atari import TERMINAL_ON_LIFE_LOSS_HELP, check_atari_options
+from rqrl.algorithms.atari import REPEAT_ACTION_PROBABILITY_HELP, TERMINAL_ON_LIFE_LOSS_HELP, check_atari_options
 from rqrl.algorithms.checkpoint import (
     TrainingState,
     load_checkpoint,
@@ -49,6 +49,7 @@ from rqrl.algorithms.common import (
     check_workers,
     env_factory,
     env_spaces,
+    eval_env_options,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -71,6 +72,7 @@ class ImpalaConfig(Tracking):
     env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector or image observations, "
                                                                   "Discrete actions; ALE/... for Atari)."})
     terminal_on_life_loss: bool = field(default=False, metadata={"help": TERMINAL_ON_LIFE_LOSS_HELP})
+    repeat_action_probability: float | None = field(default=None, metadata={"help": REPEAT_ACTION_PROBABILITY_HELP})
     total_env_steps: int = field(default=2_000_000, metadata={"help": "Step budget: stop after this many env steps."})
     target_return: float | None = field(default=None, metadata={
         "help": "Stop when the mean return of the last 100 episodes reaches this (default: the env's threshold)."})
@@ -138,7 +140,7 @@ class ImpalaConfig(Tracking):
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
-        check_atari_options(self.env_id, self.terminal_on_life_loss)
+        check_atari_options(self.env_id, self.terminal_on_life_loss, self.repeat_action_probability)
         check_wandb(self.wandb)
         check_evaluation(self.eval_every, self.eval_episodes)
         positive = ("total_env_steps", "n_actors", "n_rollout_steps", "batch_size", "learning_rate", "hidden_size",
@@ -489,7 +491,8 @@ class _TrainingLoop:
                                  enabled=config.progress, interval=config.progress_seconds)
         self.started = self.last_checkpoint = self.step_started = time.monotonic()
         self.bottleneck = Bottleneck()
-        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed)
+        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed,
+                                         **eval_env_options(config))
 
     @property
     def seconds(self) -> float:

@@ -31,7 +31,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from rqrl.algorithms.atari import MAX_EPISODE_STEPS, TERMINAL_ON_LIFE_LOSS_HELP, check_atari_options, is_atari
+from rqrl.algorithms.atari import (
+    MAX_EPISODE_STEPS,
+    REPEAT_ACTION_PROBABILITY_HELP,
+    TERMINAL_ON_LIFE_LOSS_HELP,
+    check_atari_options,
+    is_atari,
+)
 from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, save_checkpoint, save_weights
 from rqrl.algorithms.common import (
     Tracking,
@@ -41,6 +47,7 @@ from rqrl.algorithms.common import (
     check_workers,
     env_factory,
     env_spaces,
+    eval_env_options,
     make_train_env,
     write_config,
 )
@@ -66,6 +73,7 @@ class PpoConfig(Tracking):
     env_id: str = field(default="CartPole-v1", metadata={"help": "Gymnasium env id (vector or image observations, "
                                                                   "Discrete actions; ALE/... for Atari)."})
     terminal_on_life_loss: bool = field(default=False, metadata={"help": TERMINAL_ON_LIFE_LOSS_HELP})
+    repeat_action_probability: float | None = field(default=None, metadata={"help": REPEAT_ACTION_PROBABILITY_HELP})
     total_env_steps: int = field(default=1_000_000, metadata={"help": "Step budget: stop after this many env steps."})
     target_return: float | None = field(default=None, metadata={
         "help": "Stop when the mean return of the last 100 episodes reaches this (default: the env's threshold)."})
@@ -114,7 +122,7 @@ class PpoConfig(Tracking):
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
-        check_atari_options(self.env_id, self.terminal_on_life_loss)
+        check_atari_options(self.env_id, self.terminal_on_life_loss, self.repeat_action_probability)
         check_wandb(self.wandb)
         check_evaluation(self.eval_every, self.eval_episodes)
         for name in ("total_env_steps", "n_workers", "num_samples", "epochs", "minibatch_size", "hidden_size",
@@ -338,7 +346,8 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     progress = Progress(f"PPO {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
                         enabled=config.progress, interval=config.progress_seconds)
     started = time.monotonic()
-    evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed)
+    evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed,
+                                    **eval_env_options(config))
     stopped_by: str | None = None
     try:
         with sampler:

@@ -304,13 +304,18 @@ def status(redis_url: str, run_name: str | None, watch: float | None) -> None:
                                             "(gymnasium's RecordVideo; needs `pip install 'rqrl[video]'`).")
 @click.option("--video-dir", type=click.Path(file_okay=False), default=None,
               help="Folder of the --video files (default: videos/ in the folder of the weights).")
+@click.option("--repeat-action-probability", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Atari only: sticky actions' probability (default: the run's, from the config.json beside the "
+                   "weights; else ALE v5's 0.25).")
 def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: int, sample: bool, video: bool,
-             video_dir: str | None) -> None:
+             video_dir: str | None, repeat_action_probability: float | None) -> None:
     """Run episodes with a trained policy (RUN_DIR's best weights, else its final ones) and print which weights
-    they were and the mean and std of the returns."""
+    they were and the mean and std of the returns. Atari runs play with the run's sticky actions (its config.json)
+    unless --repeat-action-probability says otherwise."""
     import numpy as np
 
     from rqrl.algorithms.checkpoint import weights_file
+    from rqrl.algorithms.common import recorded_settings
     from rqrl.algorithms.evaluation import check_video_support
     from rqrl.algorithms.evaluation import evaluate as run_episodes
     from rqrl.algorithms.impala import load_policy
@@ -334,7 +339,11 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     click.echo(f"weights: {path} ({describe_weights(metadata)})")
     folder = (video_dir or path.parent / "videos") if video else None
     try:
-        returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample, video_folder=folder)
+        if repeat_action_probability is None and (path.parent / "config.json").is_file():
+            repeat_action_probability = recorded_settings(path).get("repeat_action_probability")
+        options = {} if repeat_action_probability is None else {"repeat_action_probability": repeat_action_probability}
+        returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample, video_folder=folder,
+                               **options)
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
     click.echo(f"{metadata['env_id']}: {episodes} episodes, return {np.mean(returns):.1f} +- {np.std(returns):.1f} "

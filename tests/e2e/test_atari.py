@@ -48,11 +48,14 @@ def test_impala_trains_the_cnn_on_pong_with_local_workers(tmp_path):
     assert float(rows[-1]["workers_alive"]) == 2 and math.isfinite(float(rows[-1]["policy_loss"]))
 
 
-def test_ppo_trains_the_cnn_on_pong(tmp_path):
+def test_ppo_trains_the_cnn_on_pong_without_sticky_actions_and_evaluate_plays_it_so(tmp_path):
     summary, _ = train(tmp_path, "ppo", "--env", "ALE/Pong-v5", "--total-env-steps", "400", "--num-samples", "200",
                        "--max-episode-length", "50", "--n-workers", "2", "--workers", "1", "--epochs", "1",
-                       "--minibatch-size", "64")
+                       "--minibatch-size", "64", "--repeat-action-probability", "0")
     assert summary["env_steps"] >= 400 and summary["updates"] >= 2 and summary["episodes"] >= 8, summary
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["repeat_action_probability"] == 0.0
+    result = run_rqrl("evaluate", str(tmp_path / "run"), "--episodes", "1", timeout=120)
+    assert result.returncode == 0 and "ALE/Pong-v5: 1 episodes, return" in result.stdout, result.stderr[-3000:]
 
 
 def test_dqn_trains_the_cnn_on_pong_from_a_uint8_replay(tmp_path):

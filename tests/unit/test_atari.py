@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from rqrl.algorithms.atari import check_atari_options, make_atari_env
-from rqrl.algorithms.common import env_factory, env_spaces, make_train_env
+from rqrl.algorithms.common import env_factory, env_spaces, eval_env_options, make_train_env
+from rqrl.algorithms.dqn import DqnConfig
 from rqrl.algorithms.impala import ImpalaConfig
+from rqrl.algorithms.ppo import PpoConfig
 from rqrl.errors import ConfigError, MissingExtraError
 
 needs_atari = pytest.mark.skipif(
@@ -88,6 +90,28 @@ def test_terminal_on_life_loss_is_refused_for_an_env_that_is_not_atari():
         make_train_env("CartPole-v1", terminal_on_life_loss=True)
     check_atari_options("ALE/Pong-v5", True)
 
+
+
+@pytest.mark.parametrize("config_class", [ImpalaConfig, PpoConfig, DqnConfig])
+def test_sticky_actions_are_refused_for_an_env_that_is_not_atari_or_out_of_range(config_class):
+    with pytest.raises(ConfigError, match=r"--repeat-action-probability is for Atari env ids .* not 'CartPole-v1'"):
+        config_class(env_id="CartPole-v1", repeat_action_probability=0.0)
+    with pytest.raises(ConfigError, match="expected --repeat-action-probability between 0 and 1, got 1.5"):
+        config_class(env_id="ALE/Pong-v5", repeat_action_probability=1.5)
+    with pytest.raises(ConfigError, match="--terminal-on-life-loss and --repeat-action-probability are for Atari"):
+        make_train_env("CartPole-v1", terminal_on_life_loss=True, repeat_action_probability=0.1)
+
+
+@needs_atari
+@pytest.mark.parametrize(("given", "emulator"), [(None, 0.25), (0.0, 0.0), (0.5, 0.5)])
+def test_sticky_actions_reach_the_emulator_of_the_workers_and_of_the_evaluations(given, emulator):
+    config = ImpalaConfig(env_id="ALE/Pong-v5", repeat_action_probability=given)
+    for env in (pickle.loads(pickle.dumps(env_factory(config)))(),
+                make_train_env(config.env_id, **eval_env_options(config))):
+        try:
+            assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(emulator)
+        finally:
+            env.close()
 
 @needs_atari
 def test_an_unknown_atari_id_is_one_line_with_gymnasiums_hint():
