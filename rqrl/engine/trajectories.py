@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import redis
 
 from rqrl.engine.keys import RunKeys
+from rqrl.engine.screen import MAX_ENTRY_BYTES, SCREEN_SCRIPT
 from rqrl.engine.sent_commands import SentCommands
 from rqrl.errors import ConfigError, LeaseLostError, RqrlError, RunStoppedError
 
@@ -133,39 +134,6 @@ end
 return length
 """
 
-
-# _SCREEN: KEYS[1] = queue, KEYS[2] = a scratch list. ARGV[1] = entries the pop takes, ARGV[2] = the largest entry
-# (bytes) a learner reads. Runs before the pop's LMOVEs and drops, unread, head entries larger than that: a Redis
-# writer's 512 MB entry would otherwise cost the learner a gigabyte to read and refuse. MEMORY USAGE of the queue
-# (no payload leaves Redis) lets every pop through when the whole queue is smaller than one entry may be; else
-# each entry the pop takes is measured as a copy of its own (SORT ... STORE: no value enters Lua, nothing is
-# replied) until the pop's count fit; an oversized one is swapped for a tombstone that LREM takes out. Returns
-# the entries dropped, or -1 when this Redis user may not measure (an ACL without MEMORY USAGE, SORT or LSET):
-# nothing screened.
-_SCREEN = """
-local ok, usage = pcall(redis.call, 'MEMORY', 'USAGE', KEYS[1], 'SAMPLES', '0')
-if not ok then return -1 end
-local limit = tonumber(ARGV[2])
-if not usage or usage <= limit then return 0 end
-local length, wanted = redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])
-local kept, dropped, index = 0, 0, 0
-while kept < wanted and index < length do
-  if not pcall(redis.call, 'SORT', KEYS[1], 'BY', 'nosort', 'LIMIT', index, 1, 'STORE', KEYS[2]) then return -1 end
-  if redis.call('MEMORY', 'USAGE', KEYS[2], 'SAMPLES', '0') > limit then
-    if not pcall(redis.call, 'LSET', KEYS[1], index, 'rqrl:oversized') then return -1 end
-    dropped = dropped + 1
-  else
-    kept = kept + 1
-  end
-  index = index + 1
-end
-redis.call('DEL', KEYS[2])
-if dropped > 0 then redis.call('LREM', KEYS[1], 0, 'rqrl:oversized') end
-return dropped
-"""
-
-MAX_ENTRY_BYTES = 64 * 2**20
-"""The largest queue entry a learner reads (and a worker pushes): larger ones are dropped in Redis, unread."""
 
 
 # proto-max-bulk-len per server connection (a worker asks once, not once per job)
@@ -483,7 +451,7 @@ class TrajectoryQueue:
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.eval(_ACKNOWLEDGE, 2, unacknowledged, acknowledged,
                       done_below if done_below == ACKNOWLEDGE_ALL else max(done_below, 0))
-            pipe.eval(_SCREEN, 2, queue, self.keys.scratch, max(count, 0), self.max_entry_bytes)
+            pipe.eval(SCREEN_SCRIPT, 2, queue, self.keys.scratch, max(count, 0), self.max_entry_bytes)
             for _ in range(max(count, 0)):
                 pipe.lmove(queue, unacknowledged, "LEFT", "RIGHT")
             pipe.eval(_AFTER_POP, 4, queue, unacknowledged, acknowledged, self.keys.doorbell)

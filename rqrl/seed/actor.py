@@ -24,7 +24,8 @@ import gymnasium
 import numpy as np
 
 from rqrl.engine.keys import RunKeys
-from rqrl.errors import EnvError, RunStoppedError
+from rqrl.engine.screen import MAX_ENTRY_BYTES
+from rqrl.errors import EnvError, RecordError, RunStoppedError
 from rqrl.seed.inference import ActorInference, InferenceClient
 from rqrl.seed.nstep import NStepCollector, Transition, TransitionBatch, obs_array, stack
 from rqrl.seed.store import SeedRun, seal, unseal
@@ -81,6 +82,20 @@ class TransitionMessage(NamedTuple):
     episode_returns: np.ndarray
     sender: str
     sequence: int
+
+
+def transitions_per_message(obs_bytes: int) -> int:
+    """TRANSITIONS_PER_MESSAGE, or fewer where observations are so large that a message (each transition holds two)
+    would pass the largest entry the trainer reads (MAX_ENTRY_BYTES)."""
+    return max(1, min(TRANSITIONS_PER_MESSAGE, MAX_ENTRY_BYTES // max(1, 3 * obs_bytes)))
+
+
+def check_message_size(message: bytes, transitions: int) -> None:
+    """RecordError if ``message`` is larger than the trainer reads: it would be dropped in Redis, unread."""
+    if len(message) > MAX_ENTRY_BYTES:
+        raise RecordError(f"a message of {transitions} transition(s) is {len(message) / 2**20:.1f} MB, over the "
+                          f"{MAX_ENTRY_BYTES / 2**20:.0f} MB the trainer reads: observations this large do not fit "
+                          f"SEED's transitions; downscale them (a gymnasium ResizeObservation wrapper, say)")
 
 
 def encode_transitions(batch: TransitionBatch, key: bytes, episode_returns: list[float] | None = None,
@@ -217,6 +232,7 @@ class ActorThread(threading.Thread):
         obs, info = env.reset(seed=env_seed)
         mask = legal_mask(info, n_actions)
         episode_return, episode_steps = 0.0, 0
+        per_message = transitions_per_message(obs_array(obs).nbytes)
         outbox: list[Transition] = []
         try:
             while not self.stop.is_set():
@@ -233,10 +249,12 @@ class ActorThread(threading.Thread):
                                              bool(terminated), truncated)
                 ended = bool(terminated) or truncated
                 outbox.extend(transitions)
-                if outbox and (ended or len(outbox) >= TRANSITIONS_PER_MESSAGE):
+                if outbox and (ended or len(outbox) >= per_message):
                     returns = [episode_return] if ended else None
-                    sender.send(encode_transitions(stack(outbox, n_actions), self.store.message_key, returns, name,
-                                                   sequence), len(outbox), self.stop)
+                    message = encode_transitions(stack(outbox, n_actions), self.store.message_key, returns, name,
+                                                 sequence)
+                    check_message_size(message, len(outbox))
+                    sender.send(message, len(outbox), self.stop)
                     outbox, sequence = [], sequence + 1
                 if ended:
                     obs, info = env.reset()

@@ -38,6 +38,7 @@ from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.process import stop_processes
+from rqrl.engine.screen import MAX_ENTRY_BYTES, screened_lpop
 from rqrl.engine.server import EmbeddedRedis
 from rqrl.engine.teardown import tearing_down
 from rqrl.engine.weights import WeightStore
@@ -258,12 +259,17 @@ class Trainer:
     def _receive(self, run: SeedRun, limit: int) -> int:
         """Pop up to ``limit`` transition messages into the replay; returns how many were popped."""
         try:
-            popped = run.connection.lpop(run.keys.seed("transitions"), limit)
+            blobs, oversized = screened_lpop(run.connection, run.keys.seed("transitions"), run.keys.scratch, limit)
         except redis.ResponseError as error:  # WRONGTYPE: not a list; the trainer owns the key, and actors need it
             run.connection.delete(run.keys.seed("transitions"))
             run.refuse(f"{run.keys.seed('transitions')} was no list ({error}); deleted it")
             return 0
-        blobs = popped if isinstance(popped, list) else []
+        if oversized < 0:
+            run.refuse("the trainer's Redis user may not measure list entries (MEMORY USAGE, SORT, LSET), so an "
+                       "oversized one would be read whole; grant them (docs/redis-security.md)")
+        for _ in range(max(oversized, 0)):
+            self.stats.messages_rejected += 1
+            run.refuse(f"a transition message over {MAX_ENTRY_BYTES / 2**20:.0f} MB was dropped in Redis, unread")
         for blob in blobs:
             try:
                 message = decode_transitions(blob if isinstance(blob, bytes) else b"", run.message_key)

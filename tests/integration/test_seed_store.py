@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import numpy as np
@@ -13,6 +14,7 @@ from rqrl.cli.status import read_status
 from rqrl.engine.health import learner_is_healthy
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.run_config import RunConfig
+from rqrl.engine.screen import MAX_ENTRY_BYTES
 from rqrl.errors import ConfigError, RunStoppedError, SignatureError
 from rqrl.seed.actor import TransitionSender, encode_transitions
 from rqrl.seed.config import Config
@@ -142,6 +144,19 @@ def test_messages_of_an_earlier_run_of_the_same_name_are_refused(connection, run
     assert trainer._receive(now, 10) == 1 and trainer.stats.transitions_received == 0
     assert trainer.stats.messages_rejected == 1
 
+
+def test_a_planted_oversized_message_is_dropped_in_redis_unread(connection, run_name, redis_url, caplog):
+    """The Maze learner screened its pops; the SEED trainer read a Redis writer's 64 MB+ entry whole to refuse it."""
+    run = SeedRun(connection, RunKeys(run_name), TEST_SECRET, "run-id-1")
+    trainer = Trainer(cartpole_agent(), Config(redis_url=redis_url, run_name=run_name, secret=TEST_SECRET),
+                      make_cartpole)
+    good = encode_transitions(cartpole_transitions(1), run.message_key, None, "0.0.0.ab", 0)
+    connection.rpush(run.keys.seed("transitions"), b"x" * (MAX_ENTRY_BYTES + 2**20), good)
+    with caplog.at_level(logging.WARNING):
+        assert trainer._receive(run, 10) == 1
+    assert trainer.stats.transitions_received == 2 and trainer.stats.messages_rejected == 1
+    assert "a transition message over 64 MB was dropped in Redis, unread" in caplog.text
+    assert connection.llen(run.keys.seed("transitions")) == 0
 
 def test_processes_join_the_run_with_the_id_of_its_record(connection, run_name):
     with pytest.raises(RunStoppedError, match="no SEED run record"):
