@@ -245,8 +245,8 @@ class _DqnRun:
                               initial=int(self.before["env_steps"]), enabled=config.progress,
                               interval=config.progress_seconds)
         self.started = self.last_checkpoint = time.monotonic()
-        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed,
-                                         **eval_env_options(config))
+        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes,
+                                             config.seed, **eval_env_options(config))
         # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
         self.last_row = (self.before["env_steps"], self.before["train_steps"]) if config.resume else None
 

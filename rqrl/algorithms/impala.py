@@ -491,8 +491,8 @@ class _TrainingLoop:
                                  enabled=config.progress, interval=config.progress_seconds)
         self.started = self.last_checkpoint = self.step_started = time.monotonic()
         self.bottleneck = Bottleneck()
-        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed,
-                                         **eval_env_options(config))
+        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes,
+                                             config.seed, **eval_env_options(config))
 
     @property
     def seconds(self) -> float:

@@ -176,16 +176,22 @@ def stop_riding_out_in_process(grace_seconds: float) -> None:
 
 @contextlib.contextmanager
 def riding_out_briefly(client: redis.Redis, grace_seconds: float) -> Iterator[None]:
-    """``stop_riding_out`` for the block only: a tear-down that an object may follow with a fresh start gets
-    the short window, and the client its full outage window back afterwards."""
+    """Within the block, ``client`` rides out an outage until ``grace_seconds`` from its start, not longer, nor
+    shorter where the process was asked to stop before it (its tear-down still gets the grace); afterwards the
+    client has its full outage window back, for an object that may start again."""
     retry = client.connection_pool.connection_kwargs.get("retry")
-    before = retry.give_up.at if isinstance(retry, _OutageRetry) else None
+    before, process_before = (retry.give_up.at if isinstance(retry, _OutageRetry) else None), _PROCESS_GIVE_UP.at
+    end = time.monotonic() + grace_seconds
     stop_riding_out(client, grace_seconds)
+    if process_before < end:
+        _PROCESS_GIVE_UP.at = end
     try:
         yield
     finally:
         if isinstance(retry, _OutageRetry) and before is not None:
             retry.give_up.at = before
+        if process_before < end:
+            _PROCESS_GIVE_UP.at = min(_PROCESS_GIVE_UP.at, process_before)
 
 
 @contextlib.contextmanager

@@ -2,9 +2,9 @@
 
 A learner stops its run (stop flag, jobs, keys) on the way out: after Ctrl-C, after an error, or after an outage
 that outlasted its window. Riding out another full window (60 s per command) there would hold the exit for
-minutes, and an error raised from a ``finally`` would replace the one that stopped the run. So the tear-down rides
-out an outage for a few seconds only, and one that outlasts them ends its Redis part with a warning that names
-what was left in Redis and how to delete it.
+minutes, and an error raised from a ``finally`` would replace the one that stopped the run. So the tear-down's
+commands ride out an outage until a few seconds after it began, and one that outlasts them ends its Redis part
+with a warning that names what was left in Redis and how to delete it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ TEARDOWN_REDIS_GRACE_SECONDS = 3.0
 
 @contextlib.contextmanager
 def tearing_down(client: redis.Redis, url: str | None, run_name: str, *, embedded: bool = False) -> Iterator[None]:
-    """The block is run ``run_name``'s tear-down in Redis at ``url``: an outage is ridden out for
-    TEARDOWN_REDIS_GRACE_SECONDS, and one that lasts longer is logged, not raised (a refused login is raised).
-    ``embedded``: the learner's own Redis, which goes with everything in it once stopped."""
+    """The block is run ``run_name``'s tear-down in Redis at ``url``: its commands ride out an outage until
+    TEARDOWN_REDIS_GRACE_SECONDS after it began, and one that lasts longer is logged, not raised (a refused login
+    is raised). ``embedded``: the learner's own Redis, which goes with everything in it once stopped."""
     with riding_out_briefly(client, TEARDOWN_REDIS_GRACE_SECONDS):
         try:
             yield

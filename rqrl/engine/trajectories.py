@@ -135,7 +135,6 @@ return length
 """
 
 
-
 # proto-max-bulk-len per server connection (a worker asks once, not once per job)
 _value_limits: weakref.WeakKeyDictionary[redis.ConnectionPool, int] = weakref.WeakKeyDictionary()
 

@@ -90,6 +90,15 @@ def transitions_per_message(obs_bytes: int) -> int:
     return max(1, min(TRANSITIONS_PER_MESSAGE, MAX_ENTRY_BYTES // max(1, 3 * obs_bytes)))
 
 
+def message_chunks(outbox: list[Transition], per_message: int) -> list[list[Transition]]:
+    """``outbox`` in messages of ``per_message`` transitions at most, in order (the last may hold fewer).
+
+    >>> message_chunks(list("abcde"), 2)
+    [['a', 'b'], ['c', 'd'], ['e']]
+    """
+    return [outbox[start:start + per_message] for start in range(0, len(outbox), per_message)]
+
+
 def check_message_size(message: bytes, transitions: int) -> None:
     """RecordError if ``message`` is larger than the trainer reads: it would be dropped in Redis, unread."""
     if len(message) > MAX_ENTRY_BYTES:
@@ -251,11 +260,14 @@ class ActorThread(threading.Thread):
                 outbox.extend(transitions)
                 if outbox and (ended or len(outbox) >= per_message):
                     returns = [episode_return] if ended else None
-                    message = encode_transitions(stack(outbox, n_actions), self.store.message_key, returns, name,
-                                                 sequence)
-                    check_message_size(message, len(outbox))
-                    sender.send(message, len(outbox), self.stop)
-                    outbox, sequence = [], sequence + 1
+                    chunks = message_chunks(outbox, per_message)  # an episode's end may flush n_step more
+                    for index, chunk in enumerate(chunks):
+                        message = encode_transitions(stack(chunk, n_actions), self.store.message_key,
+                                                     returns if index == len(chunks) - 1 else None, name, sequence)
+                        check_message_size(message, len(chunk))
+                        sender.send(message, len(chunk), self.stop)
+                        sequence += 1
+                    outbox = []
                 if ended:
                     obs, info = env.reset()
                     mask = legal_mask(info, n_actions)

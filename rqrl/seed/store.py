@@ -176,9 +176,10 @@ class SeedRun:
         """Whether the run's stop flag is set: by its trainer as it shuts down, or by ``rqrl stop RUN``."""
         return bool(self.connection.exists(self.keys.stopped))
 
-    def stop(self) -> None:
-        """Set the run's stop flag (a full Redis refuses it: the trainer then ends its processes and jobs itself)."""
-        raise_stop_flag(self.connection, self.keys)
+    def stop(self) -> bool:
+        """Set the run's stop flag; False when a full Redis refused it (the trainer then ends its processes and jobs
+        itself, without waiting for them to see it)."""
+        return raise_stop_flag(self.connection, self.keys)
 
     def record(self, config: SeedRecord) -> None:
         """The run's record that every family writes (``rqrl status``, ``health --run`` and ``stop`` read it)."""

@@ -57,6 +57,9 @@ START_FAILURES = 5
 """Deaths of one actor or server process before any transition arrived after which start() raises."""
 DROP_CHECK_SECONDS = 2.0
 """How often the learner looks for dead actor and server processes and for reported thread deaths."""
+UNTOLD_STOP_SECONDS = 2.0
+"""How long the shutdown waits for processes and jobs a full Redis kept from seeing the stop flag (SIGTERM, then
+SIGKILL; a job loses its lease with the run's keys)."""
 RECEIVE_MESSAGES = 256
 """Most transition messages the learner pops between two train steps."""
 
@@ -109,6 +112,7 @@ class Trainer:
         self.redis_url: str | None = None
         """The Redis of the last start() (an embedded one's URL while it runs)."""
         self._last_sequence: dict[str, int] = {}
+        self._said_unscreened = False  # warned once that this Redis user cannot screen messages for size
         """Sender (an actor thread) -> the newest message number taken from it: older or repeated ones are replays."""
 
     def stop(self) -> None:
@@ -260,13 +264,17 @@ class Trainer:
         """Pop up to ``limit`` transition messages into the replay; returns how many were popped."""
         try:
             blobs, oversized = screened_lpop(run.connection, run.keys.seed("transitions"), run.keys.scratch, limit)
-        except redis.ResponseError as error:  # WRONGTYPE: not a list; the trainer owns the key, and actors need it
-            run.connection.delete(run.keys.seed("transitions"))
+        except redis.ResponseError as error:
+            if "WRONGTYPE" not in str(error):  # a refused right, say: the list is the actors', never delete it then
+                raise
+            run.connection.delete(run.keys.seed("transitions"))  # not a list: the trainer owns the key
             run.refuse(f"{run.keys.seed('transitions')} was no list ({error}); deleted it")
             return 0
-        if oversized < 0:
-            run.refuse("the trainer's Redis user may not measure list entries (MEMORY USAGE, SORT, LSET), so an "
-                       "oversized one would be read whole; grant them (docs/redis-security.md)")
+        if oversized < 0 and not self._said_unscreened:
+            self._said_unscreened = True
+            log.warning("run %s: the trainer could not screen its transition messages for size (its Redis user "
+                        "lacks EVAL, MEMORY USAGE, SORT or LSET, or Redis is full), so an oversized one would be "
+                        "read whole; grant them (docs/redis-security.md)", run.keys.run_name)
         for _ in range(max(oversized, 0)):
             self.stats.messages_rejected += 1
             run.refuse(f"a transition message over {MAX_ENTRY_BYTES / 2**20:.0f} MB was dropped in Redis, unread")
@@ -339,11 +347,12 @@ class Trainer:
 
     def _tear_down(self, run: SeedRun) -> None:
         """The run's part in Redis: its stop flag, its jobs, the transitions still queued, its keys."""
-        run.stop()  # first: the processes and jobs see it and end on their own
-        stop_processes(list(self.processes.values()), self.config.shutdown_timeout)
+        told = run.stop()  # first: the processes and jobs see it and end on their own
+        wait = self.config.shutdown_timeout if told else min(self.config.shutdown_timeout, UNTOLD_STOP_SECONDS)
+        stop_processes(list(self.processes.values()), wait)
         self.processes.clear()
         if self.fleet is not None:
-            self.fleet.stop(self.config.shutdown_timeout)
+            self.fleet.stop(wait)
         while self._receive(run, 10_000):
             pass
         self.stats.counters = run.counters()

@@ -220,7 +220,6 @@ def test_sigterm_to_a_ppo_learner_stops_like_ctrl_c_and_progress_is_plain_lines(
     assert progress and "\r" not in stderr and all("steps/s (last 10 s)" in line for line in progress), stderr[-3000:]
 
 
-
 def test_sigterm_to_a_ppo_learner_whose_redis_is_gone_exits_within_seconds_with_its_checkpoint(tmp_path):
     """Redis crashed under a run and the learner is told to stop: its sampling call in flight (sample-ahead) and
     its tear-down ride out the outage for 3 s, not 60 s each (before: the 45 s watchdog cut the clean-up short)."""

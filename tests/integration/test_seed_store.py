@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from rqrl.cli.status import read_status
 from rqrl.engine.health import learner_is_healthy
@@ -157,6 +158,26 @@ def test_a_planted_oversized_message_is_dropped_in_redis_unread(connection, run_
     assert trainer.stats.transitions_received == 2 and trainer.stats.messages_rejected == 1
     assert "a transition message over 64 MB was dropped in Redis, unread" in caplog.text
     assert connection.llen(run.keys.seed("transitions")) == 0
+
+def test_a_refused_right_is_raised_and_never_deletes_the_actors_messages(connection, run_name, redis_url):
+    """Only WRONGTYPE means the key is junk to delete; a user whose key patterns leave out the screen's scratch key
+    is refused (NOPERM), and the messages stay for a trainer with the right user."""
+    run = SeedRun(connection, RunKeys(run_name), TEST_SECRET, "run-id-1")
+    message = encode_transitions(cartpole_transitions(1), run.message_key, None, "0.0.0.ab", 0)
+    connection.rpush(run.keys.seed("transitions"), message)
+    user = "rqrl-test-no-scratch"
+    connection.acl_setuser(user, enabled=True, passwords=["+no-scratch-pw"], keys=[f"rqrl:{run_name}:seed:*"],
+                           commands=["+@all"])
+    try:
+        narrow = redis.Redis.from_url(redis_url, username=user, password="no-scratch-pw")
+        trainer = Trainer(cartpole_agent(), Config(redis_url=redis_url, run_name=run_name, secret=TEST_SECRET),
+                          make_cartpole)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            trainer._receive(SeedRun(narrow, RunKeys(run_name), TEST_SECRET, "run-id-1"), 10)
+        narrow.close()
+    finally:
+        connection.acl_deluser(user)
+    assert connection.lrange(run.keys.seed("transitions"), 0, -1) == [message]
 
 def test_processes_join_the_run_with_the_id_of_its_record(connection, run_name):
     with pytest.raises(RunStoppedError, match="no SEED run record"):

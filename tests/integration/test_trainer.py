@@ -59,7 +59,6 @@ def test_the_module_offers_the_seed_pages_names():
     assert rqrl.seed.Actor is Actor and all(hasattr(rqrl.seed, name) for name in rqrl.seed.__all__)
 
 
-
 def test_a_redis_that_does_not_answer_is_named_in_rqrls_own_error(run_name):
     """The trainer raised redis-py's errors as they came; the other families raise rqrl's, which name the URL and
     what to do."""

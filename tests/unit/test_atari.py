@@ -91,7 +91,6 @@ def test_terminal_on_life_loss_is_refused_for_an_env_that_is_not_atari():
     check_atari_options("ALE/Pong-v5", True)
 
 
-
 @pytest.mark.parametrize("config_class", [ImpalaConfig, PpoConfig, DqnConfig])
 def test_sticky_actions_are_refused_for_an_env_that_is_not_atari_or_out_of_range(config_class):
     with pytest.raises(ConfigError, match=r"--repeat-action-probability is for Atari env ids .* not 'CartPole-v1'"):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from rqrl.engine import connection
-from rqrl.engine.connection import connect, stop_riding_out_in_process
+from rqrl.engine.connection import connect, riding_out_briefly, stop_riding_out_in_process
 from tests.children import free_port
 
 
@@ -27,3 +27,15 @@ def test_a_process_asked_to_stop_cuts_every_clients_outage_window_short(own_proc
             client.ping()
         assert time.monotonic() - started < 3, "gave up within the process's grace, not the 60 s window"
         client.close()
+
+
+def test_a_tear_down_after_the_process_was_asked_to_stop_still_gets_its_grace(own_process_window):
+    client = connect(f"redis://127.0.0.1:{free_port()}/0", outage_seconds=60)
+    stop_riding_out_in_process(0.0)  # the signal came first: on their own, commands now fail at once
+    asked_at = connection._PROCESS_GIVE_UP.at
+    started = time.monotonic()
+    with pytest.raises(connection.redis.ConnectionError), riding_out_briefly(client, 1.0):
+        client.ping()
+    assert 0.5 < time.monotonic() - started < 4, "rode out about the tear-down's grace"
+    assert connection._PROCESS_GIVE_UP.at == asked_at, "and the process's window is as the signal left it"
+    client.close()
