@@ -255,3 +255,12 @@ def test_network_prints_loopback_and_namespaces_side_by_side_and_leaves_nothing(
     assert 84 * 84 <= frames_in < 84 * 84 * 4, rows[1]  # each new frame crosses into Redis once, not each stack
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "rqrl-bench-" not in listed, listed
+
+
+@pytest.mark.timeout(300)
+def test_stop_without_redis_prints_each_familys_stop_and_what_reached_its_caller() -> None:
+    out = run_benchmark("stop_without_redis.py", "--families", "maze", "seed")
+    assert "| family | stop | seconds to return | what reached the caller |" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith(("| maze", "| seed"))}
+    assert set(rows) == {"maze", "seed"}, out
+    assert "| returned |" in rows["maze"] and "| KeyboardInterrupt |" in rows["seed"], out
