@@ -120,13 +120,7 @@ def make_train_env(env_id: str, terminal_on_life_loss: bool = False, repeat_acti
 def env_factory(config: Any) -> functools.partial[gymnasium.Env]:
     """The env factory a learner's workers call: make_train_env with the run's ``env_id`` and Atari options."""
     return functools.partial(make_train_env, config.env_id, terminal_on_life_loss=config.terminal_on_life_loss,
-                             **eval_env_options(config))
-
-
-def eval_env_options(config: Any) -> dict[str, Any]:
-    """What an evaluation's env shares with the training env (whole games: no terminal_on_life_loss)."""
-    probability = getattr(config, "repeat_action_probability", None)
-    return {} if probability is None else {"repeat_action_probability": probability}
+                             repeat_action_probability=config.repeat_action_probability)
 
 
 class EnvSpaces(NamedTuple):

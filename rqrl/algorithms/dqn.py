@@ -44,7 +44,6 @@ from rqrl.algorithms.common import (
     check_resume,
     env_factory,
     env_spaces,
-    eval_env_options,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -245,8 +244,9 @@ class _DqnRun:
                               initial=int(self.before["env_steps"]), enabled=config.progress,
                               interval=config.progress_seconds)
         self.started = self.last_checkpoint = time.monotonic()
-        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes,
-                                             config.seed, **eval_env_options(config))
+        self.evaluation = PeriodicEvaluation(
+            config.env_id, config.eval_every, config.eval_episodes, config.seed,
+            repeat_action_probability=config.repeat_action_probability)
         # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
         self.last_row = (self.before["env_steps"], self.before["train_steps"]) if config.resume else None
 

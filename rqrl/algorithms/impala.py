@@ -49,7 +49,6 @@ from rqrl.algorithms.common import (
     check_workers,
     env_factory,
     env_spaces,
-    eval_env_options,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -491,8 +490,9 @@ class _TrainingLoop:
                                  enabled=config.progress, interval=config.progress_seconds)
         self.started = self.last_checkpoint = self.step_started = time.monotonic()
         self.bottleneck = Bottleneck()
-        self.evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes,
-                                             config.seed, **eval_env_options(config))
+        self.evaluation = PeriodicEvaluation(
+            config.env_id, config.eval_every, config.eval_episodes, config.seed,
+            repeat_action_probability=config.repeat_action_probability)
 
     @property
     def seconds(self) -> float:

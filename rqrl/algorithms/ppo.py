@@ -47,7 +47,6 @@ from rqrl.algorithms.common import (
     check_workers,
     env_factory,
     env_spaces,
-    eval_env_options,
     make_train_env,
     write_config,
 )
@@ -347,7 +346,7 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
                         enabled=config.progress, interval=config.progress_seconds)
     started = time.monotonic()
     evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed,
-                                    **eval_env_options(config))
+                                    repeat_action_probability=config.repeat_action_probability)
     stopped_by: str | None = None
     try:
         with sampler:

@@ -341,9 +341,8 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     try:
         if repeat_action_probability is None and (path.parent / "config.json").is_file():
             repeat_action_probability = recorded_settings(path).get("repeat_action_probability")
-        options = {} if repeat_action_probability is None else {"repeat_action_probability": repeat_action_probability}
         returns = run_episodes(model, metadata["env_id"], episodes, seed, greedy=not sample, video_folder=folder,
-                               **options)
+                               repeat_action_probability=repeat_action_probability)
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
     click.echo(f"{metadata['env_id']}: {episodes} episodes, return {np.mean(returns):.1f} +- {np.std(returns):.1f} "

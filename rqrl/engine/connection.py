@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 _OUT_OF_MEMORY_LOG = BoundedLog(log)
 
 DEFAULT_OUTAGE_SECONDS = 60.0
+SHUTDOWN_REDIS_GRACE_SECONDS = 3.0
+"""How long a process that stops (a worker after SIGTERM, a learner's tear-down, `rqrl train` after a signal) still
+rides out a Redis outage for its last writes, instead of the whole outage window."""
 _BACKOFF_CAP_SECONDS = 1.0
 
 

@@ -113,19 +113,19 @@ def terminate_like_ctrl_c(grace_seconds: float = SHUTDOWN_GRACE_SECONDS) -> None
     prints every thread's stack and exits (143, or 130 after Ctrl-C) ``grace_seconds`` later: a stop always
     ends, and says where it was stuck. SIGUSR1 prints every thread's stack at any time. A SIGINT ignored from
     the start (``nohup``, a background job of a script) stays ignored."""
-    from rqrl.engine.connection import stop_riding_out_in_process  # here: `rqrl --help` needs no redis-py
-    from rqrl.engine.teardown import TEARDOWN_REDIS_GRACE_SECONDS
+    # here: `rqrl --help` needs no redis-py
+    from rqrl.engine.connection import SHUTDOWN_REDIS_GRACE_SECONDS, stop_riding_out_in_process
 
     def on_sigterm(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _start_shutdown_watchdog(signal.SIGTERM, grace_seconds)
-        stop_riding_out_in_process(TEARDOWN_REDIS_GRACE_SECONDS)  # a thread inside an outage gives up too
+        stop_riding_out_in_process(SHUTDOWN_REDIS_GRACE_SECONDS)  # a thread inside an outage gives up too
         raise Terminated("SIGTERM")
 
     def on_sigint(signum: int, frame: object) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _start_shutdown_watchdog(signal.SIGINT, grace_seconds)
-        stop_riding_out_in_process(TEARDOWN_REDIS_GRACE_SECONDS)
+        stop_riding_out_in_process(SHUTDOWN_REDIS_GRACE_SECONDS)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)

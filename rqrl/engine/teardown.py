@@ -15,21 +15,17 @@ from collections.abc import Iterator
 
 import redis
 
-from rqrl.engine.connection import redact_url, refused_login, riding_out_briefly
+from rqrl.engine.connection import SHUTDOWN_REDIS_GRACE_SECONDS, redact_url, refused_login, riding_out_briefly
 from rqrl.errors import RedisUnavailableError
 
 log = logging.getLogger(__name__)
 
-TEARDOWN_REDIS_GRACE_SECONDS = 3.0
-"""How long a learner's tear-down rides out a Redis outage before it leaves the run's keys where they are."""
-
-
 @contextlib.contextmanager
 def tearing_down(client: redis.Redis, url: str | None, run_name: str, *, embedded: bool = False) -> Iterator[None]:
     """The block is run ``run_name``'s tear-down in Redis at ``url``: its commands ride out an outage until
-    TEARDOWN_REDIS_GRACE_SECONDS after it began, and one that lasts longer is logged, not raised (a refused login
+    SHUTDOWN_REDIS_GRACE_SECONDS after it began, and one that lasts longer is logged, not raised (a refused login
     is raised). ``embedded``: the learner's own Redis, which goes with everything in it once stopped."""
-    with riding_out_briefly(client, TEARDOWN_REDIS_GRACE_SECONDS):
+    with riding_out_briefly(client, SHUTDOWN_REDIS_GRACE_SECONDS):
         try:
             yield
         except (redis.ConnectionError, redis.TimeoutError, RedisUnavailableError) as error:
@@ -43,4 +39,4 @@ def tearing_down(client: redis.Redis, url: str | None, run_name: str, *, embedde
                 log.warning("run %s: %s did not answer within %.0f s as the run stopped (%s): the run's keys and "
                             "queued jobs are left there, and its workers stop once they find its learner gone; "
                             "`rqrl stop %s --redis-url URL` deletes them once that Redis answers again", run_name,
-                            where, TEARDOWN_REDIS_GRACE_SECONDS, error, run_name)
+                            where, SHUTDOWN_REDIS_GRACE_SECONDS, error, run_name)

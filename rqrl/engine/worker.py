@@ -27,7 +27,7 @@ from rq.utils import now
 from rq.version import VERSION as RQ_VERSION
 
 from rqrl.engine.codec import secret_from_environment
-from rqrl.engine.connection import connect, redact_url, stop_riding_out
+from rqrl.engine.connection import SHUTDOWN_REDIS_GRACE_SECONDS, connect, redact_url, stop_riding_out
 from rqrl.engine.health import host_worker_prefix
 from rqrl.engine.jobs import configure_secret, set_heartbeat_hook, set_worker_hooks
 from rqrl.engine.keys import DEFAULT_QUEUE
@@ -46,10 +46,6 @@ from rqrl.engine.timings import protocol_timings
 __all__ = ["DEFAULT_QUEUE", "RolloutJob", "RolloutWorker", "run_worker", "send_heartbeat"]
 
 log = logging.getLogger(__name__)
-
-SHUTDOWN_REDIS_GRACE_SECONDS = 3.0
-"""After SIGTERM/SIGINT, how long a worker still retries through a Redis outage (its last push, its group handed
-back, its deregistration) before it gives up and exits; the learner re-runs what it could not hand back."""
 
 _running: RolloutWorker | None = None
 _stopping: set[str] = set()  # names of this process's workers asked to stop
@@ -126,7 +122,8 @@ class RolloutWorker(SimpleWorker):
         and enqueues its continuation, so the worker exits in seconds, not after a whole slice."""
         self.shutdown_requested = True
         _stopping.add(self.name)
-        stop_riding_out(self.connection, SHUTDOWN_REDIS_GRACE_SECONDS)  # a Redis that is gone must not hold the exit
+        # its last push, hand-back and deregistration: a Redis that is gone must not hold the exit
+        stop_riding_out(self.connection, SHUTDOWN_REDIS_GRACE_SECONDS)
         if self.get_state() == "busy":
             log.warning("worker %s: shutting down; the running job hands its actor group back after its current "
                         "rollout", self.name)

@@ -187,7 +187,7 @@ class MultiprocessingSampler:
             return
         embedded = self._local.server is not None
         try:
-            with self._redis_errors(), tearing_down(self._connection, self.redis_url, self._run_store.keys.run_name,
+            with self._redis_errors(), tearing_down(self._connection, self.redis_url, self.keys.run_name,
                                                     embedded=embedded):
                 self._run_store.stop(self._rq_queue, protocol_timings().stop_wait)
         finally:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rqrl.algorithms.atari import check_atari_options, make_atari_env
-from rqrl.algorithms.common import env_factory, env_spaces, eval_env_options, make_train_env
+from rqrl.algorithms.common import env_factory, env_spaces, make_train_env
 from rqrl.algorithms.dqn import DqnConfig
 from rqrl.algorithms.impala import ImpalaConfig
 from rqrl.algorithms.ppo import PpoConfig
@@ -88,6 +88,8 @@ def test_terminal_on_life_loss_is_refused_for_an_env_that_is_not_atari():
         ImpalaConfig(env_id="CartPole-v1", terminal_on_life_loss=True)
     with pytest.raises(ConfigError, match="--terminal-on-life-loss"):
         make_train_env("CartPole-v1", terminal_on_life_loss=True)
+    with pytest.raises(ConfigError, match="--terminal-on-life-loss and --repeat-action-probability are for Atari"):
+        make_train_env("CartPole-v1", terminal_on_life_loss=True, repeat_action_probability=0.1)
     check_atari_options("ALE/Pong-v5", True)
 
 
@@ -97,8 +99,6 @@ def test_sticky_actions_are_refused_for_an_env_that_is_not_atari_or_out_of_range
         config_class(env_id="CartPole-v1", repeat_action_probability=0.0)
     with pytest.raises(ConfigError, match="expected --repeat-action-probability between 0 and 1, got 1.5"):
         config_class(env_id="ALE/Pong-v5", repeat_action_probability=1.5)
-    with pytest.raises(ConfigError, match="--terminal-on-life-loss and --repeat-action-probability are for Atari"):
-        make_train_env("CartPole-v1", terminal_on_life_loss=True, repeat_action_probability=0.1)
 
 
 @needs_atari
@@ -106,7 +106,7 @@ def test_sticky_actions_are_refused_for_an_env_that_is_not_atari_or_out_of_range
 def test_sticky_actions_reach_the_emulator_of_the_workers_and_of_the_evaluations(given, emulator):
     config = ImpalaConfig(env_id="ALE/Pong-v5", repeat_action_probability=given)
     for env in (pickle.loads(pickle.dumps(env_factory(config)))(),
-                make_train_env(config.env_id, **eval_env_options(config))):
+                make_train_env(config.env_id, repeat_action_probability=config.repeat_action_probability)):
         try:
             assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(emulator)
         finally:

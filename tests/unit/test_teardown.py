@@ -32,7 +32,7 @@ def window_end(client: redis.Redis) -> float:
 
 def test_a_tear_down_rides_out_a_gone_redis_for_its_grace_then_warns_what_is_left(gone, monkeypatch, caplog):
     client, url = gone
-    monkeypatch.setattr(teardown, "TEARDOWN_REDIS_GRACE_SECONDS", GRACE)
+    monkeypatch.setattr(teardown, "SHUTDOWN_REDIS_GRACE_SECONDS", GRACE)
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, "rqrl.engine.teardown"), tearing_down(client, url, "run-a"):
         client.set("rqrl:run-a:stopped", 1)
@@ -47,7 +47,7 @@ def test_a_tear_down_rides_out_a_gone_redis_for_its_grace_then_warns_what_is_lef
 
 def test_the_learners_own_redis_gone_says_nothing_is_left(gone, monkeypatch, caplog):
     client, url = gone
-    monkeypatch.setattr(teardown, "TEARDOWN_REDIS_GRACE_SECONDS", GRACE)
+    monkeypatch.setattr(teardown, "SHUTDOWN_REDIS_GRACE_SECONDS", GRACE)
     with caplog.at_level(logging.WARNING, "rqrl.engine.teardown"), tearing_down(client, url, "run-b", embedded=True):
         client.get("anything")
     assert "nothing of the run is left" in caplog.text and "rqrl stop" not in caplog.text
