@@ -58,7 +58,7 @@ from rqrl.seed.agent import Agent, AgentConfig, QModel
 log = logging.getLogger(__name__)
 
 METRIC_FIELDS = ["seconds", "train_steps", "steps_per_second", "mean_return", "episodes", "weights_version",
-                 "replay_size", "eval_return", "eval_return_std", "eval_seconds"]
+                 "replay_size", "replay_megabytes", "eval_return", "eval_return_std", "eval_seconds"]
 
 
 @dataclass
@@ -88,8 +88,8 @@ class DqnConfig(Tracking):
                                                             "observations: the Nature CNN's, 512)."})
     batch_size: int = field(default=64, metadata={"help": "Transitions per train step."})
     replay_capacity: int = field(default=50_000, metadata={
-        "help": "Transitions the replay holds (Atari: 56 KB each, observation and next one as uint8; 50,000 is "
-                "2.8 GB)."})
+        "help": "Transitions the replay holds (Atari: ~7 KB each, every frame held once; 50,000 take ~350 MB, "
+                "1M ~6.4 GB)."})
     minimum_buffer_size: int = field(default=1000, metadata={"help": "Transitions before training starts."})
     target_update_steps: int = field(default=100, metadata={"help": "Train steps between target-network copies."})
     max_train_frequency: float = field(default=-1, metadata={"help": "Most train steps per second; <= 0: no limit."})
@@ -335,7 +335,7 @@ class _DqnRun:
             "seconds": now["seconds"], "train_steps": now["train_steps"], "mean_return": self.mean_return(trainer),
             "steps_per_second": trainer.stats.transitions_received / max(seconds, 1e-9),
             "episodes": now["episodes"], "weights_version": now["weights_version"],
-            "replay_size": self.agent.buffer_size()})
+            "replay_size": self.agent.buffer_size(), "replay_megabytes": round(self.agent.replay.nbytes / 2**20, 1)})
         self.metrics.flush()  # once a second: metrics.csv can be followed while the run goes on
 
     def close(self, trainer: Trainer) -> None:

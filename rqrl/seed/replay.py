@@ -3,6 +3,7 @@
 Prioritized sampling (Schaul et al. 2016) draws transition i with probability ``p_i**alpha / sum p**alpha``
 from a sum tree (O(log capacity) per draw, vectorised over the batch) and weighs its loss by
 ``(N * P(i))**-beta / max_j (N * P(j))**-beta``; new transitions get the largest priority seen so far.
+Image observations are kept as their unique frames (``frame_store``): an Atari transition takes ~7 KB, not 56.
 
 >>> buffer = ReplayBuffer(capacity=4, obs_shape=(1,), n_actions=2, prioritized=False, seed=0)
 >>> len(buffer)
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rqrl.errors import ConfigError
+from rqrl.seed.frame_store import observation_store
 from rqrl.seed.nstep import TransitionBatch
 
 
@@ -63,8 +65,8 @@ class ReplayBuffer:
         if not (isinstance(capacity, int) and capacity >= 1):
             raise ConfigError(f"expected replay capacity >= 1, got {capacity!r}")
         self.capacity, self.prioritized, self.alpha = capacity, prioritized, alpha
-        self.obs = np.zeros((capacity, *obs_shape), obs_dtype)  # uint8 for images (AgentConfig.state_dtype)
-        self.next_obs = np.zeros((capacity, *obs_shape), obs_dtype)
+        self.obs_shape = tuple(obs_shape)
+        self.observations = observation_store(capacity, self.obs_shape, obs_dtype)  # uint8 images: unique frames
         self.actions = np.zeros(capacity, np.int64)
         self.rewards = np.zeros(capacity, np.float32)
         self.discounts = np.zeros(capacity, np.float32)
@@ -79,24 +81,31 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.count
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the stored transitions take, priorities included (image frames: those held now)."""
+        arrays = (self.actions, self.rewards, self.discounts, self.next_masks)
+        tree = 0 if self.tree is None else self.tree.nodes.nbytes
+        return self.observations.nbytes + sum(array.nbytes for array in arrays) + tree
+
     def add(self, batch: TransitionBatch, priorities: np.ndarray | None = None) -> None:
         """Store ``batch`` (a batch larger than the capacity keeps its last ``capacity`` transitions); without
         ``priorities`` (or where they are NaN) new transitions get the largest priority seen."""
         size = batch.size
         if size == 0:
             return
-        for name, held in (("obs", self.obs), ("next_obs", self.next_obs), ("next_masks", self.next_masks)):
+        for name, held in (("obs", self.obs_shape), ("next_obs", self.obs_shape),
+                           ("next_masks", self.next_masks.shape[1:])):
             given = getattr(batch, name).shape[1:]
-            if given != held.shape[1:]:
-                raise ConfigError(f"transitions with {name} of shape {given} do not fit the replay's {held.shape[1:]}; "
+            if given != held:
+                raise ConfigError(f"transitions with {name} of shape {given} do not fit the replay's {held}; "
                                   f"set AgentConfig.state_shape and action_space_size to the env's")
-        if self.obs.dtype == np.uint8 and not (batch.obs.dtype == batch.next_obs.dtype == np.uint8):
+        if self.observations.dtype == np.uint8 and not (batch.obs.dtype == batch.next_obs.dtype == np.uint8):
             raise ConfigError(f"transitions with {batch.obs.dtype} observations do not fit a uint8 replay (for "
                               f"images); set AgentConfig.state_dtype to 'float32' for this env")
         start = max(0, size - self.capacity)
         indices = (self.cursor + np.arange(size - start)) % self.capacity
-        self.obs[indices] = batch.obs[start:]
-        self.next_obs[indices] = batch.next_obs[start:]
+        self.observations.put(indices, batch.obs[start:], batch.next_obs[start:])
         self.actions[indices] = batch.actions[start:]
         self.rewards[indices] = batch.rewards[start:]
         self.discounts[indices] = batch.discounts[start:]
@@ -126,8 +135,9 @@ class ReplayBuffer:
             probabilities = self.tree.leaves(indices) / total
             weights64 = (self.count * np.maximum(probabilities, 1e-12)) ** -beta
             weights = (weights64 / weights64.max()).astype(np.float32)
-        batch = TransitionBatch(self.obs[indices], self.actions[indices], self.rewards[indices],
-                                self.discounts[indices], self.next_obs[indices], self.next_masks[indices])
+        obs, next_obs = self.observations.get(indices)
+        batch = TransitionBatch(obs, self.actions[indices], self.rewards[indices], self.discounts[indices], next_obs,
+                                self.next_masks[indices])
         return batch, indices, weights
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:

@@ -161,7 +161,7 @@ def test_a_uint8_replay_holds_images_as_uint8_and_the_network_still_gets_float32
     frames = np.full((3, 4, 8, 8), 255, np.uint8)
     agent.observe(TransitionBatch(frames, np.zeros(3, np.int64), np.ones(3, np.float32), np.zeros(3, np.float32),
                                   frames, np.ones((3, 2), bool)))
-    assert agent.replay.obs.dtype == np.uint8
+    assert agent.replay.observations.dtype == np.uint8
     loss = agent.train_step()
     assert np.isfinite(loss)
     assert agent.model_instance.network.given == {torch.float32}  # online and target networks alike

@@ -129,9 +129,11 @@ def test_images_get_a_head_on_the_nature_cnn_for_every_head(distributional, duel
 def test_a_run_on_images_has_the_cnn_and_a_uint8_replay(tmp_path):
     run = _DqnRun(DqnConfig(env_id=PIXELS, run_dir=str(tmp_path), replay_capacity=100))
     assert isinstance(run.agent.model_instance.network.torso, NatureCNN)
-    assert run.agent.config.state_shape == (2, 36, 36) and run.agent.replay.obs.dtype == np.uint8
+    assert run.agent.config.state_shape == (2, 36, 36) and run.agent.replay.observations.dtype == np.uint8
+    assert type(run.agent.replay.observations).__name__ == "FrameStore"  # images: each frame held once
     cartpole = _DqnRun(DqnConfig(run_dir=str(tmp_path), replay_capacity=100))  # vectors: the MLP, a float32 replay
-    assert cartpole.agent.model_instance.network.torso is None and cartpole.agent.replay.obs.dtype == np.float32
+    assert cartpole.agent.model_instance.network.torso is None
+    assert cartpole.agent.replay.observations.dtype == np.float32
 
 
 def test_image_weights_files_load_back_into_the_cnn(tmp_path):

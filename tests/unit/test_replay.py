@@ -83,10 +83,27 @@ def image_batch(size, value, dtype=np.uint8):
 def test_a_uint8_replay_stores_images_in_a_quarter_of_the_bytes_and_samples_them_as_they_came():
     images = ReplayBuffer(10, (4, 8, 8), 2, prioritized=False, seed=0, obs_dtype=np.uint8)
     floats = ReplayBuffer(10, (4, 8, 8), 2, prioritized=False, seed=0)
-    assert images.obs.nbytes * 4 == floats.obs.nbytes
     images.add(image_batch(3, 200))
+    floats.add(image_batch(3, 200.0, np.float32))
+    assert images.observations.nbytes * 4 < floats.observations.nbytes
     sampled, _, _ = images.sample(5)
     assert sampled.obs.dtype == sampled.next_obs.dtype == np.uint8 and (sampled.obs == 200).all()
+
+
+def test_a_replay_of_frame_stacks_holds_each_frame_once_and_samples_them_bit_for_bit():
+    frames = np.random.default_rng(0).integers(0, 256, (40, 8, 8), dtype=np.uint8)
+    stacks = np.stack([frames[t:t + 4] for t in range(37)])  # one env's 4-frame stacks
+    transitions = TransitionBatch(stacks[:-3], np.arange(34), np.arange(34, dtype=np.float32), np.ones(34, np.float32),
+                                  stacks[3:], np.ones((34, 2), bool))  # 3-step transitions
+    replay = ReplayBuffer(20, (4, 8, 8), 2, prioritized=True, seed=0, obs_dtype=np.uint8)
+    for start in range(0, 34, 5):
+        replay.add(TransitionBatch(*(field[start:start + 5] for field in transitions)))
+    sampled, indices, _ = replay.sample(64)
+    steps = sampled.actions  # the action is the step the transition started at
+    np.testing.assert_array_equal(sampled.obs, stacks[steps])
+    np.testing.assert_array_equal(sampled.next_obs, stacks[steps + 3])
+    assert set(steps.tolist()) <= set(range(14, 34))  # the newest 20
+    assert replay.observations.frames_held == 26  # frames 14-39: stacks 14-33, and 17-36 three steps on
 
 
 def test_a_uint8_replay_refuses_float_observations_and_names_the_setting():
