@@ -1,11 +1,14 @@
-"""Bytes, add time and sample time of SEED's replay on real Atari frames: whole observations against unique frames.
+"""SEED on real Atari frames, whole observations against unique frames: its transition messages (bytes, the
+actor's encode, the trainer's decode) and its replay (bytes, add time, sample time).
 
 Several Pong envs (``make_atari_env``: 84x84 grayscale, frame skip 4, 4-frame stacks) take random actions;
 their steps become 3-step transitions (``NStepCollector``) and, interleaved as an actor's messages bring
 them, fill two replays side by side: one holding every observation whole (``ArrayStore``, the replay
 before 2026-11-27), one holding each frame once (``FrameStore``, the replay now). The table gives the bytes a
 stored transition takes, the time to add one, the time to sample a batch of 64 (and check it is the
-same batch, bit for bit, from both), and what a replay of 1M transitions (the DQN papers') would take.
+same batch, bit for bit, from both), and what a replay of 1M transitions (the DQN papers') would take. The
+transitions also go through the actors' messages of 16 (``encode_transitions``, ``decode_transitions``), and as
+the messages were before 2026-11-27: both stacks of every transition whole, compressed by zstd alone.
 
 Needs the Atari extra (``pip install "rqrl[atari]"``). Run from the repository root::
 
@@ -20,9 +23,13 @@ import time
 import numpy as np
 
 from rqrl.algorithms.atari import make_atari_env
+from rqrl.seed.actor import TRANSITIONS_PER_MESSAGE, decode_transitions, encode_transitions
 from rqrl.seed.frame_store import ArrayStore, FrameStore
-from rqrl.seed.nstep import NStepCollector, stack
+from rqrl.seed.nstep import NStepCollector, TransitionBatch, stack
 from rqrl.seed.replay import ReplayBuffer
+from rqrl.seed.store import seal, unseal
+
+KEY = b"benchmark key of 32 bytes, fixed"
 
 
 def pong_transitions(count: int, envs: int, seed: int) -> list:
@@ -49,20 +56,64 @@ def pong_transitions(count: int, envs: int, seed: int) -> list:
     return batches
 
 
-def fill(replay: ReplayBuffer, batches: list) -> float:
-    """Seconds to add every batch."""
-    started = time.perf_counter()
+def whole_message(batch: TransitionBatch, key: bytes) -> bytes:
+    """A message as actors sent them before 2026-11-27: every array whole, then zstd."""
+    return seal({**batch._asdict(), "episode_returns": np.zeros(0)}, {"sender": "", "sequence": "0"}, key)
+
+
+def whole_decode(blob: bytes, key: bytes) -> TransitionBatch:
+    arrays, _ = unseal(blob, key)
+    return TransitionBatch(*(arrays[name] for name in TransitionBatch._fields))
+
+
+def message_rows(batches: list) -> list[tuple[str, float, float, float]]:
+    """(encoding, bytes per transition, encode us per transition, decode us per transition) of messages of
+    TRANSITIONS_PER_MESSAGE, the way each encoding makes them; checks that both decode to the same transitions."""
+    transitions = TransitionBatch(*(np.concatenate(field) for field in zip(*batches, strict=True)))
+    messages = [TransitionBatch(*(field[start:start + TRANSITIONS_PER_MESSAGE] for field in transitions))
+                for start in range(0, transitions.size, TRANSITIONS_PER_MESSAGE)]
+    rows = []
+    for name, encode, decode in (("whole observations + zstd (before)", whole_message, whole_decode),
+                                 ("unique frames + zstd (now)", encode_transitions,
+                                  lambda blob, key: decode_transitions(blob, key).batch)):
+        encode_seconds = decode_seconds = 0.0
+        size = 0
+        for message in messages:  # each decoded, checked and let go: holding them all would time page faults
+            started = time.perf_counter()
+            blob = encode(message, KEY)
+            encoded = time.perf_counter()
+            batch = decode(blob, KEY)
+            encode_seconds += encoded - started
+            decode_seconds += time.perf_counter() - encoded
+            size += len(blob)
+            assert all(np.array_equal(getattr(batch, field), getattr(message, field)) for field in message._fields)
+        rows.append((name, size / transitions.size, encode_seconds / transitions.size * 1e6,
+                     decode_seconds / transitions.size * 1e6))
+    return rows
+
+
+def fill(replay: ReplayBuffer, batches: list) -> tuple[float, int]:
+    """Seconds to add the batches that came once the replay was full (a long run's steady state: the first ones
+    also pay the page faults of new memory), and how many transitions they held."""
+    seconds, timed = 0.0, 0
     for batch in batches:
+        full = len(replay) == replay.capacity
+        started = time.perf_counter()
         replay.add(batch)
-    return time.perf_counter() - started
+        if full:
+            seconds, timed = seconds + time.perf_counter() - started, timed + batch.size
+    return seconds, timed
 
 
 def sample_seconds(replay: ReplayBuffer, batch_size: int, rounds: int, seed: int) -> tuple[float, list]:
-    """Mean seconds per sample of ``batch_size``, and the samples (the same seeds draw the same rows)."""
-    replay.random = np.random.default_rng(seed)
+    """Mean seconds per sample of ``batch_size`` (each let go: holding them would time page faults), and ten more
+    samples drawn with ``seed``, which draws the same rows from any replay of the same transitions."""
     started = time.perf_counter()
-    samples = [replay.sample(batch_size)[0] for _ in range(rounds)]
-    return (time.perf_counter() - started) / rounds, samples
+    for _ in range(rounds):
+        replay.sample(batch_size)
+    seconds = (time.perf_counter() - started) / rounds
+    replay.random = np.random.default_rng(seed)
+    return seconds, [replay.sample(batch_size)[0] for _ in range(10)]
 
 
 def main() -> None:
@@ -77,20 +128,30 @@ def main() -> None:
     print(f"stepping {args.envs} Pong envs for {args.transitions:,} transitions ...", flush=True)
     batches = pong_transitions(args.transitions, args.envs, args.seed)
     added = sum(batch.size for batch in batches)
+    print("encoding messages ...", flush=True)
+    messages = message_rows(batches)
     rows = []
     samples = {}
     for name, kind in (("whole observations (before)", ArrayStore), ("unique frames (now)", FrameStore)):
         replay = ReplayBuffer(args.capacity, (4, 84, 84), 6, prioritized=False, seed=args.seed, obs_dtype=np.uint8)
         replay.observations = kind(args.capacity, (4, 84, 84), np.uint8)
         print(f"filling the replay of {name} ...", flush=True)
-        seconds = fill(replay, batches)
+        seconds, timed = fill(replay, batches)
         per_sample, samples[name] = sample_seconds(replay, args.batch_size, 200, args.seed)
         per_transition = replay.nbytes / len(replay)
-        rows.append((name, per_transition, seconds / added * 1e6, per_sample * 1e3, per_transition * 1e6 / 2**30))
+        rows.append((name, per_transition, seconds / max(timed, 1) * 1e6, per_sample * 1e3,
+                     per_transition * 1e6 / 2**30))
     same = all(np.array_equal(a.obs, b.obs) and np.array_equal(a.next_obs, b.next_obs)
                for a, b in zip(*samples.values(), strict=True))
+    print(f"\n{added:,} Pong transitions (3-step) in messages of {TRANSITIONS_PER_MESSAGE}, decoded to the same "
+          f"transitions")
+    print("| message | bytes per transition | actor: encode, us per transition | trainer: decode, us per transition |")
+    print("|:--|--:|--:|--:|")
+    for name, size, encode_us, decode_us in messages:
+        print(f"| {name} | {size:,.0f} | {encode_us:.1f} | {decode_us:.1f} |")
     print(f"\n{added:,} Pong transitions (3-step) into replays of {args.capacity:,}; samples of {args.batch_size}")
-    print("| replay | KB per transition | add, us per transition | sample, ms per batch | 1M transitions, GB |")
+    print("| replay | KB per transition | add, us per transition (replay full) | sample, ms per batch "
+          "| 1M transitions, GB |")
     print("|:--|--:|--:|--:|--:|")
     for name, per_transition, add_us, sample_ms, million_gb in rows:
         print(f"| {name} | {per_transition / 1024:.1f} | {add_us:.1f} | {sample_ms:.2f} | {million_gb:.1f} |")

@@ -25,6 +25,7 @@ import numpy as np
 
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.screen import MAX_ENTRY_BYTES
+from rqrl.engine.unique_frames import rebuild_stacks, stack_depth, unique_frames
 from rqrl.errors import EnvError, RecordError, RunStoppedError
 from rqrl.seed.inference import ActorInference, InferenceClient
 from rqrl.seed.nstep import NStepCollector, Transition, TransitionBatch, obs_array, stack
@@ -110,18 +111,35 @@ def check_message_size(message: bytes, transitions: int) -> None:
 def encode_transitions(batch: TransitionBatch, key: bytes, episode_returns: list[float] | None = None,
                        sender: str = "", sequence: int = 0) -> bytes:
     """A signed safetensors message of transitions (and the returns of episodes that ended with them), with its
-    sender and sequence number under the signature."""
-    arrays = dict(batch._asdict())
+    sender and sequence number under the signature. Images (uint8 observations of two or more axes) go as their
+    distinct frames and an index: an Atari transition's 8 frames (two stacks) hold about one new one."""
+    arrays: dict[str, np.ndarray] = dict(batch._asdict())
     arrays["episode_returns"] = np.asarray(episode_returns or [], np.float64)
+    if batch.obs.dtype == np.uint8 and batch.obs.ndim >= 3:
+        depth = stack_depth(batch.obs.shape[1:])
+        frame_shape = batch.obs.shape[2:] if depth > 1 else batch.obs.shape[1:]
+        found = unique_frames(batch.obs.reshape(-1, *frame_shape), batch.next_obs.reshape(-1, *frame_shape))
+        del arrays["obs"], arrays["next_obs"]
+        arrays["frames"], arrays["frame_index"] = found.frames, found.frame_index.reshape(2, batch.size, depth)
     return seal(arrays, {"sender": sender, "sequence": str(sequence)}, key)
 
 
 def decode_transitions(blob: bytes, key: bytes) -> TransitionMessage:
     """Inverse of encode_transitions; SignatureError/RecordError if it is not this run's."""
     arrays, metadata = unseal(blob, key)
-    batch = TransitionBatch(*(arrays[name] for name in TransitionBatch._fields))
-    return TransitionMessage(batch, arrays["episode_returns"], metadata.get("sender", ""),
-                             int(metadata.get("sequence", "0")))
+    if "frames" in arrays:
+        index = arrays.pop("frame_index", np.empty(0, np.int32))
+        if index.ndim != 3 or len(index) != 2:
+            raise RecordError(f"a transition message's frame index is {index.dtype}{list(index.shape)}: expected "
+                              f"[2, transitions, frames per observation]")
+        arrays["obs"], arrays["next_obs"] = (rebuild_stacks(arrays["frames"], part) for part in index)
+    try:
+        batch = TransitionBatch(*(arrays[name] for name in TransitionBatch._fields))
+        episode_returns = arrays["episode_returns"]
+    except KeyError as error:
+        raise RecordError(f"a transition message lacks its {error.args[0]!r} array; are the actors and the "
+                          f"trainer the same rqrl version?") from error
+    return TransitionMessage(batch, episode_returns, metadata.get("sender", ""), int(metadata.get("sequence", "0")))
 
 
 class TransitionSender:

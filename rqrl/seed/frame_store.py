@@ -4,11 +4,10 @@ transitions share them.
 An Atari transition holds two 4 x 84 x 84 frame stacks (its observation and the one it bootstraps from),
 56 KB, though an env step adds one new frame: each stack is the previous one shifted by a frame, and an
 n-step transition's next observation is the observation of the transition n steps later. ``FrameStore``
-keeps each frame once, keyed by a 128-bit XXH3 digest of its bytes and counted: a frame lives while a
-stored transition holds it, so a replay of Atari transitions needs about 7 KB each (an eighth), and gives
-back every observation bit for bit (two of a million frames share a key with odds of about 10**-27).
-Nothing is assumed about the env: a frame no other transition holds (a reset, a stack of another kind) is
-simply stored once more.
+keeps each frame once, keyed by its digest (``rqrl.engine.unique_frames``) and counted: a frame lives while
+a stored transition holds it, so a replay of Atari transitions needs about 7 KB each (an eighth), and gives
+back every observation bit for bit. Nothing is assumed about the env: a frame no other transition holds (a
+reset, a stack of another kind) is simply stored once more.
 
 >>> frames = np.arange(5, dtype=np.uint8)[:, None, None] + np.zeros((5, 3, 3), np.uint8)
 >>> obs = np.stack([frames[t:t + 2] for t in range(4)])  # 4 steps of 2-frame stacks
@@ -25,12 +24,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
-import xxhash
 
-MAX_STACK = 32
-"""An observation's first axis is a stack of frames if it has 2 to this many entries (frame stacks are 2-16
-deep) and fewer than each of the next two (a frame's height and width); otherwise (a channels-last image,
-say) the whole observation is one frame."""
+from rqrl.engine.unique_frames import stack_depth, unique_frames
+
 _FIRST_POOL_FRAMES = 1024
 
 __all__ = ["ArrayStore", "FrameStore", "ObservationStore", "observation_store"]
@@ -88,9 +84,8 @@ class FrameStore:
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], dtype: np.dtype[Any] | type):
         self.dtype = np.dtype(dtype)
         self.obs_shape = tuple(obs_shape)
-        stacked = len(obs_shape) >= 3 and 2 <= obs_shape[0] <= min(MAX_STACK, obs_shape[1] - 1, obs_shape[2] - 1)
-        self.depth = obs_shape[0] if stacked else 1
-        self.frame_shape = tuple(obs_shape[1:]) if stacked else self.obs_shape
+        self.depth = stack_depth(self.obs_shape)
+        self.frame_shape = self.obs_shape[1:] if self.depth > 1 else self.obs_shape
         self.max_frames = 2 * self.depth * capacity  # no frame shared by any two observations
         index_dtype = np.int32 if self.max_frames < 2**31 else np.int64
         self.obs_frames = np.full((capacity, self.depth), -1, index_dtype)  # -1: an empty row
@@ -117,7 +112,7 @@ class FrameStore:
         replaced = np.concatenate([self.obs_frames[rows].ravel(), self.next_frames[rows].ravel()])
         self._release(replaced[replaced >= 0])  # first: the pool then never holds more than max_frames
         count = len(rows)
-        slots = self._hold(np.concatenate([self._frames(obs), self._frames(next_obs)]))
+        slots = self._hold(self._frames(obs), self._frames(next_obs))
         self.obs_frames[rows] = slots[:count * self.depth].reshape(count, self.depth)
         self.next_frames[rows] = slots[count * self.depth:].reshape(count, self.depth)
 
@@ -129,18 +124,20 @@ class FrameStore:
         """``observations`` as frames, ``depth`` per observation, each C-contiguous (a digest reads its bytes)."""
         return np.ascontiguousarray(observations, self.dtype).reshape(-1, *self.frame_shape)
 
-    def _hold(self, frames: np.ndarray) -> np.ndarray:
-        """The pool slot of each frame, storing those the pool lacks; each slot gains a holder per frame."""
-        slots = np.empty(len(frames), np.int64)
-        for position, frame in enumerate(frames):
-            digest = xxhash.xxh3_128_digest(frame.data)  # 7x BLAKE3's speed (not a MAC: the frames were verified)
+    def _hold(self, *frames: np.ndarray) -> np.ndarray:
+        """The pool slot of each frame, part after part, storing those the pool lacks; each slot gains a holder
+        per frame."""
+        found = unique_frames(*frames)
+        unique_slots = np.empty(len(found.keys), np.int64)
+        for position, digest in enumerate(found.keys):
             slot = self.slot_of.get(digest)
             if slot is None:
                 slot = self._allocate()
-                self.pool[slot] = frame
+                self.pool[slot] = found.frames[position]
                 self.slot_of[digest] = slot
                 self.digests[slot] = digest
-            slots[position] = slot
+            unique_slots[position] = slot
+        slots = unique_slots[found.frame_index]
         np.add.at(self.holders, slots, 1)
         return slots
 
