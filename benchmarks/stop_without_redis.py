@@ -6,7 +6,8 @@ redis-server is SIGKILLed (a crash, a lost host) and the learner is stopped:
 
 * ``maze``: ``RedisDistributedActors.stop()`` after a collect (the next batch's pop in flight);
 * ``garage``: ``MultiprocessingSampler.shutdown_worker()`` after an ``obtain_samples``;
-* ``seed``: a SEED ``Trainer`` interrupted (KeyboardInterrupt in its thread, as Ctrl-C) 1 s after the kill.
+* ``seed``: a SEED ``Trainer`` interrupted (KeyboardInterrupt in its thread, as Ctrl-C) 1 s after the kill;
+* ``ppo``: ``rqrl.algorithms.ppo.train`` (the Python API, sampling one call ahead) interrupted 1 s after the kill.
 
 Before 2026-11-27 each of these rode out the 60 s outage window per command and
 then raised; now the tear-down rides out 3 s and warns what it left in Redis. The table gives the seconds
@@ -22,10 +23,14 @@ from __future__ import annotations
 import _thread
 import argparse
 import logging
+import os
 import secrets
+import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import gymnasium
 import torch
@@ -105,6 +110,28 @@ def seed(server: EmbeddedRedis) -> tuple[float, str]:
     return time.monotonic() - marks.get("interrupted", time.monotonic()), result
 
 
+def ppo(server: EmbeddedRedis) -> tuple[float, str]:
+    from rqrl.algorithms.ppo import PpoConfig, train
+
+    marks: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = PpoConfig(redis_url=server.url, workers=1, n_workers=2, num_samples=400, epochs=1, progress=False,
+                           total_env_steps=10**9, run_dir=run_dir, run_name="stop-without-redis")
+
+        def pull_the_plug() -> None:
+            metrics, deadline = Path(run_dir) / "stop-without-redis" / "metrics.csv", time.monotonic() + 60
+            while (not metrics.exists() or metrics.stat().st_size < 200) and time.monotonic() < deadline:
+                time.sleep(0.1)  # a few iterations in, the next call in flight on its own thread
+            kill(server)
+            time.sleep(1.0)
+            marks["interrupted"] = time.monotonic()
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C (interrupt_main would not wake a main thread that waits)
+
+        threading.Thread(target=pull_the_plug, daemon=True).start()
+        result = outcome(lambda: train(config, secret=SECRET))
+    return time.monotonic() - marks.get("interrupted", time.monotonic()), result
+
+
 def kill(server: EmbeddedRedis) -> None:
     """SIGKILL the redis-server: no shutdown, nothing kept."""
     assert server.process is not None
@@ -113,12 +140,12 @@ def kill(server: EmbeddedRedis) -> None:
 
 
 FAMILIES = {"maze": (maze, "RedisDistributedActors.stop()"), "garage": (garage, "shutdown_worker()"),
-            "seed": (seed, "Trainer interrupted")}
+            "seed": (seed, "Trainer interrupted"), "ppo": (ppo, "train_ppo interrupted")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=["maze", "garage", "seed"])
+    parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=["maze", "garage", "seed", "ppo"])
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the warnings of the tear-down are expected here
     rows = []

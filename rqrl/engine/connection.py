@@ -55,6 +55,7 @@ class _GiveUp:
 
     def __init__(self) -> None:
         self.at = math.inf
+        self.stops = 0  # the process's: how often it was asked to stop (stop_riding_out_in_process)
 
 
 _PROCESS_GIVE_UP = _GiveUp()
@@ -175,6 +176,23 @@ def stop_riding_out_in_process(grace_seconds: float) -> None:
     asked to stop (SIGTERM, Ctrl-C) does, so no thread of it, busy with Redis or not, holds the exit for an
     outage window."""
     _PROCESS_GIVE_UP.at = min(_PROCESS_GIVE_UP.at, time.monotonic() + grace_seconds)
+    _PROCESS_GIVE_UP.stops += 1
+
+
+@contextlib.contextmanager
+def riding_out_briefly_in_process(grace_seconds: float) -> Iterator[None]:
+    """Within the block every client of ``connect`` in this process, in any thread, rides out an outage until
+    ``grace_seconds`` from its start, not longer: what a learner's API call does while it waits for its own threads
+    as it stops (Ctrl-C, an error), so a Redis that is gone does not hold the caller for an outage window. After
+    it the window is back, for a process that goes on (a notebook), unless the process was asked to stop
+    meanwhile."""
+    before, stops = _PROCESS_GIVE_UP.at, _PROCESS_GIVE_UP.stops
+    _PROCESS_GIVE_UP.at = min(before, time.monotonic() + grace_seconds)
+    try:
+        yield
+    finally:
+        if _PROCESS_GIVE_UP.stops == stops:
+            _PROCESS_GIVE_UP.at = before
 
 
 @contextlib.contextmanager

@@ -259,8 +259,10 @@ def test_network_prints_loopback_and_namespaces_side_by_side_and_leaves_nothing(
 
 @pytest.mark.timeout(300)
 def test_stop_without_redis_prints_each_familys_stop_and_what_reached_its_caller() -> None:
-    out = run_benchmark("stop_without_redis.py", "--families", "maze", "seed")
+    out = run_benchmark("stop_without_redis.py", "--families", "maze", "seed", "ppo")
     assert "| family | stop | seconds to return | what reached the caller |" in out
-    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith(("| maze", "| seed"))}
-    assert set(rows) == {"maze", "seed"}, out
+    families = ("| maze", "| seed", "| ppo")
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith(families)}
+    assert set(rows) == {"maze", "seed", "ppo"}, out
     assert "| returned |" in rows["maze"] and "| KeyboardInterrupt |" in rows["seed"], out
+    assert "| returned |" in rows["ppo"], out  # train() writes its checkpoint and returns, interrupted
