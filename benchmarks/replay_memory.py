@@ -2,13 +2,14 @@
 actor's encode, the trainer's decode) and its replay (bytes, add time, sample time).
 
 Several Pong envs (``make_atari_env``: 84x84 grayscale, frame skip 4, 4-frame stacks) take random actions;
-their steps become 3-step transitions (``NStepCollector``) and, interleaved as an actor's messages bring
-them, fill two replays side by side: one holding every observation whole (``ArrayStore``, the replay
+their steps become 3-step transitions (``NStepCollector``) in messages as SEED's actor threads send them (16
+transitions of one env in a row), which fill two replays side by side, message by message as the trainer adds
+them: one holding every observation whole (``ArrayStore``, the replay
 before 2026-11-27), one holding each frame once (``FrameStore``, the replay now). The table gives the bytes a
 stored transition takes, the time to add one, the time to sample a batch of 64 (and check it is the
 same batch, bit for bit, from both), and what a replay of 1M transitions (the DQN papers') would take. The
-transitions also go through the actors' messages of 16 (``encode_transitions``, ``decode_transitions``), and as
-the messages were before 2026-11-27: both stacks of every transition whole, compressed by zstd alone.
+messages are also encoded and decoded as actors and trainer do now (``encode_transitions``,
+``decode_transitions``) and as they did before 2026-11-27 (both stacks of every transition whole, then zstd).
 
 Needs the Atari extra (``pip install "rqrl[atari]"``). Run from the repository root::
 
@@ -32,28 +33,31 @@ from rqrl.seed.store import seal, unseal
 KEY = b"benchmark key of 32 bytes, fixed"
 
 
-def pong_transitions(count: int, envs: int, seed: int) -> list:
-    """``count`` 3-step transitions of ``envs`` Pong envs stepping together with random actions, batched as one
-    actor would send them (a step of every env at a time)."""
+def pong_messages(count: int, envs: int, seed: int) -> list[TransitionBatch]:
+    """``count`` 3-step transitions of ``envs`` Pong envs stepping side by side with random actions, in messages as
+    SEED's actor threads send them (one env's, each TRANSITIONS_PER_MESSAGE transitions in a row, or fewer at an
+    episode's end), in the order they would be sent."""
     games = [make_atari_env("ALE/Pong-v5") for _ in range(envs)]
     collectors = [NStepCollector(3, 0.99) for _ in games]
+    outboxes: list[list] = [[] for _ in games]
     observations = [game.reset(seed=seed + index)[0] for index, game in enumerate(games)]
     random = np.random.default_rng(seed)
-    batches, made = [], 0
+    messages: list[TransitionBatch] = []
+    made = 0
     while made < count:
-        step = []
         for index, game in enumerate(games):
             action = int(random.integers(game.action_space.n))
             next_obs, reward, terminated, truncated, _ = game.step(action)
-            step += collectors[index].step(observations[index], action, None, float(reward), next_obs, None,
-                                           terminated, truncated)
+            outboxes[index] += collectors[index].step(observations[index], action, None, float(reward), next_obs,
+                                                      None, terminated, truncated)
             observations[index] = game.reset()[0] if terminated or truncated else next_obs
-        if step:
-            batches.append(stack(step, games[0].action_space.n))
-            made += len(step)
-        if len(batches) % 200 == 0 and step:
-            print(f"  stepping Pong: {made:,} of {count:,} transitions", flush=True)
-    return batches
+            if len(outboxes[index]) >= TRANSITIONS_PER_MESSAGE or ((terminated or truncated) and outboxes[index]):
+                messages.append(stack(outboxes[index], game.action_space.n))
+                made += messages[-1].size
+                outboxes[index] = []
+                if len(messages) % 200 == 0:
+                    print(f"  stepping Pong: {made:,} of {count:,} transitions", flush=True)
+    return messages
 
 
 def whole_message(batch: TransitionBatch, key: bytes) -> bytes:
@@ -66,12 +70,10 @@ def whole_decode(blob: bytes, key: bytes) -> TransitionBatch:
     return TransitionBatch(*(arrays[name] for name in TransitionBatch._fields))
 
 
-def message_rows(batches: list) -> list[tuple[str, float, float, float]]:
-    """(encoding, bytes per transition, encode us per transition, decode us per transition) of messages of
-    TRANSITIONS_PER_MESSAGE, the way each encoding makes them; checks that both decode to the same transitions."""
-    transitions = TransitionBatch(*(np.concatenate(field) for field in zip(*batches, strict=True)))
-    messages = [TransitionBatch(*(field[start:start + TRANSITIONS_PER_MESSAGE] for field in transitions))
-                for start in range(0, transitions.size, TRANSITIONS_PER_MESSAGE)]
+def message_rows(messages: list[TransitionBatch]) -> list[tuple[str, float, float, float]]:
+    """(encoding, bytes per transition, encode us per transition, decode us per transition) of ``messages``, the
+    way each encoding makes them; checks that each decodes to the transitions encoded."""
+    transitions = sum(message.size for message in messages)
     rows = []
     for name, encode, decode in (("whole observations + zstd (before)", whole_message, whole_decode),
                                  ("unique frames + zstd (now)", encode_transitions,
@@ -87,14 +89,14 @@ def message_rows(batches: list) -> list[tuple[str, float, float, float]]:
             decode_seconds += time.perf_counter() - encoded
             size += len(blob)
             assert all(np.array_equal(getattr(batch, field), getattr(message, field)) for field in message._fields)
-        rows.append((name, size / transitions.size, encode_seconds / transitions.size * 1e6,
-                     decode_seconds / transitions.size * 1e6))
+        rows.append((name, size / transitions, encode_seconds / transitions * 1e6, decode_seconds / transitions * 1e6))
     return rows
 
 
-def fill(replay: ReplayBuffer, batches: list) -> tuple[float, int]:
-    """Seconds to add the batches that came once the replay was full (a long run's steady state: the first ones
-    also pay the page faults of new memory), and how many transitions they held."""
+def fill(replay: ReplayBuffer, batches: list[TransitionBatch]) -> tuple[float, int]:
+    """Seconds to add the batches (messages, as the trainer adds them) that came once the replay was full (a long
+    run's steady state: the first ones also pay the page faults of new memory), and how many transitions they
+    held."""
     seconds, timed = 0.0, 0
     for batch in batches:
         full = len(replay) == replay.capacity
@@ -126,7 +128,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(f"stepping {args.envs} Pong envs for {args.transitions:,} transitions ...", flush=True)
-    batches = pong_transitions(args.transitions, args.envs, args.seed)
+    batches = pong_messages(args.transitions, args.envs, args.seed)
     added = sum(batch.size for batch in batches)
     print("encoding messages ...", flush=True)
     messages = message_rows(batches)

@@ -89,7 +89,7 @@ class DqnConfig(Tracking):
     batch_size: int = field(default=64, metadata={"help": "Transitions per train step."})
     replay_capacity: int = field(default=50_000, metadata={
         "help": "Transitions the replay holds (Atari: ~7 KB each, every frame held once; 50,000 take ~350 MB, "
-                "1M ~6.4 GB)."})
+                "1M ~6.6 GB)."})
     minimum_buffer_size: int = field(default=1000, metadata={"help": "Transitions before training starts."})
     target_update_steps: int = field(default=100, metadata={"help": "Train steps between target-network copies."})
     max_train_frequency: float = field(default=-1, metadata={"help": "Most train steps per second; <= 0: no limit."})

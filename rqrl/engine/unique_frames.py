@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 
+from rqrl.engine.compression import MAX_DECOMPRESSED_BYTES
 from rqrl.errors import RecordError
 
 MAX_STACK = 32
@@ -83,5 +84,9 @@ def rebuild_stacks(frames: np.ndarray, index: np.ndarray) -> np.ndarray:
                           f"{list(frames.shape)} makes no observations: expected an integer [observations, depth]")
     if index.size and (int(index.min()) < 0 or int(index.max()) >= len(frames)):
         raise RecordError(f"a frame index points outside its {len(frames)} frames")
+    rebuilt = index.size * (frames.nbytes // max(len(frames), 1))
+    if rebuilt > MAX_DECOMPRESSED_BYTES:
+        raise RecordError(f"a frame index would rebuild {rebuilt / 2**20:.0f} MB of observations, over the "
+                          f"{MAX_DECOMPRESSED_BYTES / 2**20:.0f} MB a message may hold")
     stacks = frames[index]
     return stacks[:, 0] if index.shape[1] == 1 else stacks

@@ -115,7 +115,8 @@ def encode_transitions(batch: TransitionBatch, key: bytes, episode_returns: list
     distinct frames and an index: an Atari transition's 8 frames (two stacks) hold about one new one."""
     arrays: dict[str, np.ndarray] = dict(batch._asdict())
     arrays["episode_returns"] = np.asarray(episode_returns or [], np.float64)
-    if batch.obs.dtype == np.uint8 and batch.obs.ndim >= 3:
+    images = batch.obs.dtype == batch.next_obs.dtype == np.uint8 and batch.obs.ndim >= 3
+    if images and batch.obs.shape == batch.next_obs.shape:
         depth = stack_depth(batch.obs.shape[1:])
         frame_shape = batch.obs.shape[2:] if depth > 1 else batch.obs.shape[1:]
         found = unique_frames(batch.obs.reshape(-1, *frame_shape), batch.next_obs.reshape(-1, *frame_shape))
@@ -125,21 +126,27 @@ def encode_transitions(batch: TransitionBatch, key: bytes, episode_returns: list
 
 
 def decode_transitions(blob: bytes, key: bytes) -> TransitionMessage:
-    """Inverse of encode_transitions; SignatureError/RecordError if it is not this run's."""
+    """Inverse of encode_transitions; SignatureError/RecordError if it is not this run's, or not whole."""
     arrays, metadata = unseal(blob, key)
+    observations = ("frames", "frame_index") if "frames" in arrays else ("obs", "next_obs")
+    wanted = [name for name in TransitionBatch._fields if name not in ("obs", "next_obs")]
+    missing = [name for name in (*wanted, *observations, "episode_returns") if name not in arrays]
+    if missing:
+        raise RecordError(f"a transition message lacks its {missing} arrays; are the actors and the trainer the "
+                          f"same rqrl version?")
+    transitions = len(arrays["actions"])
     if "frames" in arrays:
-        index = arrays.pop("frame_index", np.empty(0, np.int32))
-        if index.ndim != 3 or len(index) != 2:
+        index = arrays.pop("frame_index")
+        if index.ndim != 3 or len(index) != 2 or index.shape[1] != transitions:
             raise RecordError(f"a transition message's frame index is {index.dtype}{list(index.shape)}: expected "
-                              f"[2, transitions, frames per observation]")
+                              f"[2, {transitions} transitions, frames per observation]")
         arrays["obs"], arrays["next_obs"] = (rebuild_stacks(arrays["frames"], part) for part in index)
-    try:
-        batch = TransitionBatch(*(arrays[name] for name in TransitionBatch._fields))
-        episode_returns = arrays["episode_returns"]
-    except KeyError as error:
-        raise RecordError(f"a transition message lacks its {error.args[0]!r} array; are the actors and the "
-                          f"trainer the same rqrl version?") from error
-    return TransitionMessage(batch, episode_returns, metadata.get("sender", ""), int(metadata.get("sequence", "0")))
+    batch = TransitionBatch(*(arrays[name] for name in TransitionBatch._fields))
+    lengths = {name: len(field) for name, field in batch._asdict().items()}
+    if set(lengths.values()) != {transitions}:
+        raise RecordError(f"a transition message's arrays differ in length ({lengths})")
+    return TransitionMessage(batch, arrays["episode_returns"], metadata.get("sender", ""),
+                             int(metadata.get("sequence", "0")))
 
 
 class TransitionSender:

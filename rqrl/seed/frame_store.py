@@ -27,6 +27,12 @@ import numpy as np
 
 from rqrl.engine.unique_frames import stack_depth, unique_frames
 
+MIN_FRAME_BYTES = 1024
+"""Smaller frames stay whole arrays: a frame held once costs about 150 bytes of bookkeeping (its holders, its key
+in a dict), more than a small frame saves."""
+FRAME_OVERHEAD_BYTES = 150
+"""About what each pool slot costs beyond its frame: a holder count, a 16-byte key (a bytes object) in a list and in
+a dict with its slot (an int object)."""
 _FIRST_POOL_FRAMES = 1024
 
 __all__ = ["ArrayStore", "FrameStore", "ObservationStore", "observation_store"]
@@ -49,11 +55,13 @@ class ObservationStore(Protocol):
 
 
 def observation_store(capacity: int, obs_shape: tuple[int, ...], dtype: np.dtype[Any] | type) -> ObservationStore:
-    """A FrameStore for images (uint8 observations of two or more axes), an ArrayStore for anything else
-    (vectors are small, and their floats rarely repeat)."""
+    """A FrameStore for images (uint8 observations of two or more axes whose frames hold MIN_FRAME_BYTES or more),
+    an ArrayStore for anything else (vectors are small, and their floats rarely repeat)."""
     dtype = np.dtype(dtype)
     if dtype == np.uint8 and len(obs_shape) >= 2:
-        return FrameStore(capacity, obs_shape, dtype)
+        depth = stack_depth(tuple(obs_shape))
+        if int(np.prod(obs_shape)) // depth >= MIN_FRAME_BYTES:
+            return FrameStore(capacity, obs_shape, dtype)
     return ArrayStore(capacity, obs_shape, dtype)
 
 
@@ -105,10 +113,16 @@ class FrameStore:
 
     @property
     def nbytes(self) -> int:
+        """The pool's slots handed out so far (freed ones are reused, not returned), with their bookkeeping, and the
+        rows' indices."""
         frame_bytes = self.pool.itemsize * int(np.prod(self.frame_shape))
-        return self.used * frame_bytes + self.obs_frames.nbytes + self.next_frames.nbytes
+        return self.used * (frame_bytes + FRAME_OVERHEAD_BYTES) + self.obs_frames.nbytes + self.next_frames.nbytes
 
     def put(self, rows: np.ndarray, obs: np.ndarray, next_obs: np.ndarray) -> None:
+        shapes_fit = obs.shape[1:] == next_obs.shape[1:] == self.obs_shape
+        if not (len(rows) == len(obs) == len(next_obs) and shapes_fit):
+            raise ValueError(f"expected {len(rows)} observations and next ones of shape {self.obs_shape}, got "
+                             f"{obs.shape} and {next_obs.shape}")  # before anything changes: the store stays whole
         replaced = np.concatenate([self.obs_frames[rows].ravel(), self.next_frames[rows].ravel()])
         self._release(replaced[replaced >= 0])  # first: the pool then never holds more than max_frames
         count = len(rows)
@@ -163,7 +177,8 @@ class FrameStore:
 
     def _grow(self) -> None:
         """Half as many slots again (at most ``max_frames``): a pool sized for the worst case would take the
-        memory the store saves."""
+        memory the store saves. The copy needs the old pool and the new one at once, for a moment (a 1M Atari
+        replay's last growth: about 4 GB and 6 GB, and a second or two), until the pool stops growing."""
         size = min(self.max_frames, max(len(self.pool) + 1, len(self.pool) * 3 // 2))
         pool = np.empty((size, *self.frame_shape), self.dtype)
         pool[:len(self.pool)] = self.pool

@@ -83,7 +83,8 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the stored transitions take, priorities included (image frames: those held now)."""
+        """Bytes the stored transitions take, priorities included (image frames: the pool's slots handed out so
+        far, with their bookkeeping)."""
         arrays = (self.actions, self.rewards, self.discounts, self.next_masks)
         tree = 0 if self.tree is None else self.tree.nodes.nbytes
         return self.observations.nbytes + sum(array.nbytes for array in arrays) + tree
@@ -92,6 +93,10 @@ class ReplayBuffer:
         """Store ``batch`` (a batch larger than the capacity keeps its last ``capacity`` transitions); without
         ``priorities`` (or where they are NaN) new transitions get the largest priority seen."""
         size = batch.size
+        lengths = {name: len(field) for name, field in batch._asdict().items()}
+        if set(lengths.values()) != {size}:
+            raise ConfigError(f"a transition batch's fields differ in length ({lengths}): each holds one row per "
+                              f"transition")
         if size == 0:
             return
         for name, held in (("obs", self.obs_shape), ("next_obs", self.obs_shape),

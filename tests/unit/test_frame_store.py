@@ -52,11 +52,11 @@ def test_a_frame_store_gives_back_every_row_bit_for_bit_after_the_ring_wraps():
 
 
 def test_each_frame_is_held_once_however_many_stacks_hold_it():
-    obs, next_obs = atari_like_transitions(steps=200, episode=200, frame=(12, 10))
-    frame_store, array_store = FrameStore(600, (4, 12, 10), np.uint8), ArrayStore(600, (4, 12, 10), np.uint8)
+    obs, next_obs = atari_like_transitions(steps=200, episode=200, frame=(32, 32))
+    frame_store, array_store = FrameStore(600, (4, 32, 32), np.uint8), ArrayStore(600, (4, 32, 32), np.uint8)
     fill(frame_store, obs, next_obs, capacity=600)
     fill(array_store, obs, next_obs, capacity=600)
-    unique = len({frame.tobytes() for frame in np.concatenate([obs, next_obs]).reshape(-1, 12, 10)})
+    unique = len({frame.tobytes() for frame in np.concatenate([obs, next_obs]).reshape(-1, 32, 32)})
     assert frame_store.frames_held == unique <= len(obs) + 3 * 4  # one new frame a step, plus each env's end
     assert frame_store.nbytes * 6 < array_store.nbytes  # 8x for the frames, less the rows' indices
 
@@ -98,6 +98,52 @@ def test_a_channels_last_image_is_one_frame_shared_by_obs_and_next_obs():
 @pytest.mark.parametrize(("shape", "dtype", "kind"), [
     ((4, 84, 84), np.uint8, FrameStore), ((84, 84), np.uint8, FrameStore), ((8,), np.uint8, ArrayStore),
     ((4, 84, 84), np.float32, ArrayStore), ((4,), np.float32, ArrayStore),
+    ((4, 10, 10), np.uint8, ArrayStore), ((4, 32, 32), np.uint8, FrameStore),  # frames under 1 KB are not worth it
 ])
 def test_images_get_a_frame_store_and_everything_else_arrays(shape, dtype, kind):
     assert type(observation_store(4, shape, dtype)) is kind
+
+
+def check_holders(store):
+    """Every slot's holder count is the rows pointing at it; no held slot is free, none handed out twice."""
+    held = np.concatenate([store.obs_frames.ravel(), store.next_frames.ravel()])
+    counts = np.bincount(held[held >= 0], minlength=len(store.holders))
+    np.testing.assert_array_equal(store.holders, counts)
+    assert not set(store.free) & set(np.flatnonzero(counts).tolist()) and len(set(store.free)) == len(store.free)
+    assert len(store.slot_of) + len(store.free) == store.used <= store.max_frames
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_pool_that_keeps_growing_while_the_ring_wraps_keeps_every_row(monkeypatch, seed):
+    from rqrl.seed import frame_store
+
+    monkeypatch.setattr(frame_store, "_FIRST_POOL_FRAMES", 2)  # grows again and again
+    random = np.random.default_rng(seed)
+    capacity, shape = int(random.integers(1, 12)), [(2, 3, 3), (1, 3, 3), (3, 3, 2), (3, 4), (4, 5, 5)][seed % 5]
+    store, truth = FrameStore(capacity, shape, np.uint8), ArrayStore(capacity, shape, np.uint8)
+    palette = random.integers(0, 256, (6, *shape), dtype=np.uint8)  # few distinct values: frames repeat often
+    cursor = 0
+    for _ in range(60):
+        count = int(random.integers(0, capacity + 1))
+        obs, next_obs = palette[random.integers(0, 6, count)], palette[random.integers(0, 6, count)]
+        obs[::2] = random.integers(0, 256, obs[::2].shape, dtype=np.uint8)  # and some never seen before
+        rows = (cursor + np.arange(count)) % capacity
+        store.put(rows, obs, next_obs)
+        truth.put(rows, obs, next_obs)
+        cursor = (cursor + count) % capacity
+        check_holders(store)
+    filled = np.flatnonzero(store.obs_frames[:, 0] >= 0)
+    for got, want in zip(store.get(filled), truth.get(filled), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_put_that_does_not_fit_is_refused_before_anything_changes():
+    obs, next_obs = atari_like_transitions(steps=8, envs=1, episode=8)
+    store = FrameStore(8, (4, 6, 5), np.uint8)
+    store.put(np.arange(8), obs, next_obs)
+    with pytest.raises(ValueError, match="expected 2 observations and next ones of shape"):
+        store.put(np.arange(2), obs[:3], next_obs[:3])
+    check_holders(store)
+    got_obs, got_next = store.get(np.arange(8))
+    np.testing.assert_array_equal(got_obs, obs)
+    np.testing.assert_array_equal(got_next, next_obs)

@@ -83,5 +83,22 @@ def test_a_message_whose_frame_index_does_not_fit_is_refused():
         with pytest.raises(RecordError, match="frame index"):
             decode_transitions(blob, KEY)
     missing = seal({name: array for name, array in arrays.items() if name != "actions"}, metadata, KEY)
-    with pytest.raises(RecordError, match="lacks its 'actions' array"):
+    with pytest.raises(RecordError, match=r"lacks its \['actions'\] arrays"):
         decode_transitions(missing, KEY)
+    short = seal({**arrays, "rewards": arrays["rewards"][:-1]}, metadata, KEY)
+    with pytest.raises(RecordError, match="arrays differ in length"):
+        decode_transitions(short, KEY)
+    index = arrays["frame_index"]
+    fewer = seal({**arrays, "frame_index": index[:, :-1]}, metadata, KEY)  # stacks for 11 of 12 transitions
+    with pytest.raises(RecordError, match=r"expected \[2, 12 transitions"):
+        decode_transitions(fewer, KEY)
+
+
+def test_a_message_that_would_rebuild_more_than_a_message_may_hold_is_refused():
+    frames = np.zeros((1, 84, 84), np.uint8)
+    index = np.zeros((2, 20_000, 4), np.int8)  # a few hundred bytes on the wire, 538 MB per stack rebuilt
+    batch = {"actions": np.zeros(20_000, np.int64), "rewards": np.zeros(20_000, np.float32),
+             "discounts": np.zeros(20_000, np.float32), "next_masks": np.ones((20_000, 2), bool),
+             "episode_returns": np.zeros(0), "frames": frames, "frame_index": index}
+    with pytest.raises(RecordError, match="would rebuild 538 MB of observations, over the 512 MB"):
+        decode_transitions(seal(batch, {}, KEY), KEY)
