@@ -1,7 +1,10 @@
 """Redis clients that ride out a Redis restart: redis-py's own retry with exponential backoff.
 
 Commands that fail with a connection or timeout error, or that a full Redis refuses (``maxmemory``
-reached: OOM), are retried for about ``outage_seconds``; only then does the error reach the caller.
+reached: OOM), are retried for ``outage_seconds`` from their first failure (and at most one backoff
+of 1 s more); only then does the error reach the caller. The window is a time, not a count of
+retries: backoffs start at 50 ms, so a count made 3 s ride out 0.1-0.5 s, and redis-py retries the
+reconnect inside a command's retry, which made 60 s up to two minutes.
 A retried command may run twice, which rqrl's writes tolerate: pushes are idempotent per rollout
 id, weights are write-once per version. A command refused for memory did not run (Redis checks
 memory before a command or script starts, and a transaction with a refused command runs none).
@@ -14,6 +17,7 @@ import copy
 import logging
 import math
 import ssl
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -36,6 +40,8 @@ SHUTDOWN_REDIS_GRACE_SECONDS = 3.0
 """How long a process that stops (a worker after SIGTERM, a learner's tear-down, `rqrl train` after a signal) still
 rides out a Redis outage for its last writes, instead of the whole outage window."""
 _BACKOFF_CAP_SECONDS = 1.0
+_UNCOUNTED_RETRIES = 2**31 - 1
+"""redis-py's count of retries, set out of reach: the outage window ends them (``_OutageRetry``)."""
 
 
 def refused_login(error: BaseException) -> bool:
@@ -62,14 +68,26 @@ _PROCESS_GIVE_UP = _GiveUp()
 """Every client's in this process, once the process is asked to stop (see ``stop_riding_out_in_process``)."""
 
 
+class _CallWindow(threading.local):
+    """This thread's command in retry: its outage window's end, kept through the retries redis-py nests inside it
+    (a reconnect's), so a nested retry ends with the command's window rather than starting one of its own."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.ends_at: float | None = None
+
+
+_CALL_WINDOW = _CallWindow()
+
+
 class _OutageRetry(Retry):
     """Retry through outages and a full Redis, but not through a refused login or an untrusted certificate,
     which redis-py also reports as connection errors and which no amount of waiting will fix. A full Redis
     is said at once (at a bounded rate), so a stall is never silent. Nor past ``give_up.at``: a process shutting
     down (see ``stop_riding_out``)."""
 
-    def __init__(self, backoff: ExponentialWithJitterBackoff, retries: int, url: str, outage_seconds: float):
-        super().__init__(backoff, retries, (redis.ConnectionError, redis.TimeoutError, OutOfMemoryError))
+    def __init__(self, backoff: ExponentialWithJitterBackoff, url: str, outage_seconds: float):
+        super().__init__(backoff, _UNCOUNTED_RETRIES, (redis.ConnectionError, redis.TimeoutError, OutOfMemoryError))
         self.where = f"Redis at {redact_url(url)}"
         self.outage_seconds = outage_seconds
         self.give_up = _GiveUp()
@@ -89,16 +107,24 @@ class _OutageRetry(Retry):
         with_failure_count: bool = False,
     ) -> _T:
         def retryable(error: Exception) -> bool:
-            give_up_at = min(self.give_up.at, _PROCESS_GIVE_UP.at)
-            if refused_login(error) or time.monotonic() > give_up_at:
+            now = time.monotonic()
+            if _CALL_WINDOW.ends_at is None:  # the command's first failure opens its window
+                _CALL_WINDOW.ends_at = now + self.outage_seconds
+            give_up_at = min(self.give_up.at, _PROCESS_GIVE_UP.at, _CALL_WINDOW.ends_at)
+            if refused_login(error) or now > give_up_at:
                 return False
             if isinstance(error, OutOfMemoryError):
-                window = min(self.outage_seconds, give_up_at - time.monotonic())
                 _OUT_OF_MEMORY_LOG.warning("%s; waiting up to %.0f s for memory", out_of_memory_advice(self.where),
-                                           window)
+                                           give_up_at - now)
             return is_retryable(error) if is_retryable else True
 
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
+        _CALL_WINDOW.depth += 1
+        try:
+            return super().call_with_retry(do, fail, retryable, with_failure_count)
+        finally:
+            _CALL_WINDOW.depth -= 1
+            if _CALL_WINDOW.depth == 0:
+                _CALL_WINDOW.ends_at = None
 
 
 def redact_url(url: str | None) -> str | None:
@@ -153,11 +179,9 @@ def first_contact(url: str, seconds: float = FIRST_CONTACT_SECONDS) -> None:
 
 
 def connect(url: str, outage_seconds: float = DEFAULT_OUTAGE_SECONDS) -> redis.Redis:
-    """A client for ``url`` that retries through outages of up to about ``outage_seconds``."""
+    """A client for ``url`` whose commands ride out an outage (or a full Redis) for ``outage_seconds``."""
     check_redis_url(url)
-    retries = max(1, math.ceil(outage_seconds / _BACKOFF_CAP_SECONDS))
-    retry = _OutageRetry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries, url,
-                         outage_seconds)
+    retry = _OutageRetry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), url, outage_seconds)
     return redis.Redis.from_url(url, retry=retry, socket_connect_timeout=5, health_check_interval=30,
                                 retry_on_error=[redis.ConnectionError, redis.TimeoutError, OutOfMemoryError])
 

@@ -13,6 +13,7 @@ import redis
 from rqrl import ConfigError, RedisOutOfMemoryError, RedisUnavailableError
 from rqrl.engine.connection import check_redis_url, connect, first_contact, redis_errors
 from rqrl.engine.server import EmbeddedRedis
+from tests.children import free_port
 from tests.factories import redis_actors
 from tests.redis_servers import RedisServer
 
@@ -27,12 +28,12 @@ def restartable(tmp_path_factory):
 
 
 def test_a_redis_that_stays_away_ends_the_run_with_a_clear_error(restartable, run_name, caplog):
-    actors = redis_actors(restartable.url, run_name, n_local_workers=0, redis_outage_seconds=3)
+    actors = redis_actors(restartable.url, run_name, n_local_workers=0, redis_outage_seconds=1)
     actors.start()
     actors.broadcast_updated_policy(actors.policy.state_dict())
     restartable.kill()
     started = time.monotonic()
-    with pytest.raises(RedisUnavailableError, match="stayed unreachable for about 3 s"):
+    with pytest.raises(RedisUnavailableError, match="stayed unreachable for about 1 s"):
         actors.collect_outputs("cpu")
     assert time.monotonic() - started < 20
     with pytest.raises(RedisUnavailableError):
@@ -72,3 +73,24 @@ def test_a_redis_that_stays_full_is_named_as_out_of_memory_with_the_fix(run_name
         assert sum("is out of memory" in record.getMessage() for record in caplog.records) == 1, "said once, at once"
         client.config_set("maxmemory", 0)
         assert patient.set("key", "value"), "memory is back: writes go through"
+
+
+@pytest.mark.parametrize("outage_seconds", [1.5, 3.0])
+def test_a_command_rides_out_the_window_it_was_given_no_less_and_no_more(restartable, outage_seconds):
+    client = connect(restartable.url, outage_seconds=outage_seconds)
+    assert client.ping()
+    restartable.kill()  # under a live connection: redis-py retries the reconnect inside the command's retry
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        client.blpop(["nothing"], timeout=1)
+    waited = time.monotonic() - started
+    assert outage_seconds <= waited < outage_seconds + 2, f"rode out {waited:.1f} s of a {outage_seconds} s window"
+    client.close()
+
+
+def test_a_client_with_nothing_to_reach_rides_out_its_window_too():
+    client = connect(f"redis://127.0.0.1:{free_port()}/0", outage_seconds=2)
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+    assert 2 <= time.monotonic() - started < 4  # a count of retries made it 0.1-0.5 s
