@@ -3,8 +3,8 @@
 Commands that fail with a connection or timeout error, or that a full Redis refuses (``maxmemory``
 reached: OOM), are retried for ``outage_seconds`` from their first failure (and at most one backoff
 of 1 s more); only then does the error reach the caller. The window is a time, not a count of
-retries: backoffs start at 50 ms, so a count made 3 s ride out 0.1-0.5 s, and redis-py retries the
-reconnect inside a command's retry, which made 60 s up to two minutes.
+retries: backoffs start at 50 ms, so a count made 3 s ride out 0.1-0.5 s, and redis-py retries a
+health check's PING inside a command's retry, which made 60 s up to two minutes.
 A retried command may run twice, which rqrl's writes tolerate: pushes are idempotent per rollout
 id, weights are write-once per version. A command refused for memory did not run (Redis checks
 memory before a command or script starts, and a transaction with a refused command runs none).
@@ -70,7 +70,9 @@ _PROCESS_GIVE_UP = _GiveUp()
 
 class _CallWindow(threading.local):
     """This thread's command in retry: its outage window's end, kept through the retries redis-py nests inside it
-    (a reconnect's), so a nested retry ends with the command's window rather than starting one of its own."""
+    (a health check's PING, a reconnect), so a nested retry ends with the command's window rather than starting
+    one of its own. The window closes when the command returns or raises, not when a nested retry gets through
+    (a reconnect that succeeds to a Redis still refusing the command for memory is no end of the outage)."""
 
     def __init__(self) -> None:
         self.depth = 0
@@ -80,13 +82,21 @@ class _CallWindow(threading.local):
 _CALL_WINDOW = _CallWindow()
 
 
+class _CappedBackoff(ExponentialWithJitterBackoff):
+    """redis-py's backoff, whose ``2**failures`` overflows a float after 1,024 failures (about 17 minutes of an
+    outage at 1 s each): the exponent stops growing long before that, as the backoff is capped at 1 s anyway."""
+
+    def compute(self, failures: int) -> float:
+        return super().compute(min(failures, 32))
+
+
 class _OutageRetry(Retry):
     """Retry through outages and a full Redis, but not through a refused login or an untrusted certificate,
     which redis-py also reports as connection errors and which no amount of waiting will fix. A full Redis
     is said at once (at a bounded rate), so a stall is never silent. Nor past ``give_up.at``: a process shutting
     down (see ``stop_riding_out``)."""
 
-    def __init__(self, backoff: ExponentialWithJitterBackoff, url: str, outage_seconds: float):
+    def __init__(self, backoff: _CappedBackoff, url: str, outage_seconds: float):
         super().__init__(backoff, _UNCOUNTED_RETRIES, (redis.ConnectionError, redis.TimeoutError, OutOfMemoryError))
         self.where = f"Redis at {redact_url(url)}"
         self.outage_seconds = outage_seconds
@@ -181,7 +191,7 @@ def first_contact(url: str, seconds: float = FIRST_CONTACT_SECONDS) -> None:
 def connect(url: str, outage_seconds: float = DEFAULT_OUTAGE_SECONDS) -> redis.Redis:
     """A client for ``url`` whose commands ride out an outage (or a full Redis) for ``outage_seconds``."""
     check_redis_url(url)
-    retry = _OutageRetry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), url, outage_seconds)
+    retry = _OutageRetry(_CappedBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), url, outage_seconds)
     return redis.Redis.from_url(url, retry=retry, socket_connect_timeout=5, health_check_interval=30,
                                 retry_on_error=[redis.ConnectionError, redis.TimeoutError, OutOfMemoryError])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 
@@ -60,3 +61,55 @@ def test_a_signal_inside_the_block_keeps_the_process_stopping(own_process_window
     with riding_out_briefly_in_process(30):
         stop_riding_out_in_process(0.0)  # SIGTERM while the learner waited for its threads
     assert connection._PROCESS_GIVE_UP.at < time.monotonic(), "the signal's cut stands after the block"
+
+
+def outage_retry(outage_seconds):
+    """The retry a client of ``connect`` gives each of its connections (nothing is reached: the calls are ours)."""
+    return connect(f"redis://127.0.0.1:{free_port()}/0", outage_seconds=outage_seconds).connection_pool \
+        .connection_kwargs["retry"]
+
+
+def down():
+    raise connection.redis.ConnectionError("down")
+
+
+@pytest.mark.timeout(30)  # windows that each retry reopened would retry the command forever
+def test_a_retry_nested_in_a_commands_retry_ends_with_the_commands_window(own_process_window):
+    retry, commands = outage_retry(0.5), []
+
+    def command():  # as redis-py's retried command, which retries a health check's PING inside it
+        commands.append(time.monotonic())
+        return retry.call_with_retry(down, lambda error: None)
+
+    with pytest.raises(connection.redis.ConnectionError):
+        retry.call_with_retry(command, lambda error: None)
+    assert len(commands) == 1, "the command gave up with its PING's window, not after a window of its own"
+    assert connection._CALL_WINDOW.depth == 0 and connection._CALL_WINDOW.ends_at is None
+
+
+@pytest.mark.timeout(30)  # a window the reconnect reopened would retry the command forever
+def test_a_nested_retry_that_gets_through_keeps_the_commands_window_open(own_process_window):
+    retry, commands = outage_retry(0.5), []
+
+    def reconnect():
+        return "connected"  # Redis answers again, and still refuses the command (out of memory, say)
+
+    def command():
+        commands.append(1)
+        retry.call_with_retry(reconnect, lambda error: None)
+        down()
+
+    with pytest.raises(connection.redis.ConnectionError):
+        retry.call_with_retry(command, lambda error: None)
+    assert 2 <= len(commands) < 100, "retried within the command's window, which the reconnect did not reopen"
+    assert connection._CALL_WINDOW.ends_at is None, "closed once the command gave up: the next one gets its own"
+
+
+def test_a_window_of_an_hour_ends_in_a_redis_error_not_an_overflow(own_process_window, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(connection, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(connection.redis.retry, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    retry, failures = outage_retry(3600), []
+    with pytest.raises(connection.redis.ConnectionError):
+        retry.call_with_retry(down, lambda error: failures.append(error))
+    assert len(failures) > 2000 and clock[0] - 1000 >= 3600  # redis-py's 2**failures overflowed at 1,024
