@@ -25,6 +25,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker, Worker
 
+from rqrl.cli.cross_site import refuse_cross_site_actions
 from rqrl.cli.dashboard_pages import add_security_headers, csp_nonce, escaping
 from rqrl.engine.enqueue import ERROR_TTL_SECONDS
 from rqrl.engine.keys import DEFAULT_QUEUE
@@ -187,10 +188,11 @@ def _gone_job(error: NoSuchJobError) -> tuple[Any, int]:
 
 def _set_up_app(state: BlueprintSetupState) -> None:
     """Once per app that registers rq-dashboard's blueprint: escaping templates, the security headers on every
-    response, and its job page and job data tolerant of unreadable jobs."""
+    response, actions from other sites refused, and its job page and job data tolerant of unreadable jobs."""
     app = state.app
     app.jinja_loader = escaping(app.jinja_loader)  # rq-dashboard's app finds the blueprint's templates first
     app.add_template_global(csp_nonce, "csp_nonce")
+    app.before_request(refuse_cross_site_actions)
     app.after_request(add_security_headers)
     prefix = ".".join(part for part in (state.name_prefix, state.name) if part)
     for endpoint, data in (("job_view", False), ("job_info", True)):
@@ -203,7 +205,8 @@ def secure_rq_dashboard(web: Any) -> None:
     """Make rq-dashboard's views (module ``rq_dashboard.web``) read every job, queue, registry and
     worker through rqrl's classes: its job page and its delete and requeue actions otherwise fetch
     jobs with pickle. Its Jobs tab opens on rqrl's queue, a gone job's page says so (a 404), an unreadable
-    job is listed as such, and its pages show Redis text as text under a Content-Security-Policy.
+    job is listed as such, its pages show Redis text as text under a Content-Security-Policy, and its actions
+    are refused when another site sends them (``rqrl.cli.cross_site``).
     Call it before the blueprint is registered on an app."""
     blueprint = web.blueprint
     if not getattr(blueprint, "_got_registered_once", False):  # Flask refuses set-up once registered

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
@@ -174,4 +175,44 @@ def test_markup_planted_in_redis_shows_as_text_and_runs_no_script(redis_url, con
                 problems.append(f"{page}: not shown as text: {missing}; the page shows: {shown}")
         assert not problems, "\n".join(problems)
     finally:
+        stop_process(dashboard, timeout=15)
+
+
+def answers(url: str) -> bool:
+    """Whether a web server answers ``url``."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def serve_folder(folder: Path, port: int) -> subprocess.Popen:
+    """A plain web server of ``folder`` on ``port``: another site, as far as the browser is concerned."""
+    return subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
+                             str(folder)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def test_a_page_of_another_site_cannot_requeue_through_the_operators_browser(redis_url, connection, tmp_path):
+    job = Job.create("os.system", args=("true",), id="csrf-target", connection=connection, serializer=JSONSerializer,
+                     origin="rqrl", description="a failed job", status=JobStatus.FAILED)
+    failed_registry("rqrl", connection).add(job, ttl=3600)
+    port, other_port = free_port(), free_port()
+    log_file = tmp_path / "dashboard.log"
+    dashboard = start_dashboard(redis_url, port, log_file)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text(  # what a page the operator opens elsewhere could do: post on load
+        f'<form id="f" method="post" action="http://127.0.0.1:{port}/requeue/rqrl"></form>'
+        '<script>document.getElementById("f").submit()</script>')
+    other = serve_folder(site, other_port)
+    try:
+        get_json(f"http://127.0.0.1:{port}/0/data/queues.json", dashboard, log_file, timeout=60)
+        wait_until(lambda: answers(f"http://127.0.0.1:{other_port}/index.html"), timeout=20, message="the other site")
+        shown = visible_text(render(f"http://127.0.0.1:{other_port}/index.html"))
+        assert "rqrl dashboard refused POST /requeue/rqrl" in shown, shown
+        assert failed_registry("rqrl", connection).get_job_ids() == [job.id], "nothing was requeued"
+    finally:
+        stop_process(other, timeout=5)
         stop_process(dashboard, timeout=15)

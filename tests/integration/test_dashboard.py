@@ -153,3 +153,33 @@ def test_the_pages_inline_script_holds_the_nonce_of_its_response_and_no_other_do
         assert all("nonce" not in tag for tag in tags if tag not in inline), (path, tags)
         nonces.append(nonce)
     assert len(set(nonces)) == len(nonces) and all(len(nonce) >= 24 for nonce in nonces), nonces
+
+
+ANOTHER_SITE = [{"Sec-Fetch-Site": "cross-site", "Origin": "https://pages.example"},
+                {"Sec-Fetch-Site": "same-site", "Origin": "http://other.localhost"},
+                {"Origin": "https://pages.example"}]  # a browser that sends no Sec-Fetch-Site
+
+
+@pytest.mark.parametrize("headers", ANOTHER_SITE)
+def test_an_action_another_site_sends_is_refused_and_changes_nothing(client, connection, headers):
+    job = plant_good_job(connection)
+    for send, path in ((client.post, f"/job/{job.id}/requeue"), (client.post, f"/requeue/{QUEUE}"),
+                       (client.get, f"/requeue/{QUEUE}")):  # requeue-all answers GET too
+        reply = send(path, headers=headers)
+        assert reply.status_code == 403 and "refused" in reply.text and "CSRF" in reply.text, (path, reply.text)
+    assert failed_registry(QUEUE, connection).get_job_ids() == [job.id], "the job is still failed: nothing requeued"
+
+
+@pytest.mark.parametrize("headers", [{"Sec-Fetch-Site": "same-origin", "Origin": "http://localhost"},
+                                     {"Origin": "http://localhost"}, {}])  # its own page; an old browser; curl
+def test_the_dashboards_own_pages_and_clients_that_are_no_browser_may_act(client, connection, headers):
+    job = plant_good_job(connection)
+    reply = client.post(f"/job/{job.id}/requeue", headers=headers)
+    assert reply.status_code == 200, reply.text
+    assert failed_registry(QUEUE, connection).get_job_ids() == []
+
+
+def test_pages_and_their_data_open_from_a_link_on_another_site(client, connection):
+    plant_good_job(connection)
+    for path in ("/", "/0/data/queues.json"):
+        assert client.get(path, headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200, path
