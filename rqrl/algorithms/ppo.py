@@ -55,7 +55,6 @@ from rqrl.algorithms.impala import ActorCritic
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
 from rqrl.algorithms.sample_ahead import SampleAhead
 from rqrl.algorithms.tracking import check_wandb, tracker
-from rqrl.engine.connection import SHUTDOWN_REDIS_GRACE_SECONDS, riding_out_briefly_in_process
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RunStoppedError
@@ -361,13 +360,9 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
             ahead = SampleAhead(sampler, config.num_samples) if config.sample_ahead else None
             try:
                 _iterate(learner, sampler, ahead, metrics, evaluation, progress, started)
-            except BaseException:
-                if ahead is not None:  # its call in flight gives up on a Redis that is gone: the stop does not wait
-                    with riding_out_briefly_in_process(SHUTDOWN_REDIS_GRACE_SECONDS):
-                        ahead.close()
-                raise
-            if ahead is not None:
-                ahead.close()
+            finally:
+                if ahead is not None:
+                    ahead.close()
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)

@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from rqrl.engine.connection import SHUTDOWN_REDIS_GRACE_SECONDS, riding_out_briefly_in_process
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -53,9 +55,12 @@ class CallAhead(Generic[T]):
 
     def close(self) -> None:
         """Wait for the call in flight (its result is dropped; its error only logged) and end the thread; a later
-        ``start`` makes a new one."""
+        ``start`` makes a new one. A result no one takes is not worth an outage window: while it waits, the
+        process's Redis clients ride out an outage for a few seconds only (a learner stopping with its Redis gone
+        returns in seconds), and get their window back after."""
         try:
-            self.take()
+            with riding_out_briefly_in_process(SHUTDOWN_REDIS_GRACE_SECONDS):
+                self.take()
         except Exception as error:  # the caller is shutting down; its own error, if any, is the one to raise
             log.debug("the call in flight at shutdown failed: %s", error)
         if self._pool is not None:

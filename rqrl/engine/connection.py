@@ -216,8 +216,8 @@ def stop_riding_out_in_process(grace_seconds: float) -> None:
 @contextlib.contextmanager
 def riding_out_briefly_in_process(grace_seconds: float) -> Iterator[None]:
     """Within the block every client of ``connect`` in this process, in any thread, rides out an outage until
-    ``grace_seconds`` from its start, not longer: what a learner's API call does while it waits for its own threads
-    as it stops (Ctrl-C, an error), so a Redis that is gone does not hold the caller for an outage window. After
+    ``grace_seconds`` from its start, not longer: what a learner does while it waits for a call whose result it
+    drops (``CallAhead.close``), so a Redis that is gone does not hold the caller for an outage window. After
     it the window is back, for a process that goes on (a notebook), unless the process was asked to stop
     meanwhile."""
     before, stops = _PROCESS_GIVE_UP.at, _PROCESS_GIVE_UP.stops

@@ -20,6 +20,7 @@ from rqrl.errors import RedisUnavailableError
 
 log = logging.getLogger(__name__)
 
+
 @contextlib.contextmanager
 def tearing_down(client: redis.Redis, url: str | None, run_name: str, *, embedded: bool = False) -> Iterator[None]:
     """The block is run ``run_name``'s tear-down in Redis at ``url``: its commands ride out an outage until

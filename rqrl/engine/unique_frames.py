@@ -30,7 +30,7 @@ MAX_STACK = 32
 deep) and fewer than each of the next two (a frame's height and width); otherwise (a channels-last image, say)
 the whole observation is one frame."""
 
-__all__ = ["MAX_STACK", "UniqueFrames", "rebuild_stacks", "stack_depth", "unique_frames"]
+__all__ = ["MAX_STACK", "UniqueFrames", "as_frames", "frame_shape", "rebuild_stacks", "stack_depth", "unique_frames"]
 
 
 class UniqueFrames(NamedTuple):
@@ -50,6 +50,17 @@ def stack_depth(obs_shape: tuple[int, ...]) -> int:
     if len(obs_shape) >= 3 and 2 <= obs_shape[0] <= min(MAX_STACK, obs_shape[1] - 1, obs_shape[2] - 1):
         return int(obs_shape[0])
     return 1
+
+
+def frame_shape(obs_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of one frame of an observation of ``obs_shape`` (``stack_depth`` of them make one)."""
+    return tuple(obs_shape[1:]) if stack_depth(obs_shape) > 1 else tuple(obs_shape)
+
+
+def as_frames(observations: np.ndarray) -> np.ndarray:
+    """Observations ``[N, *obs]`` as their frames ``[N * stack_depth, *frame]``, C-contiguous (a digest reads a
+    frame's bytes)."""
+    return np.ascontiguousarray(observations).reshape(-1, *frame_shape(observations.shape[1:]))
 
 
 def unique_frames(*parts: np.ndarray) -> UniqueFrames:

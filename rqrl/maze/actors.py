@@ -111,6 +111,9 @@ class DistributedActors(StatsReader, abc.ABC):
 JUNK_POP_ENTRIES = 256
 """Most entries one pop takes while whole pops are refused: junk drains at Redis's speed, and good entries that
 follow it come in pops of at most this many (about 1 MB each)."""
+WORKERS_SETTLE_SECONDS = 3.0
+"""With ``wait_for_workers``: the actors are split once no more workers registered for this long."""
+WORKERS_POLL_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -713,11 +716,6 @@ class RedisDistributedActors(DistributedActors):
                     self.connection.close()
                     self.local_workers.stop_redis()
                     self.connection = None
-
-
-WORKERS_SETTLE_SECONDS = 3.0
-"""With ``wait_for_workers``: the actors are split once no more workers registered for this long."""
-WORKERS_POLL_SECONDS = 0.25
 
 
 def _check_fork(start_method: str | None, policy_state: Mapping[str, torch.Tensor]) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.screen import MAX_ENTRY_BYTES
-from rqrl.engine.unique_frames import rebuild_stacks, stack_depth, unique_frames
+from rqrl.engine.unique_frames import as_frames, rebuild_stacks, unique_frames
 from rqrl.errors import EnvError, RecordError, RunStoppedError
 from rqrl.seed.inference import ActorInference, InferenceClient
 from rqrl.seed.nstep import NStepCollector, Transition, TransitionBatch, obs_array, stack
@@ -117,11 +117,9 @@ def encode_transitions(batch: TransitionBatch, key: bytes, episode_returns: list
     arrays["episode_returns"] = np.asarray(episode_returns or [], np.float64)
     images = batch.obs.dtype == batch.next_obs.dtype == np.uint8 and batch.obs.ndim >= 3
     if images and batch.obs.shape == batch.next_obs.shape:
-        depth = stack_depth(batch.obs.shape[1:])
-        frame_shape = batch.obs.shape[2:] if depth > 1 else batch.obs.shape[1:]
-        found = unique_frames(batch.obs.reshape(-1, *frame_shape), batch.next_obs.reshape(-1, *frame_shape))
+        found = unique_frames(as_frames(batch.obs), as_frames(batch.next_obs))
         del arrays["obs"], arrays["next_obs"]
-        arrays["frames"], arrays["frame_index"] = found.frames, found.frame_index.reshape(2, batch.size, depth)
+        arrays["frames"], arrays["frame_index"] = found.frames, found.frame_index.reshape(2, batch.size, -1)
     return seal(arrays, {"sender": sender, "sequence": str(sequence)}, key)
 
 
@@ -142,8 +140,7 @@ def decode_transitions(blob: bytes, key: bytes) -> TransitionMessage:
                               f"[2, {transitions} transitions, frames per observation]")
         arrays["obs"], arrays["next_obs"] = (rebuild_stacks(arrays["frames"], part) for part in index)
     batch = TransitionBatch(*(arrays[name] for name in TransitionBatch._fields))
-    lengths = {name: len(field) for name, field in batch._asdict().items()}
-    if set(lengths.values()) != {transitions}:
+    if lengths := batch.uneven_lengths():
         raise RecordError(f"a transition message's arrays differ in length ({lengths})")
     return TransitionMessage(batch, arrays["episode_returns"], metadata.get("sender", ""),
                              int(metadata.get("sequence", "0")))

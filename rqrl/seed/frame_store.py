@@ -21,11 +21,12 @@ True
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import numpy as np
 
-from rqrl.engine.unique_frames import stack_depth, unique_frames
+from rqrl.engine.unique_frames import as_frames, frame_shape, stack_depth, unique_frames
 
 MIN_FRAME_BYTES = 1024
 """Smaller frames stay whole arrays: a frame held once costs about 150 bytes of bookkeeping (its holders, its key
@@ -58,10 +59,8 @@ def observation_store(capacity: int, obs_shape: tuple[int, ...], dtype: np.dtype
     """A FrameStore for images (uint8 observations of two or more axes whose frames hold MIN_FRAME_BYTES or more),
     an ArrayStore for anything else (vectors are small, and their floats rarely repeat)."""
     dtype = np.dtype(dtype)
-    if dtype == np.uint8 and len(obs_shape) >= 2:
-        depth = stack_depth(tuple(obs_shape))
-        if int(np.prod(obs_shape)) // depth >= MIN_FRAME_BYTES:
-            return FrameStore(capacity, obs_shape, dtype)
+    if dtype == np.uint8 and len(obs_shape) >= 2 and math.prod(frame_shape(tuple(obs_shape))) >= MIN_FRAME_BYTES:
+        return FrameStore(capacity, obs_shape, dtype)
     return ArrayStore(capacity, obs_shape, dtype)
 
 
@@ -93,7 +92,7 @@ class FrameStore:
         self.dtype = np.dtype(dtype)
         self.obs_shape = tuple(obs_shape)
         self.depth = stack_depth(self.obs_shape)
-        self.frame_shape = self.obs_shape[1:] if self.depth > 1 else self.obs_shape
+        self.frame_shape = frame_shape(self.obs_shape)
         self.max_frames = 2 * self.depth * capacity  # no frame shared by any two observations
         index_dtype = np.int32 if self.max_frames < 2**31 else np.int64
         self.obs_frames = np.full((capacity, self.depth), -1, index_dtype)  # -1: an empty row
@@ -126,17 +125,13 @@ class FrameStore:
         replaced = np.concatenate([self.obs_frames[rows].ravel(), self.next_frames[rows].ravel()])
         self._release(replaced[replaced >= 0])  # first: the pool then never holds more than max_frames
         count = len(rows)
-        slots = self._hold(self._frames(obs), self._frames(next_obs))
+        slots = self._hold(as_frames(np.asarray(obs, self.dtype)), as_frames(np.asarray(next_obs, self.dtype)))
         self.obs_frames[rows] = slots[:count * self.depth].reshape(count, self.depth)
         self.next_frames[rows] = slots[count * self.depth:].reshape(count, self.depth)
 
     def get(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shape = (len(rows), *self.obs_shape)
         return self.pool[self.obs_frames[rows]].reshape(shape), self.pool[self.next_frames[rows]].reshape(shape)
-
-    def _frames(self, observations: np.ndarray) -> np.ndarray:
-        """``observations`` as frames, ``depth`` per observation, each C-contiguous (a digest reads its bytes)."""
-        return np.ascontiguousarray(observations, self.dtype).reshape(-1, *self.frame_shape)
 
     def _hold(self, *frames: np.ndarray) -> np.ndarray:
         """The pool slot of each frame, part after part, storing those the pool lacks; each slot gains a holder

@@ -50,6 +50,11 @@ class TransitionBatch(NamedTuple):
         """Number of transitions (``len()`` of a NamedTuple counts its fields)."""
         return int(self.actions.shape[0])
 
+    def uneven_lengths(self) -> dict[str, int] | None:
+        """Each field's length where they differ (a field holds one row per transition), else None."""
+        lengths = {name: len(field) for name, field in self._asdict().items()}
+        return lengths if len(set(lengths.values())) > 1 else None
+
 
 def obs_array(obs: Any) -> np.ndarray:
     """An observation as SEED sends and stores it: uint8 as it is (images: a quarter of float32's bytes on the wire

@@ -93,8 +93,7 @@ class ReplayBuffer:
         """Store ``batch`` (a batch larger than the capacity keeps its last ``capacity`` transitions); without
         ``priorities`` (or where they are NaN) new transitions get the largest priority seen."""
         size = batch.size
-        lengths = {name: len(field) for name, field in batch._asdict().items()}
-        if set(lengths.values()) != {size}:
+        if lengths := batch.uneven_lengths():
             raise ConfigError(f"a transition batch's fields differ in length ({lengths}): each holds one row per "
                               f"transition")
         if size == 0:

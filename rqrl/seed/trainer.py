@@ -112,8 +112,8 @@ class Trainer:
         self.redis_url: str | None = None
         """The Redis of the last start() (an embedded one's URL while it runs)."""
         self._last_sequence: dict[str, int] = {}
-        self._said_unscreened = False  # warned once that this Redis user cannot screen messages for size
         """Sender (an actor thread) -> the newest message number taken from it: older or repeated ones are replays."""
+        self._said_unscreened = False  # warned once that this Redis user cannot screen messages for size
 
     def stop(self) -> None:
         """Make a running ``start()`` (in another thread) end now, as if its duration had passed."""

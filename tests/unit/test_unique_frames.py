@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rqrl.engine.unique_frames import rebuild_stacks, stack_depth, unique_frames
+from rqrl.engine.unique_frames import as_frames, frame_shape, rebuild_stacks, stack_depth, unique_frames
 from rqrl.errors import RecordError
 
 
@@ -13,11 +13,21 @@ def test_parts_share_one_set_of_frames_and_the_index_rebuilds_each_part():
     random = np.random.default_rng(0)
     frames = random.integers(0, 256, (5, 7, 7), dtype=np.uint8)
     first, second = frames[[0, 1, 2, 1]], frames[[2, 3, 4, 0, 4]]
-    found = unique_frames(first, second[::-1][::-1])  # a non-contiguous view is read as its frames
+    wide = np.zeros((5, 7, 9), np.uint8)
+    wide[:, :, :7] = second
+    found = unique_frames(first, wide[:, :, :7])  # a non-contiguous view is read as its frames
+    assert not wide[:, :, :7].flags.c_contiguous
     assert len(found.frames) == len(found.keys) == 5
     np.testing.assert_array_equal(found.frames[found.frame_index[:4]], first)
     np.testing.assert_array_equal(found.frames[found.frame_index[4:]], second)
     assert found.frame_index.dtype == np.int32
+
+
+def test_observations_are_split_into_frames_by_their_stack_depth():
+    stacks = np.arange(2 * 4 * 8 * 8, dtype=np.uint8).reshape(2, 4, 8, 8)
+    np.testing.assert_array_equal(as_frames(stacks), stacks.reshape(8, 8, 8))
+    images = np.zeros((3, 8, 8, 4), np.uint8)  # channels last: each observation one frame
+    assert as_frames(images).shape == (3, 8, 8, 4) and frame_shape((8, 8, 4)) == (8, 8, 4)
 
 
 def test_no_frames_give_an_empty_set_of_their_shape():
