@@ -113,3 +113,19 @@ def test_a_window_of_an_hour_ends_in_a_redis_error_not_an_overflow(own_process_w
     with pytest.raises(connection.redis.ConnectionError):
         retry.call_with_retry(down, lambda error: failures.append(error))
     assert len(failures) > 2000 and clock[0] - 1000 >= 3600  # redis-py's 2**failures overflowed at 1,024
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "unix:///nonexistent/redis.sock"])
+def test_a_client_sends_large_values_as_they_are_and_small_ones_packed(url):
+    """connect's clients pack commands with redis-py's Python packer, whatever hiredis is installed: a large value is
+    sent as the very buffer given (hiredis's packer copies it, about 2.3 ms per MB), a small command as one buffer."""
+    client = connection.connect(url)
+    pooled = client.connection_pool.make_connection()  # made, not connected: packing needs no server
+    large = bytes(connection.LARGE_VALUE_BYTES + 1)
+    chunks = pooled.pack_command("RPUSH", "queue", large, "é")
+    assert any(chunk is large for chunk in chunks), "the large value was copied"
+    assert b"".join(chunks) == (b"*4\r\n$5\r\nRPUSH\r\n$5\r\nqueue\r\n$%d\r\n" % len(large) + large
+                                + b"\r\n$2\r\n\xc3\xa9\r\n")
+    assert len(pooled.pack_command("SET", "key", b"small")) == 1
+    batch = pooled.pack_commands([("SET", "a", large), ("GET", "a")])
+    assert any(chunk is large for chunk in batch), "a pipeline's large value was copied"
