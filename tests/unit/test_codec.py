@@ -49,6 +49,8 @@ def test_state_dict_round_trip_keeps_values_dtypes_shapes_and_metadata():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int64, torch.bool,
+                                   torch.int16, torch.int32, torch.uint16, torch.uint32, torch.uint64,
+                                   torch.float8_e4m3fn, torch.float8_e5m2,
                                    torch.uint8])
 def test_state_dict_round_trip_of_each_dtype(dtype):
     values = (torch.arange(-6, 6).reshape(3, 4) * 1.25).to(dtype)
@@ -90,6 +92,20 @@ def test_views_and_non_contiguous_tensors_round_trip():
     decoded, _ = decode_state_dict(encode_state_dict(state, {}))
     for name, tensor in state.items():
         assert torch.equal(decoded[name], tensor), name
+
+
+def test_a_transposed_or_sliced_tensor_round_trips_as_its_values():
+    """Views are written as their own values, in order, not as the storage under them."""
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    state = {"transposed": base.t(), "row": base[2], "column": base[:, 3], "offset": base.flatten()[5:9]}
+    decoded, _ = decode_state_dict(encode_state_dict(state, {}))
+    for name, tensor in state.items():
+        assert torch.equal(decoded[name], tensor), name
+
+
+def test_encode_state_dict_refuses_a_dtype_safetensors_cannot_carry():
+    with pytest.raises(TypeError, match="'phase' has dtype torch.complex64"):
+        encode_state_dict({"phase": torch.zeros(2, dtype=torch.complex64)}, {})
 
 
 def test_encode_state_dict_refuses_non_tensors():
