@@ -2,9 +2,10 @@
 
 A learner loop of ``collect_outputs`` then a training step, on image_obs.py's 84x84x4 random frame stacks and its
 small conv policy, with W local workers of E envs each (one rollout of every actor a batch). The training step is
-either ``sleep`` (the CPU idle for the given milliseconds, as a learner waiting on its GPU is) or ``cpu`` (an
-actual update of the conv policy on the batch, on this process's one torch thread: it competes with the workers
-for the cores). The two settings run side by side, alternating which goes first, in one process.
+``sleep`` (the CPU idle for the given milliseconds, as a learner waiting on its GPU is), ``cpu`` (an actual update of
+the conv policy on the batch, on this process's one torch thread: it competes with the workers for the cores) or
+``cuda`` (the same update on the GPU, the batch collected straight onto it, its loss read back as a learner's
+metrics are). The two settings run side by side, alternating which goes first, in one process.
 
 Run from the repository root::
 
@@ -48,7 +49,8 @@ class Measurement:
 def training_step(mode: str, milliseconds: float, policy: ConvPolicy,
                   optimizer: torch.optim.Optimizer) -> Callable[[BatchedRecord], None]:
     """What the learner does with each batch: sleep, or one gradient step of the policy (its logits' mean, a
-    stand-in loss with the real forward and backward passes over every observation)."""
+    stand-in loss with the real forward and backward passes over every observation) on the policy's device; the
+    loss is read back (as a learner reads its metrics), which waits for a GPU step to finish."""
     def sleep(batch: BatchedRecord) -> None:
         time.sleep(milliseconds / 1000)
 
@@ -58,14 +60,21 @@ def training_step(mode: str, milliseconds: float, policy: ConvPolicy,
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        loss.item()
 
     return sleep if mode == "sleep" else update
+
+
+def learner_device(train: str) -> str:
+    """Where the learner's batches and policy live: the GPU for ``--train cuda``, else the CPU."""
+    return "cuda" if train == "cuda" else "cpu"
 
 
 def measure(pop_ahead: bool, train_ms: float, args: argparse.Namespace) -> Measurement:
     n_actors = args.workers * args.envs
     policy = ConvPolicy().eval()
-    learner_policy = ConvPolicy()
+    device = learner_device(args.train)
+    learner_policy = ConvPolicy().to(device)
     optimizer = torch.optim.SGD(learner_policy.parameters(), lr=1e-4)
     train = training_step(args.train, train_ms, learner_policy, optimizer)
     actors = SubprocDistributedActors(make_env, policy, args.rollout_steps, n_actors, n_actors, 2.0, "fork",
@@ -75,11 +84,11 @@ def measure(pop_ahead: bool, train_ms: float, args: argparse.Namespace) -> Measu
         actors.broadcast_updated_policy(policy.state_dict())
         warm_until = time.perf_counter() + args.warmup
         while time.perf_counter() < warm_until:
-            train(actors.collect_outputs("cpu").record)
+            train(actors.collect_outputs(device).record)
         steps, collect_seconds = 0, []
         started = time.perf_counter()
         while time.perf_counter() - started < args.seconds:
-            outputs = actors.collect_outputs("cpu")
+            outputs = actors.collect_outputs(device)
             collect_seconds.append(outputs.dequeue_time)
             steps += int(outputs.record.rewards.numel())
             train(outputs.record)
@@ -94,7 +103,7 @@ def print_table(args: argparse.Namespace, results: dict[float, list[dict[bool, M
     print("| training step | pop_ahead off: steps/s | on: steps/s | on / off | collect ms off | collect ms on |")
     print("|:--|--:|--:|--:|--:|--:|")
     for train_ms, rounds in results.items():
-        step = f"sleep {train_ms:.0f} ms" if args.train == "sleep" else "conv update"
+        step = f"sleep {train_ms:.0f} ms" if args.train == "sleep" else f"conv update on {args.train}"
         for measured in rounds:
             off, on = measured[False], measured[True]
             print(f"| {step} | {off.steps_per_second:,.0f} | {on.steps_per_second:,.0f} | "
@@ -107,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
     parser.add_argument("--envs", type=int, default=8, help="envs per worker")
     parser.add_argument("--rollout-steps", type=int, default=64, help="n_rollout_steps")
-    parser.add_argument("--train", choices=("sleep", "cpu"), default="sleep", help="the training step")
+    parser.add_argument("--train", choices=("sleep", "cpu", "cuda"), default="sleep", help="the training step")
     parser.add_argument("--train-ms", type=float, nargs="+", default=[0.0, 50.0],
                         help="milliseconds each sleep step takes (--train sleep)")
     parser.add_argument("--seconds", type=float, default=8.0, help="measurement window")
@@ -116,7 +125,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.workers, args.envs, args.rollout_steps, args.rounds) < 1 or args.seconds <= 0 or min(args.train_ms) < 0:
         parser.error("expected --workers, --envs, --rollout-steps, --rounds >= 1, --seconds > 0, --train-ms >= 0")
-    if args.train == "cpu":
+    if args.train == "cuda" and not torch.cuda.is_available():
+        parser.error("--train cuda needs a CUDA GPU that torch can see (torch.cuda.is_available() is False)")
+    if args.train != "sleep":
         args.train_ms = [0.0]
     return args
 

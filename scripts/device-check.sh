@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 27's checks on a GPU machine with 16 cores, in one pass (each step bounded by `timeout`, each step's log
+# kept under $OUT whatever the others do):
+#   1. the CUDA tests (IMPALA, PPO and DQN learners and SEED's inference server on the GPU);
+#   2. benchmarks/image_obs.py with 14 workers (goal 3: >= 0.7x the no-transport reference);
+#   3. benchmarks/pop_ahead.py with the conv update on the GPU;
+#   4. IMPALA on ALE/Pong-v5 with --learner-device cuda for PONG_SECONDS, then its learning curve; py-spy, where
+#      installed, records the learner for 20 s of it (Python frames, $OUT/pong-learner.txt).
+# STEPS picks the steps by name (default: all four).
+# Run from the repository root. Where the machine has none of rqrl's dependencies, put their wheels in .whl/ (and a
+# redis-server in .whl/redis/) first: this installs them into /tmp/site. QUICK=1 runs every step briefly on 2 workers
+# (and the update on the CPU) to try the script on a machine without a GPU; INSTALL=0 skips the wheels.
+set -u
+OUT=${OUT:-/tmp/device-check}
+PY=${PY:-python3}
+QUICK=${QUICK:-0}
+PONG_SECONDS=${PONG_SECONDS:-240}
+STEPS=${STEPS:-cuda-tests image-obs pop-ahead pong}
+ROUNDS=${ROUNDS:-2}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD" PATH="$PWD/.whl/redis:/tmp/site/bin:$PATH"
+
+if [ "${INSTALL:-1}" = 1 ] && ls .whl/*.whl > /dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+"$PY" -c "import torch, gymnasium, ale_py, rq, redis; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+      'gymnasium', gymnasium.__version__, 'ale-py', ale_py.__version__, 'rq', rq.__version__)" || exit 1
+echo "cores: $(nproc); redis-server: $(command -v redis-server) $(redis-server --version | cut -d' ' -f3)"
+
+step() {  # step NAME SECONDS COMMAND...: run COMMAND into $OUT/NAME.log, stopped by SIGINT after SECONDS
+    local name=$1 limit=$2 started rc
+    shift 2
+    case " $STEPS pong-curve " in *" $name "*) ;; *) return ;; esac
+    started=$(date +%s)
+    echo "=== $name (at most $limit s): $*"
+    timeout -s INT -k 20 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    echo "=== $name: exit $rc after $(( $(date +%s) - started )) s"
+    tail -n "${TAIL:-25}" "$OUT/$name.log"
+}
+
+if [ "$QUICK" = 1 ]; then
+    workers=2 seconds=1 rounds=1 train=cpu pong_workers=2 pong_actors=16 device=cpu
+else
+    workers=14 seconds=4 rounds=$ROUNDS train=cuda pong_workers=14 pong_actors=112 device=cuda
+fi
+
+TAIL=8 step cuda-tests 150 "$PY" -m pytest -q -p no:cacheprovider --timeout 120 -k cuda \
+    tests/processes/test_impala_cuda.py tests/processes/test_ppo_cuda.py tests/processes/test_dqn_cuda.py \
+    tests/integration/test_inference.py
+TAIL=22 step image-obs 200 "$PY" benchmarks/image_obs.py --workers "$workers" --envs 8 32 --seconds "$seconds" \
+    --warmup 2 --rounds "$rounds"
+TAIL=16 step pop-ahead 120 "$PY" benchmarks/pop_ahead.py --workers "$workers" --train "$train" \
+    --seconds "$seconds" --warmup 2 --rounds "$rounds"
+rm -rf /tmp/device-runs
+if command -v py-spy > /dev/null; then  # the learner's profile, a minute in
+    (sleep 60; learner=$(pgrep -f -o "^$PY -m rqrl train impala") \
+        && py-spy record --pid "$learner" --duration 20 --rate 50 --format raw --output "$OUT/pong-learner.txt" \
+        > /dev/null 2>&1) &
+fi
+# stopped by SIGINT after PONG_SECONDS: the learner stops the workers, writes its last checkpoint and metrics
+TAIL=6 step pong $(( PONG_SECONDS + 40 )) timeout -s INT "$PONG_SECONDS" "$PY" -m rqrl train impala --env ALE/Pong-v5 \
+    --workers "$pong_workers" --n-actors "$pong_actors" --n-rollout-steps 32 --batch-size 16 --learning-rate 6e-4 \
+    --max-grad-norm 40 --learner-device "$device" --total-env-steps 50000000 --run-dir /tmp/device-runs \
+    --run-name pong --progress-seconds 20 --metrics-seconds 5
+cp /tmp/device-runs/pong/metrics.csv "$OUT/pong-metrics.csv" 2>/dev/null
+TAIL=30 step pong-curve 60 "$PY" benchmarks/run_curve.py /tmp/device-runs/pong --window 30
