@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|:--|--:|--:|--:|--:|--:|--:|--:|")
     for result in results:
         print(f"| {result.model} | {result.megabytes:.2f} | {result.publishes} | {result.publish_ms:.1f} | "
-              f"{result.fetches} | {result.fetch_ms:.1f} | {result.redis_ms_per_fetch:.2f} | {result.redis_cores:.2f} |")
+              f"{result.fetches} | {result.fetch_ms:.1f} | {result.redis_ms_per_fetch:.2f} | "
+              f"{result.redis_cores:.2f} |")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,10 @@ class ImpalaConfig(Tracking):
     pop_ahead: bool = field(default=True, metadata={
         "help": "Pop and decode the next batch on a thread while the learner trains on this one (it pays with a "
                 "GPU learner; two batches then wait unacknowledged, and the policy lag may be one batch more)."})
+    weights_refresh_seconds: float = field(default=0.0, metadata={
+        "help": "A worker checks for new weights at most this often (0: before every rollout): with many workers and "
+                "an image policy (a Nature CNN is 6.7 MB) this bounds what the broadcasts send out of Redis, for "
+                "rollouts up to this much older."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate."})
     discount: float = field(default=0.99, metadata={"help": "Discount factor gamma."})
     rho_bar: float = field(default=1.0, metadata={"help": "V-trace clip of the importance ratio in the TD errors."})
@@ -158,6 +162,8 @@ class ImpalaConfig(Tracking):
             raise ConfigError(f"expected max_policy_lag >= 0, got {self.max_policy_lag}")
         if not self.metrics_seconds >= 0:
             raise ConfigError(f"expected metrics_seconds >= 0, got {self.metrics_seconds}")
+        if not 0 <= self.weights_refresh_seconds < math.inf:  # also refuses NaN
+            raise ConfigError(f"expected weights_refresh_seconds >= 0 seconds, got {self.weights_refresh_seconds}")
 
 
 class ActorCritic(nn.Module):
@@ -347,7 +353,7 @@ def make_actors(config: ImpalaConfig, model: ActorCritic, *, secret: str | bytes
         actors_per_job=config.actors_per_job,
         start_method="forkserver", resume=config.resume is not None, secret=secret, redis_server=redis_server,
         learner_timeout=config.learner_timeout, wait_for_workers=config.wait_for_workers,
-        pop_ahead=config.pop_ahead,
+        pop_ahead=config.pop_ahead, weights_refresh_seconds=config.weights_refresh_seconds,
     )
 
 

@@ -71,6 +71,11 @@ class RunOptions:
     a collect that did not wait for rollouts: the learner sets the pace). Two batches then sit on the
     unacknowledged list (both re-delivered to a learner that resumes the run), and the workers may run one batch
     further ahead of the learner's policy than the queue's bound alone allows."""
+    weights_refresh_seconds: float = 0.0
+    """A worker checks for new weights before a rollout only once this long has passed since its last check (0: before
+    every rollout). Each check that finds a new version moves the whole policy out of Redis (a Nature CNN is 6.7 MB),
+    so with W workers Redis sends at most about W x the policy's size / this per second; the workers' rollouts are
+    then up to this much older in learner updates (policy_lag)."""
 
     def __post_init__(self) -> None:
         for name in ("collect_timeout", "no_worker_timeout", "min_job_seconds", "hang_seconds",
@@ -80,9 +85,8 @@ class RunOptions:
         if self.max_job_seconds < self.min_job_seconds:
             raise ConfigError(f"expected max_job_seconds >= min_job_seconds ({self.min_job_seconds}), "
                               f"got {self.max_job_seconds}")
-        if not (isinstance(self.wait_for_workers, (int, float)) and not isinstance(self.wait_for_workers, bool)
-                and math.isfinite(self.wait_for_workers) and self.wait_for_workers >= 0):
-            raise ConfigError(f"expected wait_for_workers >= 0 seconds, got {self.wait_for_workers!r}")
+        for name in ("wait_for_workers", "weights_refresh_seconds"):
+            _check_seconds(name, getattr(self, name))
         if self.n_local_workers is not None and not (_is_int(self.n_local_workers) and self.n_local_workers >= 0):
             raise ConfigError(f"expected n_local_workers >= 0, got {self.n_local_workers!r}")
         if self.actors_per_job is not None and not (_is_int(self.actors_per_job) and self.actors_per_job >= 1):
@@ -99,6 +103,11 @@ class RunOptions:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0):
+        raise ConfigError(f"expected {name} >= 0 seconds, got {value!r}")
 
 
 def _check_positive(name: str, value: object) -> None:

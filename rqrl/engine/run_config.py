@@ -68,6 +68,8 @@ class RunConfig:
     max_job_seconds: float = 60.0
     weights_ttl_seconds: int = 10
     hang_seconds: float = 60.0
+    weights_refresh_seconds: float = 0.0
+    """A worker checks for new weights at most this often (RunOptions.weights_refresh_seconds)."""
     extra: dict[str, str] = field(default_factory=dict)
     timings: ProtocolTimings = field(default_factory=protocol_timings)
     """The learner's protocol windows; its jobs beat and publish on these (rqrl.engine.timings)."""
@@ -84,6 +86,9 @@ class RunConfig:
         flat = sorted(actor for group in self.actor_groups for actor in group)
         _check(flat == list(range(self.n_actors)), f"actor groups {self.actor_groups} must cover each actor once")
         _check(0 < self.min_job_seconds <= self.max_job_seconds, "expected 0 < min_job_seconds <= max_job_seconds")
+        _check(isinstance(self.weights_refresh_seconds, (int, float)) and math.isfinite(self.weights_refresh_seconds)
+               and self.weights_refresh_seconds >= 0,
+               f"expected weights_refresh_seconds >= 0, got {self.weights_refresh_seconds!r}")
         _check(isinstance(self.timings, ProtocolTimings),
                f"expected timings to be a ProtocolTimings, got {type(self.timings).__name__}")
 

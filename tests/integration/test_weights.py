@@ -310,6 +310,7 @@ def test_a_fetch_runs_no_script(connection, run_name):
     connection.config_resetstat()
     assert store.fetch_if_newer(None)[0] == 1 and store.send_fetch(None).result()[0] == 1
     assert store.fetch_if_newer(1) is None and store.send_fetch(1).result() is None
-    commands = {name.removeprefix("cmdstat_"): stats["calls"] for name, stats in connection.info("commandstats").items()}
+    stats = connection.info("commandstats")
+    commands = {name.removeprefix("cmdstat_"): command["calls"] for name, command in stats.items()}
     assert not {"eval", "evalsha", "fcall"} & set(commands), commands
     assert commands["get"] == 6, "the pointer four times, the blob twice"

@@ -106,6 +106,20 @@ def test_broadcast_versions_reach_workers_and_reads_are_never_torn(connection, r
     assert lag == 0
 
 
+def test_workers_check_for_weights_at_most_once_per_refresh_interval(connection, redis_url, run_name):
+    """weights_refresh_seconds: with an interval longer than the test, a worker keeps the weights it started with
+    while the learner publishes new ones; with the default (0), the next batches carry the new version."""
+    policy = fixtures.WeightRevealingPolicy()
+    with local_actors(redis_url, run_name, policy=policy, n_actors=2, batch_size=2, n_local_workers=1,
+                      weights_refresh_seconds=3600.0) as actors:
+        actors.broadcast_updated_policy(fixtures.revealing_state(1))
+        for version in range(2, 12):  # more batches than the queue, pop-ahead and a rollout in flight hold
+            record = actors.collect_outputs("cpu").record
+            assert torch.all(record.log_probs == 1.0), "a worker fetched weights before its interval passed"
+            actors.broadcast_updated_policy(fixtures.revealing_state(version))
+    assert record.policy_version.tolist() == [1, 1]
+
+
 def test_actors_started_before_the_first_broadcast_wait_for_it(connection, redis_url, run_name):
     policy = fixtures.WeightRevealingPolicy()
     with local_actors(redis_url, run_name, policy=policy) as actors:

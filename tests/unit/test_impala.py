@@ -27,6 +27,7 @@ from rqrl.algorithms.impala import (
     drop_stale,
     impala_loss,
     load_policy,
+    make_actors,
     next_state_values,
     train,
     vtrace,
@@ -728,3 +729,13 @@ def test_impala_learns_an_image_env_with_the_nature_cnn(tmp_path):
     model, _ = load_policy(tmp_path / "pixels")
     assert isinstance(model.torso, NatureCNN)
     assert evaluate(model, PIXELS, episodes=2, seed=0) == [20.0, 20.0]
+
+
+def test_the_weights_refresh_interval_reaches_the_runs_config():
+    """--weights-refresh-seconds goes to the actors' options and into the RunConfig every worker reads."""
+    config = ImpalaConfig(weights_refresh_seconds=2.5, workers=0, redis_url="redis://127.0.0.1:1/0")
+    actors = make_actors(config, ActorCritic(4, 2), secret="test-secret")
+    assert actors.options.weights_refresh_seconds == 2.5
+    assert actors._run_config(bound=4).weights_refresh_seconds == 2.5
+    with pytest.raises(ConfigError, match="expected weights_refresh_seconds >= 0 seconds, got -1"):
+        ImpalaConfig(weights_refresh_seconds=-1)

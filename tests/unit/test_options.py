@@ -38,6 +38,9 @@ def test_the_message_names_the_value():
     ({"wait_for_workers": -1}, "expected wait_for_workers >= 0 seconds, got -1"),
     ({"wait_for_workers": float("inf")}, "expected wait_for_workers >= 0 seconds, got inf"),
     ({"wait_for_workers": True}, "expected wait_for_workers >= 0 seconds, got True"),
+    ({"weights_refresh_seconds": -0.5}, "expected weights_refresh_seconds >= 0 seconds, got -0.5"),
+    ({"weights_refresh_seconds": float("nan")}, "expected weights_refresh_seconds >= 0 seconds, got nan"),
+    ({"weights_refresh_seconds": "1"}, "expected weights_refresh_seconds >= 0 seconds, got '1'"),
 ])
 def test_inconsistent_options_are_refused_with_the_value(options, message):
     with pytest.raises(ConfigError, match=message):

@@ -36,7 +36,8 @@ def test_config_is_keyword_only():
 
 
 def test_json_round_trip():
-    config = RunConfig(**config_fields(extra={"algo": "impala"}, min_job_seconds=0.5, weights_ttl_seconds=30))
+    config = RunConfig(**config_fields(extra={"algo": "impala"}, min_job_seconds=0.5, weights_ttl_seconds=30,
+                                       weights_refresh_seconds=2.5))
     text = config.to_json()
     assert isinstance(text, str)
     assert RunConfig.from_json(text) == config
@@ -63,6 +64,8 @@ def test_from_json_validates():
     ({"min_job_seconds": 5, "max_job_seconds": 1}, "0 < min_job_seconds <= max_job_seconds"),
     ({"run_name": "bad name"}, "run name"),
     ({"run_name": ""}, "run name"),
+    ({"weights_refresh_seconds": -1}, "expected weights_refresh_seconds >= 0, got -1"),
+    ({"weights_refresh_seconds": math.inf}, "expected weights_refresh_seconds >= 0, got inf"),
 ])
 def test_invalid_configs_are_refused_with_a_message(changes, message):
     with pytest.raises(ConfigError, match=message):
