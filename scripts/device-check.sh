@@ -3,10 +3,10 @@
 # kept under $OUT whatever the others do):
 #   1. the CUDA tests (IMPALA, PPO and DQN learners and SEED's inference server on the GPU);
 #   2. benchmarks/image_obs.py with 14 workers (goal 3: >= 0.7x the no-transport reference);
-#   3. benchmarks/pop_ahead.py with the conv update on the GPU;
+#   3. benchmarks/pop_ahead.py with the conv update on the GPU, and benchmarks/weights_broadcast.py with 14 readers;
 #   4. IMPALA on ALE/Pong-v5 with --learner-device cuda for PONG_SECONDS, then its learning curve; py-spy, where
 #      installed, records the learner for 20 s of it (Python frames, $OUT/pong-learner.txt).
-# STEPS picks the steps by name (default: all four).
+# STEPS picks the steps by name (default: all of them).
 # Run from the repository root. Where the machine has none of rqrl's dependencies, put their wheels in .whl/ (and a
 # redis-server in .whl/redis/) first: this installs them into /tmp/site. QUICK=1 runs every step briefly on 2 workers
 # (and the update on the CPU) to try the script on a machine without a GPU; INSTALL=0 skips the wheels.
@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/device-check}
 PY=${PY:-python3}
 QUICK=${QUICK:-0}
 PONG_SECONDS=${PONG_SECONDS:-240}
-STEPS=${STEPS:-cuda-tests image-obs pop-ahead pong}
+STEPS=${STEPS:-cuda-tests image-obs pop-ahead weights pong}
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD" PATH="$PWD/.whl/redis:/tmp/site/bin:$PATH"
@@ -32,7 +32,7 @@ echo "cores: $(nproc); redis-server: $(command -v redis-server) $(redis-server -
 step() {  # step NAME SECONDS COMMAND...: run COMMAND into $OUT/NAME.log, stopped by SIGINT after SECONDS
     local name=$1 limit=$2 started rc
     shift 2
-    case " $STEPS pong-curve " in *" $name "*) ;; *) return ;; esac
+    case " $STEPS " in *" ${name%-curve} "*) ;; *) return ;; esac  # pong-curve goes with pong
     started=$(date +%s)
     echo "=== $name (at most $limit s): $*"
     timeout -s INT -k 20 "$limit" "$@" > "$OUT/$name.log" 2>&1
@@ -54,6 +54,7 @@ TAIL=22 step image-obs 200 "$PY" benchmarks/image_obs.py --workers "$workers" --
     --warmup 2 --rounds "$rounds"
 TAIL=16 step pop-ahead 120 "$PY" benchmarks/pop_ahead.py --workers "$workers" --train "$train" \
     --seconds "$seconds" --warmup 2 --rounds "$rounds"
+TAIL=5 step weights 60 "$PY" benchmarks/weights_broadcast.py --readers "$workers" --seconds "$seconds"
 rm -rf /tmp/device-runs
 if command -v py-spy > /dev/null; then  # the learner's profile, a minute in
     (sleep 60; learner=$(pgrep -f -o "^$PY -m rqrl train impala") \
