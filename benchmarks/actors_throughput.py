@@ -328,7 +328,7 @@ def _start_processes(kind: str, workers: int, actors_per_worker: int, n_rollout_
     return processes
 
 
-def _stop_processes(processes: list[multiprocessing.process.BaseProcess], stop) -> None:  # noqa: ANN001
+def stop_processes(processes: list[multiprocessing.process.BaseProcess], stop) -> None:  # noqa: ANN001
     """Let stopped (SIGSTOP) processes go on, tell them to finish, and make sure they do."""
     _signal_all([process.pid for process in processes if process.pid is not None], signal.SIGCONT)
     stop.set()
@@ -354,7 +354,7 @@ def measure_processes(kind: str, workers: int, actors_per_worker: int, n_rollout
         (count_after, _), elapsed = counts.total(), time.perf_counter() - started
         cpu = cpu_used(cpu_before, cpu_snapshot())
     finally:
-        _stop_processes(processes, stop)
+        stop_processes(processes, stop)
     if any(process.exitcode != 0 for process in processes):
         raise RuntimeError(f"{kind} process exit codes {[process.exitcode for process in processes]}")
     return Measurement(count_after - count_before, elapsed, cpu)
@@ -427,7 +427,7 @@ def measure_alternating(workers: int, actors_per_worker: int, n_rollout_steps: i
             finally:  # stopped workers would sit out their SIGTERM until the stop timeout
                 _signal_all(worker_pids, signal.SIGCONT)
     finally:
-        _stop_processes(reference, stop)
+        stop_processes(reference, stop)
 
 
 def _measure_pair(actors: SubprocDistributedActors, counts: Counts, reference_pids: list[int],

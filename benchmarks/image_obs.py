@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 import rqrl
-from benchmarks.actors_throughput import cpu_snapshot, cpu_used
+from benchmarks.actors_throughput import cpu_snapshot, cpu_used, stop_processes
 from benchmarks.scale import RedisCost
 from rqrl.maze.actors import SubprocDistributedActors
 
@@ -205,11 +205,7 @@ def measure_reference(workers: int, envs: int, args: argparse.Namespace, env_fac
         steps, elapsed = counter.value - before, time.perf_counter() - started
         cpu = cpu_used(cpu_before, cpu_snapshot())
     finally:
-        stop.set()
-        for process in processes:
-            process.join(10)
-            if process.is_alive():
-                process.terminate()
+        stop_processes(processes, stop)
     return Measurement(steps, elapsed, None, cpu)
 
 

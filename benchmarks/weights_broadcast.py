@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import redis
 import torch
 
+from benchmarks.actors_throughput import stop_processes
 from rqrl.algorithms.impala import ActorCritic
 from rqrl.engine.codec import weights_key
 from rqrl.engine.connection import connect
@@ -104,11 +105,7 @@ def measure(name: str, args: argparse.Namespace) -> Result:
             redis_seconds = redis_cpu_seconds(client) - cpu_before
             fetched, fetch_seconds = fetches.value - fetches_before, seconds.value - seconds_before
         finally:
-            stop.set()
-            for process in readers:
-                process.join(10)
-                if process.is_alive():
-                    process.terminate()
+            stop_processes(readers, stop)
     return Result(name, megabytes, len(publish_ms), statistics.median(publish_ms), fetched,
                   1000 * fetch_seconds / max(fetched, 1), 1000 * redis_seconds / max(fetched, 1),
                   redis_seconds / elapsed)
