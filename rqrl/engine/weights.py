@@ -121,10 +121,11 @@ class WeightStore:
                 return None
             blob = self.connection.get(self.keys.weights(version))
             if blob is None:  # the pointer moved on twice and this blob expired since: read the pointer again
-                version = self._newer_version(self.connection.get(self.keys.latest_version) or pointer, held)
-                blob = None if version is None else self.connection.get(self.keys.weights(version))
-            if version is None:
-                return None
+                again = self.connection.get(self.keys.latest_version)
+                version = None if again is None else self._newer_version(again, held)
+                if version is None:  # the run's weights are gone, or it names the version held
+                    return None
+                blob = self.connection.get(self.keys.weights(version))
             if not isinstance(blob, bytes):
                 raise RecordError(f"weights version {version} is latest but its blob is missing")
             state_dict, _ = decode_state_dict(self._payload(blob, version))

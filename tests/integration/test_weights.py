@@ -314,3 +314,12 @@ def test_a_fetch_runs_no_script(connection, run_name):
     commands = {name.removeprefix("cmdstat_"): command["calls"] for name, command in stats.items()}
     assert not {"eval", "evalsha", "fcall"} & set(commands), commands
     assert commands["get"] == 6, "the pointer four times, the blob twice"
+
+
+def test_a_run_whose_weights_went_between_the_two_reads_gives_nothing_and_refuses_nothing(connection, run_name):
+    keys = RunKeys(run_name)
+    store = new_store(connection, run_name)
+    store.publish(versioned_state(1))
+    sent = store.send_fetch(None)
+    connection.delete(keys.weights(1), keys.latest_version)  # the run stopped and its keys went
+    assert sent.result() is None and store.refused == 0
