@@ -209,7 +209,8 @@ def send_large_values_uncopied(client: redis.Redis) -> None:
     value over LARGE_VALUE_BYTES as a buffer of its own, uncopied. With hiredis installed redis-py packs every
     command into one buffer in C instead, at about 2.3 ms per MB: a worker's 1 MB rollout entry, or a learner's
     6.7 MB Nature CNN weights (21 ms a SET, against 2.2 ms this way; BENCHMARKS.md). Replies are still parsed by
-    hiredis."""
+    hiredis. Values must be bytes, str, int or float (as redis-py documents): this packer takes ``len`` of a
+    memoryview as its size in bytes, which holds only for one of single bytes (``view.cast("B")``)."""
     packer = PythonRespSerializer(LARGE_VALUE_BYTES, client.get_encoder().encode)
     client.connection_pool.connection_kwargs["command_packer"] = packer
 

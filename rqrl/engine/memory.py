@@ -25,7 +25,8 @@ MMAP_THRESHOLD_BYTES = 2**31 - 1
 """Allocations up to this size (mallopt's largest) come from the heap (glibc's default is 128 KB, raised up to 32 MB
 as it goes). It was 256 MB, but a learner's batch of frame stacks outgrows that: 14 workers x 32 envs x 64 steps
 is 809 MB, fresh pages each collect (``image_obs.py --envs 160`` on 2 workers, 578 MB batches: the learner's CPU
-per step 25.2 and 26.7 us at 256 MB, 18.4 and 18.7 at this; BENCHMARKS.md)."""
+per step 25.2 and 26.7 us at 256 MB, 18.4 and 18.7 at this; BENCHMARKS.md). It governs the main thread's heap:
+glibc's arenas for other threads still map an allocation over 64 MB afresh (the batch is made on the main thread)."""
 TRIM_THRESHOLD_BYTES = 2**31 - 1
 """Freed heap memory up to this much is kept rather than given back to the system."""
 

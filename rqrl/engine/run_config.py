@@ -86,9 +86,9 @@ class RunConfig:
         flat = sorted(actor for group in self.actor_groups for actor in group)
         _check(flat == list(range(self.n_actors)), f"actor groups {self.actor_groups} must cover each actor once")
         _check(0 < self.min_job_seconds <= self.max_job_seconds, "expected 0 < min_job_seconds <= max_job_seconds")
-        _check(isinstance(self.weights_refresh_seconds, (int, float)) and math.isfinite(self.weights_refresh_seconds)
-               and self.weights_refresh_seconds >= 0,
-               f"expected weights_refresh_seconds >= 0, got {self.weights_refresh_seconds!r}")
+        refresh = self.weights_refresh_seconds
+        _check(isinstance(refresh, (int, float)) and not isinstance(refresh, bool) and math.isfinite(refresh)
+               and refresh >= 0, f"expected weights_refresh_seconds >= 0, got {refresh!r}")
         _check(isinstance(self.timings, ProtocolTimings),
                f"expected timings to be a ProtocolTimings, got {type(self.timings).__name__}")
 

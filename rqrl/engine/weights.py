@@ -120,7 +120,7 @@ class WeightStore:
             if version is None:
                 return None
             blob = self.connection.get(self.keys.weights(version))
-            if blob is None:  # the pointer moved on twice and this blob expired since: read the pointer again
+            if blob is None:  # the pointer moved on and this blob expired since (ttl_seconds): read it again
                 again = self.connection.get(self.keys.latest_version)
                 version = None if again is None else self._newer_version(again, held)
                 if version is None:  # the run's weights are gone, or it names the version held

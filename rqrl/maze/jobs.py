@@ -64,7 +64,7 @@ class RunContext:
     weights_key: bytes
     weights_version: int | None = None
     weights_checked_at: float = -math.inf
-    """When (time.monotonic) this worker last asked for weights newer than weights_version."""
+    """When (time.monotonic) this worker last read the answer to a check for weights newer than weights_version."""
     act: ActFunction | None = None
     groups: dict[int, ActorGroup] = field(default_factory=dict)
 
@@ -90,12 +90,10 @@ class RunContext:
 
     def weights_due(self) -> bool:
         """Whether to check for new weights before the next rollout: always before any came, else once the run's
-        weights_refresh_seconds have passed since the last check (which this marks as made)."""
-        now = time.monotonic()
-        if self.weights_version is not None and now - self.weights_checked_at < self.config.weights_refresh_seconds:
-            return False
-        self.weights_checked_at = now
-        return True
+        weights_refresh_seconds have passed since a check was last answered (a check sent and then dropped unread,
+        as when its push waited for room, does not count)."""
+        return (self.weights_version is None
+                or time.monotonic() - self.weights_checked_at >= self.config.weights_refresh_seconds)
 
     def close(self) -> None:
         for group in self.groups.values():
@@ -137,6 +135,7 @@ def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Calla
     while True:
         fetched = sent.result() if sent is not None else store.fetch_if_newer(context.weights_version)
         sent = None
+        context.weights_checked_at = time.monotonic()
         if fetched is not None:
             version, state_dict = fetched
             context.policy.load_state_dict(state_dict)

@@ -49,9 +49,7 @@ def test_state_dict_round_trip_keeps_values_dtypes_shapes_and_metadata():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int64, torch.bool,
-                                   torch.int16, torch.int32, torch.uint16, torch.uint32, torch.uint64,
-                                   torch.float8_e4m3fn, torch.float8_e5m2,
-                                   torch.uint8])
+                                   torch.int16, torch.int32, torch.uint8])
 def test_state_dict_round_trip_of_each_dtype(dtype):
     values = (torch.arange(-6, 6).reshape(3, 4) * 1.25).to(dtype)
     decoded, _ = decode_state_dict(encode_state_dict({"x": values, "scalar": values.flatten()[1].clone()}, {}))
@@ -103,9 +101,17 @@ def test_a_transposed_or_sliced_tensor_round_trips_as_its_values():
         assert torch.equal(decoded[name], tensor), name
 
 
-def test_encode_state_dict_refuses_a_dtype_safetensors_cannot_carry():
-    with pytest.raises(TypeError, match="'phase' has dtype torch.complex64"):
-        encode_state_dict({"phase": torch.zeros(2, dtype=torch.complex64)}, {})
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.uint16, torch.float8_e4m3fn])
+def test_encode_state_dict_refuses_a_dtype_safetensors_0_4_cannot_read(dtype):
+    with pytest.raises(TypeError, match=rf"'phase' has dtype {dtype}, which safetensors cannot carry: cast it"):
+        encode_state_dict({"phase": torch.zeros(2, dtype=dtype)}, {})
+
+
+def test_a_negative_view_is_written_as_its_values():
+    """``z.conj().imag`` is a view with torch's negative bit: its stored bytes are the values' opposites."""
+    imag = torch.tensor([1 + 2j, 3 - 4j]).conj().imag
+    decoded, _ = decode_state_dict(encode_state_dict({"imag": imag}, {}))
+    assert torch.equal(decoded["imag"], torch.tensor([-2.0, 4.0]))
 
 
 def test_encode_state_dict_refuses_non_tensors():

@@ -66,6 +66,7 @@ def test_from_json_validates():
     ({"run_name": ""}, "run name"),
     ({"weights_refresh_seconds": -1}, "expected weights_refresh_seconds >= 0, got -1"),
     ({"weights_refresh_seconds": math.inf}, "expected weights_refresh_seconds >= 0, got inf"),
+    ({"weights_refresh_seconds": True}, "expected weights_refresh_seconds >= 0, got True"),
 ])
 def test_invalid_configs_are_refused_with_a_message(changes, message):
     with pytest.raises(ConfigError, match=message):
