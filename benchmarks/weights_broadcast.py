@@ -27,6 +27,7 @@ from rqrl.algorithms.impala import ActorCritic
 from rqrl.engine.codec import weights_key
 from rqrl.engine.connection import connect
 from rqrl.engine.keys import RunKeys
+from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.server import EmbeddedRedis
 from rqrl.engine.weights import WeightStore
 
@@ -127,6 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    keep_freed_memory()  # as rqrl's learners and workers do (the readers are forked: they keep it too)
     results = [measure(name, args) for name in args.models]
     print(f"\n{args.readers} readers, a publish every {args.every_ms:g} ms, {args.seconds:g} s per model\n")
     print("| model | MB | publishes | publish ms (median) | fetches | fetch + load ms (mean) | Redis CPU ms per fetch "

@@ -207,10 +207,11 @@ LARGE_VALUE_BYTES = 6000
 def send_large_values_uncopied(client: redis.Redis) -> None:
     """Give ``client``'s connections, before it makes any, redis-py's own Python command packer, which sends each
     value over LARGE_VALUE_BYTES as a buffer of its own, uncopied. With hiredis installed redis-py packs every
-    command into one buffer in C instead, at about 2.3 ms per MB: a worker's 1 MB rollout entry, or a learner's
-    6.7 MB Nature CNN weights (21 ms a SET, against 2.2 ms this way; BENCHMARKS.md). Replies are still parsed by
-    hiredis. Values must be bytes, str, int or float (as redis-py documents): this packer takes ``len`` of a
-    memoryview as its size in bytes, which holds only for one of single bytes (``view.cast("B")``)."""
+    command into one buffer in C instead, a copy of each value: a learner's SET of a Nature CNN's 6.7 MB weights
+    took 6.9 ms of CPU, against 2.5 this way, and a worker's push of a 1 MB entry 0.66 against 0.40
+    (``benchmarks/send_cost.py``). Replies are still parsed by hiredis. Values must be bytes, str, int or float,
+    as redis-py documents: this packer takes ``len`` of a memoryview as its size in bytes, which holds only for one
+    of single bytes (``view.cast("B")``)."""
     packer = PythonRespSerializer(LARGE_VALUE_BYTES, client.get_encoder().encode)
     client.connection_pool.connection_kwargs["command_packer"] = packer
 
