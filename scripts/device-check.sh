@@ -2,7 +2,8 @@
 # Issue 27's checks on a GPU machine with 16 cores, in one pass (each step bounded by `timeout`, each step's log
 # kept under $OUT whatever the others do):
 #   1. the CUDA tests (IMPALA, PPO and DQN learners and SEED's inference server on the GPU);
-#   2. benchmarks/image_obs.py with 14 workers (goal 3: >= 0.7x the no-transport reference);
+#   2. benchmarks/image_obs.py with 14 workers (goal 3: >= 0.7x the no-transport reference), py-spy recording its
+#      learner for 30 s where installed ($OUT/image-obs-learner.txt);
 #   3. benchmarks/pop_ahead.py with the conv update on the GPU, and benchmarks/weights_broadcast.py with 14 readers;
 #   4. IMPALA on ALE/Pong-v5 with --learner-device cuda for PONG_SECONDS, then its learning curve; py-spy, where
 #      installed, records the learner for 20 s of it (Python frames, $OUT/pong-learner.txt).
@@ -14,7 +15,7 @@ set -u
 OUT=${OUT:-/tmp/device-check}
 PY=${PY:-python3}
 QUICK=${QUICK:-0}
-PONG_SECONDS=${PONG_SECONDS:-240}
+PONG_SECONDS=${PONG_SECONDS:-300}
 STEPS=${STEPS:-cuda-tests image-obs pop-ahead weights pong}
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
@@ -50,17 +51,22 @@ fi
 TAIL=8 step cuda-tests 150 "$PY" -m pytest -q -p no:cacheprovider --timeout 120 -k cuda \
     tests/processes/test_impala_cuda.py tests/processes/test_ppo_cuda.py tests/processes/test_dqn_cuda.py \
     tests/integration/test_inference.py
+profile() {  # profile NAME PATTERN DELAY SECONDS: py-spy of the oldest process matching PATTERN, in the background
+    command -v py-spy > /dev/null || return 0
+    case " $STEPS " in *" $1 "*) ;; *) return 0 ;; esac
+    (sleep "$3"; pid=$(pgrep -f -o "$2") \
+        && py-spy record --pid "$pid" --duration "$4" --rate 50 --format raw --output "$OUT/$1-learner.txt" \
+        > /dev/null 2>&1) &
+}
+
+profile image-obs "^$PY benchmarks/image_obs.py" 5 30
 TAIL=22 step image-obs 200 "$PY" benchmarks/image_obs.py --workers "$workers" --envs 8 32 --seconds "$seconds" \
     --warmup 2 --rounds "$rounds"
 TAIL=16 step pop-ahead 120 "$PY" benchmarks/pop_ahead.py --workers "$workers" --train "$train" \
     --seconds "$seconds" --warmup 2 --rounds "$rounds"
 TAIL=5 step weights 60 "$PY" benchmarks/weights_broadcast.py --readers "$workers" --seconds "$seconds"
 rm -rf /tmp/device-runs
-if command -v py-spy > /dev/null; then  # the learner's profile, a minute in
-    (sleep 60; learner=$(pgrep -f -o "^$PY -m rqrl train impala") \
-        && py-spy record --pid "$learner" --duration 20 --rate 50 --format raw --output "$OUT/pong-learner.txt" \
-        > /dev/null 2>&1) &
-fi
+profile pong "^$PY -m rqrl train impala" 60 20  # the learner's profile, a minute in
 # stopped by SIGINT after PONG_SECONDS: the learner stops the workers, writes its last checkpoint and metrics
 TAIL=6 step pong $(( PONG_SECONDS + 40 )) timeout -s INT "$PONG_SECONDS" "$PY" -m rqrl train impala --env ALE/Pong-v5 \
     --workers "$pong_workers" --n-actors "$pong_actors" --n-rollout-steps 32 --batch-size 16 --learning-rate 6e-4 \
@@ -68,3 +74,6 @@ TAIL=6 step pong $(( PONG_SECONDS + 40 )) timeout -s INT "$PONG_SECONDS" "$PY" -
     --run-name pong --progress-seconds 20 --metrics-seconds 5
 cp /tmp/device-runs/pong/metrics.csv "$OUT/pong-metrics.csv" 2>/dev/null
 TAIL=30 step pong-curve 60 "$PY" benchmarks/run_curve.py /tmp/device-runs/pong --window 30
+# what comes back from a device run is at most 8 files: the curve goes with the run's log
+[ -f "$OUT/pong-curve.log" ] && cat "$OUT/pong-curve.log" >> "$OUT/pong.log" && rm "$OUT/pong-curve.log"
+exit 0
