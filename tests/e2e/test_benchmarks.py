@@ -99,6 +99,18 @@ def test_pop_ahead_prints_both_settings_and_their_ratio_for_each_training_step()
         assert collect_off >= 0 and collect_on >= 0, row
 
 
+@pytest.mark.timeout(120)
+def test_pop_ahead_with_a_cuda_update_and_no_gpu_says_so() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: --train cuda runs")
+    completed = subprocess.run([sys.executable, "benchmarks/pop_ahead.py", "--train", "cuda"], cwd=REPO_ROOT,
+                               env=worker_env(), capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert "--train cuda needs a CUDA GPU that torch can see" in completed.stderr
+
+
 @pytest.mark.timeout(300)
 def test_image_obs_prints_rates_and_bytes_per_step() -> None:
     out = run_benchmark("image_obs.py", "--envs", "2", "--seconds", "0.5", "--warmup", "0", "--rollout-steps", "8")
@@ -201,6 +213,27 @@ def test_tag_cost_prints_both_tags_for_each_blob() -> None:
     assert [row[0] for row in rows] == ["CartPole entry", "Atari entry, zstd", "random frames entry",
                                         "Nature CNN weights"], out
     assert all(float(row[2].replace(",", "")) > 0 and float(row[3].replace(",", "")) > 0 for row in rows), out
+
+
+@pytest.mark.timeout(300)
+def test_weights_broadcast_prints_publish_fetch_and_redis_cost_for_each_model() -> None:
+    out = run_benchmark("weights_broadcast.py", "--seconds", "1", "--readers", "2", "--every-ms", "200")
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in out.splitlines() if line.startswith("| ") and not line.startswith("| model")}
+    assert set(rows) == {"nature-cnn", "mlp"}, out
+    assert float(rows["nature-cnn"][1]) > 6 > float(rows["mlp"][1]), "the models' megabytes"
+    assert all(int(row[4]) > 0 and float(row[6]) > 0 for row in rows.values()), "no fetch was made or counted"
+
+
+@pytest.mark.timeout(120)
+def test_send_cost_prints_both_packers_for_each_command_and_size() -> None:
+    out = run_benchmark("send_cost.py", "--count", "2", "--repeats", "1")
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| command")]
+    assert [(row[0], row[1]) for row in rows] == [(command, size) for command in ("RPUSH in MULTI", "SET")
+                                                  for size in ("0.25", "1", "6.75")], out
+    assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows), out
+    assert "redis-py's default packer here:" in out
 
 
 @pytest.mark.timeout(300)
