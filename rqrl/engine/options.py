@@ -72,10 +72,10 @@ class RunOptions:
     unacknowledged list (both re-delivered to a learner that resumes the run), and the workers may run one batch
     further ahead of the learner's policy than the queue's bound alone allows."""
     weights_refresh_seconds: float = 0.0
-    """A worker checks for new weights before a rollout only once this long has passed since its last check (0: before
-    every rollout). Each check that finds a new version moves the whole policy out of Redis (a Nature CNN is 6.7 MB),
-    so with W workers Redis sends at most about W x the policy's size / this per second; the workers' rollouts are
-    then up to this much older in learner updates (policy_lag)."""
+    """A worker checks for new weights before a rollout only once this long has passed since its last check was
+    answered (0: before every rollout). Each check that finds a new version moves the whole policy out of Redis (a
+    Nature CNN is 6.7 MB), so with W workers Redis sends at most about W x the policy's size / this per second; the
+    workers' rollouts are then up to this much older in learner updates (policy_lag)."""
 
     def __post_init__(self) -> None:
         for name in ("collect_timeout", "no_worker_timeout", "min_job_seconds", "hang_seconds",
