@@ -9,7 +9,8 @@
 #      installed, records the learner for 20 s of it (Python frames, $OUT/pong-learner.txt).
 # STEPS picks the steps by name (default: all of them).
 # Run from the repository root. Where the machine has none of rqrl's dependencies, put their wheels in .whl/ (and a
-# redis-server in .whl/redis/) first: this installs them into /tmp/site. QUICK=1 runs every step briefly on 2 workers
+# redis-server in .whl/redis/) first, with scripts/device-wheels.sh on a machine that reaches PyPI: this installs
+# them into /tmp/site. QUICK=1 runs every step briefly on 2 workers
 # (and the update on the CPU) to try the script on a machine without a GPU; INSTALL=0 skips the wheels.
 set -u
 OUT=${OUT:-/tmp/device-check}
