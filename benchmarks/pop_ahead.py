@@ -65,15 +65,10 @@ def training_step(mode: str, milliseconds: float, policy: ConvPolicy,
     return sleep if mode == "sleep" else update
 
 
-def learner_device(train: str) -> str:
-    """Where the learner's batches and policy live: the GPU for ``--train cuda``, else the CPU."""
-    return "cuda" if train == "cuda" else "cpu"
-
-
 def measure(pop_ahead: bool, train_ms: float, args: argparse.Namespace) -> Measurement:
     n_actors = args.workers * args.envs
     policy = ConvPolicy().eval()
-    device = learner_device(args.train)
+    device = "cuda" if args.train == "cuda" else "cpu"  # where the learner's batches and policy live
     learner_policy = ConvPolicy().to(device)
     optimizer = torch.optim.SGD(learner_policy.parameters(), lr=1e-4)
     train = training_step(args.train, train_ms, learner_policy, optimizer)

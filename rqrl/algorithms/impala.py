@@ -57,6 +57,7 @@ from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.observations import TensorObs, map_tree
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
+from rqrl.engine.run_config import check_seconds
 from rqrl.errors import ConfigError, RunStoppedError
 from rqrl.maze.actors import DistributedActors, RedisDistributedActors
 from rqrl.maze.records import BatchedRecord
@@ -162,8 +163,7 @@ class ImpalaConfig(Tracking):
             raise ConfigError(f"expected max_policy_lag >= 0, got {self.max_policy_lag}")
         if not self.metrics_seconds >= 0:
             raise ConfigError(f"expected metrics_seconds >= 0, got {self.metrics_seconds}")
-        if not 0 <= self.weights_refresh_seconds < math.inf:  # also refuses NaN
-            raise ConfigError(f"expected weights_refresh_seconds >= 0 seconds, got {self.weights_refresh_seconds}")
+        check_seconds("weights_refresh_seconds", self.weights_refresh_seconds)
 
 
 class ActorCritic(nn.Module):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from rqrl.engine.codec import secret_from_environment
 from rqrl.engine.keys import DEFAULT_QUEUE, check_run_name
+from rqrl.engine.run_config import check_seconds
 from rqrl.errors import ConfigError
 
 
@@ -86,7 +87,7 @@ class RunOptions:
             raise ConfigError(f"expected max_job_seconds >= min_job_seconds ({self.min_job_seconds}), "
                               f"got {self.max_job_seconds}")
         for name in ("wait_for_workers", "weights_refresh_seconds"):
-            _check_seconds(name, getattr(self, name))
+            check_seconds(name, getattr(self, name))
         if self.n_local_workers is not None and not (_is_int(self.n_local_workers) and self.n_local_workers >= 0):
             raise ConfigError(f"expected n_local_workers >= 0, got {self.n_local_workers!r}")
         if self.actors_per_job is not None and not (_is_int(self.actors_per_job) and self.actors_per_job >= 1):
@@ -103,11 +104,6 @@ class RunOptions:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_seconds(name: str, value: object) -> None:
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0):
-        raise ConfigError(f"expected {name} >= 0 seconds, got {value!r}")
 
 
 def _check_positive(name: str, value: object) -> None:

@@ -19,6 +19,12 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_seconds(name: str, value: object) -> None:
+    """ConfigError unless ``value`` is a finite number of seconds, 0 or more (a bool is not one)."""
+    _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0,
+           f"expected {name} >= 0 seconds, got {value!r}")
+
+
 def _as_int(value: object) -> object:
     """Python ints from numpy integers (seed lists often come from np.arange); others unchanged."""
     if isinstance(value, bool) or not isinstance(value, SupportsIndex):
@@ -86,9 +92,7 @@ class RunConfig:
         flat = sorted(actor for group in self.actor_groups for actor in group)
         _check(flat == list(range(self.n_actors)), f"actor groups {self.actor_groups} must cover each actor once")
         _check(0 < self.min_job_seconds <= self.max_job_seconds, "expected 0 < min_job_seconds <= max_job_seconds")
-        refresh = self.weights_refresh_seconds
-        _check(isinstance(refresh, (int, float)) and not isinstance(refresh, bool) and math.isfinite(refresh)
-               and refresh >= 0, f"expected weights_refresh_seconds >= 0, got {refresh!r}")
+        check_seconds("weights_refresh_seconds", self.weights_refresh_seconds)
         _check(isinstance(self.timings, ProtocolTimings),
                f"expected timings to be a ProtocolTimings, got {type(self.timings).__name__}")
 

@@ -64,9 +64,9 @@ def test_from_json_validates():
     ({"min_job_seconds": 5, "max_job_seconds": 1}, "0 < min_job_seconds <= max_job_seconds"),
     ({"run_name": "bad name"}, "run name"),
     ({"run_name": ""}, "run name"),
-    ({"weights_refresh_seconds": -1}, "expected weights_refresh_seconds >= 0, got -1"),
-    ({"weights_refresh_seconds": math.inf}, "expected weights_refresh_seconds >= 0, got inf"),
-    ({"weights_refresh_seconds": True}, "expected weights_refresh_seconds >= 0, got True"),
+    ({"weights_refresh_seconds": -1}, "expected weights_refresh_seconds >= 0 seconds, got -1"),
+    ({"weights_refresh_seconds": math.inf}, "expected weights_refresh_seconds >= 0 seconds, got inf"),
+    ({"weights_refresh_seconds": True}, "expected weights_refresh_seconds >= 0 seconds, got True"),
 ])
 def test_invalid_configs_are_refused_with_a_message(changes, message):
     with pytest.raises(ConfigError, match=message):
