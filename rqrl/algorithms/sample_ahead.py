@@ -21,7 +21,7 @@ class SampleAhead:
 
     def __init__(self, sampler: Any, num_samples: int):
         self.sampler, self.num_samples = sampler, num_samples
-        self._next: CallAhead[Any] = CallAhead("rqrl-sample-ahead")
+        self._next: CallAhead[Any] = CallAhead("rqrl-sample-ahead", close_seconds=30.0)  # a whole iteration's call
         self.policy_lag = 0
         """Updates between the weights that sampled the last batch and the learner's when it got it."""
 

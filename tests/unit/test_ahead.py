@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import signal
+import sys
 import threading
+import time
+from collections.abc import Callable
+from types import FrameType
 
 import pytest
 
@@ -80,3 +85,56 @@ def test_a_wait_cut_short_by_ctrl_c_leaves_the_call_for_the_next_take():
     gate.set()
     assert ahead.take() == "done"
     ahead.close()
+
+
+def _interrupt_at(instruction: int, action: Callable[[], object]) -> bool:
+    """Run ``action`` with a KeyboardInterrupt raised at its ``instruction``-th Python instruction (counted over every
+    frame it calls, the standard library's included), as a Ctrl-C or SIGTERM landing there would; whether it came."""
+    count = 0
+
+    def trace(frame: FrameType, event: str, arg: object) -> Callable[..., object]:
+        nonlocal count
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count += 1
+            if count == instruction:
+                raise KeyboardInterrupt
+        return trace
+
+    sys.settrace(trace)
+    try:
+        action()
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+    return False
+
+
+def _hand_off(ahead: CallAhead[int]) -> None:
+    ahead.start(lambda: 2)
+    ahead.take()
+
+
+@pytest.mark.timeout(20)
+def test_a_ctrl_c_at_any_instruction_of_a_hand_off_leaves_nothing_stuck():
+    """A learner hands a call over every batch, so a SIGTERM lands in a hand-off sooner or later: at each instruction
+    of a start and take in turn, the interrupt leaves close() within its bound and the next hand-off working.
+    ThreadPoolExecutor's hand-off, interrupted inside its idle semaphore's acquire, left that lock held; the thread
+    then waited on it forever, and close() with it (`docker compose stop` ran into the learner's watchdog)."""
+    instruction = 0
+    while True:
+        instruction += 1
+        ahead: CallAhead[int] = CallAhead("test-ahead-interrupted", close_seconds=1.0)
+        ahead.start(lambda: 1)
+        assert ahead.take() == 1  # the thread runs: the hand-off below is one of many
+        interrupted = _interrupt_at(instruction, functools.partial(_hand_off, ahead))
+        started = time.monotonic()
+        ahead.close()
+        assert time.monotonic() - started < 2.0, f"close() waited past its bound after instruction {instruction}"
+        ahead.start(lambda: 3)
+        assert ahead.take() == 3, f"the hand-off after an interrupt at instruction {instruction}"
+        ahead.close()
+        if not interrupted:  # past the hand-off's last instruction: each one was tried
+            break
+    assert instruction > 20
