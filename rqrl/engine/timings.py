@@ -48,6 +48,10 @@ class ProtocolTimings:
     """A SEED job still queued after this long waits for a worker that may never come: the trainer says so, once."""
     stop_wait: float = 15.0
     """How long stopping a run waits for its jobs and local workers to end before it kills the workers."""
+    shutdown_push: float = 5.0
+    """How long a job whose worker is shutting down still waits for room in a full queue for its rollout in hand:
+    then it hands its group back with that rollout undelivered, for its continuation to step again. A learner that
+    keeps up makes room within a batch; one that is gone or hung never does, and must not hold the worker's exit."""
     env_close: float = 5.0
     """How long SubprocVectorEnv.close() waits for its env processes before it kills them."""
     shutdown_grace: float = 45.0

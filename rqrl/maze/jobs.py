@@ -151,6 +151,10 @@ def _wait_for_weights(context: RunContext, store: WeightStore, is_stopped: Calla
         poll = min(poll * 2, 0.5)
 
 
+class _ShutdownWhileFull(Exception):
+    """The worker is shutting down and the queue stayed full: the job hands its group back undelivered."""
+
+
 def run_actor_group(run_name: str, group_id: int, rollout_id: int) -> dict[str, Any]:
     """RQ job: run rollouts of one actor group and push them to the run's out-of-sync queue."""
     return ActorGroupJob(run_name, group_id, rollout_id).run()
@@ -174,6 +178,10 @@ class ActorGroupJob(GroupJob):
         entries are pushed (room asked for first), not sent ahead."""
         self.weights_check: SentFetch | None = None
         """Sent after a rollout, read before the next one."""
+        self.delivered_next = rollout_id
+        """The rollout after the last one the queue took (or refused as delivered already)."""
+        self.shutdown_waiting_since: float | None = None
+        """When a wait for room first found the worker shutting down (see _wait_for_room)."""
 
     def check_arguments(self) -> None:
         kind = self.config.extra.get("kind")
@@ -207,7 +215,7 @@ class ActorGroupJob(GroupJob):
         lease = self.take_lease()
         self.context = context = load_context(self.connection, self.run_name)
         self.config = config = context.config
-        self.position = self.first_rollout = start_rollout(
+        self.position = self.first_rollout = self.delivered_next = start_rollout(
             self.keys, self.group_id, self.position, recorded_progress(self.connection, self.keys, self.group_id))
         self.group = _build_group(context, self.group_id)
         self.act = context.act_for(self.group)
@@ -239,7 +247,12 @@ class ActorGroupJob(GroupJob):
                 self.continue_later()
                 return {**self.counts(), "stopped": False}
             yield_now = self.slice.should_yield()
-            self._rollout(weights_version, yield_now)
+            try:
+                self._rollout(weights_version, yield_now)
+            except _ShutdownWhileFull:  # the learner makes no room: hand back what the queue did not take
+                self.position = self.delivered_next
+                self.continue_later()
+                return {**self.counts(), "stopped": False, "undelivered": True}
             if yield_now:
                 self.continue_later()
                 return {**self.counts(), "stopped": False}
@@ -264,8 +277,8 @@ class ActorGroupJob(GroupJob):
         if len(sent) == len(entries):
             self.in_flight = (sent, entries, self.position)
         else:  # some entry could not be sent ahead: push the others, then settle those sent
-            report = self.queue.push([entry for entry, _ in entries[len(sent):]], self.is_stopped, on_wait=self.beat,
-                                     token=self.token, lease=self.fence)
+            report = self.queue.push([entry for entry, _ in entries[len(sent):]], self.is_stopped,
+                                     on_wait=self._wait_for_room, token=self.token, lease=self.fence)
             if sent:
                 report = _combined([report, *self._finish(sent)])
             self._delivered(entries, report, self.position)
@@ -280,11 +293,28 @@ class ActorGroupJob(GroupJob):
         if self.lease is not None:
             self.lease.touch()
 
+    def _wait_for_room(self) -> None:
+        """A push's wait for room in a full queue (every 0.2 s): beat; once the worker has been shutting down for
+        the run's shutdown_push seconds of it, _ShutdownWhileFull (a learner gone or hung never makes room, and
+        the worker must exit within its stop grace period)."""
+        self.beat()
+        if not shutdown_requested():
+            return
+        now = time.monotonic()
+        if self.shutdown_waiting_since is None:
+            self.shutdown_waiting_since = now
+        elif now - self.shutdown_waiting_since >= (patience := self.config.timings.shutdown_push):
+            log.warning("worker %s: shutting down, and run %s's queue stayed full for %.0f s: handing actor group %d "
+                        "back from rollout %d, undelivered", self.label, self.run_name, patience, self.group_id,
+                        self.delivered_next)
+            raise _ShutdownWhileFull
+
     def _delivered(self, entries: list[tuple[PendingRollout, list[int]]], report: PushReport,
                    next_rollout_id: int) -> None:
         """Note the actors whose rollout an earlier job had delivered already, and the group's progress."""
         duplicates = {entry.stream_id for entry in report.duplicates}
         self.refused = {actor for entry, actors in entries if entry.stream_id in duplicates for actor in actors}
+        self.delivered_next = next_rollout_id
         # a push that waited, or left no room for another rollout's entries, says the learner is the bottleneck
         self.queue_was_full = report.waited_seconds > 0 or (report.room_left is not None
                                                              and report.room_left < len(entries))
@@ -304,7 +334,7 @@ class ActorGroupJob(GroupJob):
 
     def _finish(self, sent: list[SentPush]) -> list[PushReport]:
         """The outcome of each push sent ahead (pushing again what the queue was full for or lost the reply of)."""
-        return [self.queue.finish(push, self.is_stopped, on_wait=self.beat) for push in sent]
+        return [self.queue.finish(push, self.is_stopped, on_wait=self._wait_for_room) for push in sent]
 
     def _settle(self) -> None:
         """Confirm the in-flight pushes (pushing again what the queue was full for or lost the reply of)."""

@@ -113,6 +113,38 @@ def test_a_worker_asked_to_shut_down_hands_its_group_on_with_a_marked_cut(connec
     assert_one_uncut_episode(records[:handed - 1], n_steps)  # no cut before the shutdown
 
 
+def test_a_worker_shutting_down_while_the_queue_stays_full_hands_its_rollout_back(connection, redis_url, run_name,
+                                                                                  workers):
+    """SIGTERM while the job waits for room in a queue its learner does not drain (hung, or killed with its deadline
+    still ahead): after the run's shutdown_push seconds the job hands its group back with the rollout in hand
+    undelivered, so the worker exits in seconds (it waited for the learner's deadline before: `docker compose stop`
+    SIGKILLed it), and the continuation steps that rollout again: no rollout id is lost."""
+    first = workers.start("first")
+    workers.wait_registered(connection, 1)
+    with redis_actors(redis_url, run_name, env_factory=fixtures.make_endless_env, policy=fixtures.mlp_policy(1),
+                      n_rollout_steps=8, n_actors=1, batch_size=1, actors_per_job=1, queue_out_of_sync_factor=1.0,
+                      learner_timeout=600) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        records = [actors.collect_outputs("cpu").record]
+        wait_until(lambda: actors.queue_size() >= actors.queue_capacity, 30, message="the queue to fill")
+        first.terminate()
+        wait_until(lambda: first.poll() is not None, 30, message="the first worker to exit, its queue still full")
+        workers.start("second")
+
+        def second_delivered() -> bool:
+            records.append(actors.collect_outputs("cpu").record)
+            return records[-1].worker == ("second",)
+
+        wait_until(second_delivered, 30, interval=0, message="a rollout by the second worker")
+        reruns = actors.get_epoch_stats_aggregator().current().get("groups_rerun")
+    assert first.returncode == 0
+    assert reruns is None  # handed on by the job itself, not re-run by the learner
+    assert [int(r.rollout_id[0]) for r in records] == list(range(len(records)))
+    handed = next(i for i, r in enumerate(records) if r.worker == ("second",))
+    assert all(r.worker == ("first",) for r in records[:handed])
+    assert not bool(records[handed].continues_previous[0])  # a fresh reset: the rollout in hand was not delivered
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_episode_longer_than_a_minute_ends_by_itself(connection, redis_url, run_name):
