@@ -331,8 +331,19 @@ h, m, s = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:([\d.]+)s)?", g).groups()  # a
 print(round(int(h or 0) * 3600 + int(m or 0) * 60 + float(s or 0)))' "$1"
 }
 
+show_logs() {  # show_logs LABEL: each container's last log lines, for a pass with a failed check (CI keeps no files)
+  local id name lines
+  echo "    the last log lines of each container of the $1 pass (all of them: $LOGS/$1-compose.log):"
+  for id in $(containers); do
+    name="$(docker inspect -f '{{.Name}}' "$id" | sed 's#^/##')"
+    case "$name" in *learner*) lines=60 ;; *worker*) lines=12 ;; *) lines=4 ;; esac
+    docker logs --tail "$lines" "$id" 2>&1 | cut -c1-220 | sed "s/^/      $name | /"
+  done
+}
+
 stop_stack() {  # stop_stack LABEL: docker compose stop, timed; a row per container
   local label="$1" sent took id name service code finished signalled seconds grace health longest mem cpu
+  local failed_before=${#FAILURES[@]}
   snapshot_health "$label"
   say "$label: docker compose stop"
   sent="$(now)"
@@ -375,6 +386,7 @@ print("%.1f s of %d" % (max(took), len(took)) if took else "-")')"
       awk -v s="$seconds" -v g="$grace" 'BEGIN {exit !(s < g)}'
   done
   cat "$LOGS/$label-table.txt"
+  [ ${#FAILURES[@]} -eq "$failed_before" ] || show_logs "$label"
   STOP_SECONDS="$took"
 }
 
@@ -429,7 +441,7 @@ sigterm_pass() {
   check "sigterm: the learner exited 143 after SIGTERM (got $code)" [ "$code" = 143 ]
   check "sigterm: the learner wrote its checkpoint" volume_file 'test -s /runs/compose/checkpoint.safetensors'
   local steps
-  steps="$(volume_file 'cat /runs/compose/summary.json' 2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin)["env_steps"])' || echo 0)"
+  steps="$(volume_file 'cat /runs/compose/summary.json' 2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin)["env_steps"])' 2>/dev/null || echo 0)"
   SIGTERM_ROW="sigterm pass: workers registered in ${REGISTERED_SECONDS} s, SIGTERM at ${steps} env steps, stop ${STOP_SECONDS} s"
 
   local target=$((steps + RESUME_STEPS))
@@ -440,7 +452,7 @@ sigterm_pass() {
   wait_learner_exit resume 600 || true
   learner="$(container learner)"
   local resumed
-  resumed="$(volume_file 'cat /runs/compose/summary.json' 2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin)["env_steps"])' || echo 0)"
+  resumed="$(volume_file 'cat /runs/compose/summary.json' 2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin)["env_steps"])' 2>/dev/null || echo 0)"
   local ok=0
   [ "$(state "$learner" ExitCode)" = 0 ] && [ "$resumed" -ge "$target" ] && ok=1
   check "resume: --resume /runs/compose went on from ${steps} to ${resumed} env steps (>= ${target}) and exited 0 (got $(state "$learner" ExitCode))" \
