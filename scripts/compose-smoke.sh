@@ -70,6 +70,7 @@ check() {  # check DESCRIPTION CONDITION...: record a failed check, go on
 
 stack_failed() {  # a defect of the project that ends the run at once
   echo "FAILED: $*" >&2
+  show_logs "current" >&2 2>/dev/null || true
   echo "  logs: $LOGS (docker compose logs of each pass are there)" >&2
   exit 1
 }
@@ -334,10 +335,10 @@ print(round(int(h or 0) * 3600 + int(m or 0) * 60 + float(s or 0)))' "$1"
 show_logs() {  # show_logs LABEL: each container's last log lines, for a pass with a failed check (CI keeps no files)
   local id name lines
   echo "    the last log lines of each container of the $1 pass (all of them: $LOGS/$1-compose.log):"
-  for id in $(containers); do
-    name="$(docker inspect -f '{{.Name}}' "$id" | sed 's#^/##')"
+  for id in $(containers || true); do  # best effort: nothing here may end the run before its summary
+    name="$(docker inspect -f '{{.Name}}' "$id" | sed 's#^/##' || true)"
     case "$name" in *learner*) lines=60 ;; *worker*) lines=12 ;; *) lines=4 ;; esac
-    docker logs --tail "$lines" "$id" 2>&1 | cut -c1-220 | sed "s/^/      $name | /"
+    docker logs --tail "$lines" "$id" 2>&1 | cut -c1-220 | sed "s/^/      $name | /" || true
   done
 }
 

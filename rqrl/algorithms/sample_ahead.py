@@ -21,7 +21,7 @@ class SampleAhead:
 
     def __init__(self, sampler: Any, num_samples: int):
         self.sampler, self.num_samples = sampler, num_samples
-        self._next: CallAhead[Any] = CallAhead("rqrl-sample-ahead", close_seconds=30.0)  # a whole iteration's call
+        self._next: CallAhead[Any] = CallAhead("rqrl-sample-ahead", close_seconds=20.0)  # a whole iteration's call
         self.policy_lag = 0
         """Updates between the weights that sampled the last batch and the learner's when it got it."""
 
@@ -37,6 +37,7 @@ class SampleAhead:
         return batch
 
     def close(self) -> None:
-        """Wait for the call in flight (its batch is dropped; its error, if any, only logged): the sampler may then
-        shut down with no call in it."""
+        """Wait up to 20 s for the call in flight (its batch is dropped; its error, if any, only logged), so the
+        sampler shuts down with no call in it; a call that takes longer is left running (with a warning), and the
+        shutdown, its jobs' 15 s wait included, still ends within the learner's 45 s watchdog."""
         self._next.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -55,10 +56,9 @@ class CallAhead(Generic[T]):
         if self._in_flight is not None:
             raise RuntimeError("a call is in flight already: take() its result before starting another")
         if self._calls is None:
-            self._calls = queue.SimpleQueue()
-            self._thread = threading.Thread(target=_serve, args=(self._calls, self._outcomes, self._done),
-                                            name=self.name, daemon=True)
-            self._thread.start()
+            calls: queue.SimpleQueue[tuple[int, Callable[..., T], tuple[object, ...]] | None] = queue.SimpleQueue()
+            thread = _started_holding_signals(_serve, (calls, self._outcomes, self._done), self.name)
+            self._calls, self._thread = calls, thread  # only once it runs: a start cut short leaves no queue unread
         self._tickets += 1
         self._calls.put((self._tickets, call, args))
         # a Ctrl-C right here leaves the call running unclaimed: the next start's ticket is another one, and the
@@ -75,29 +75,28 @@ class CallAhead(Generic[T]):
         return self._claim(ticket)
 
     def close(self) -> None:
-        """Wait up to ``close_seconds`` for the call in flight (its result is dropped; its error only logged), then
-        end the thread (a call still running is left to it, with a warning); a later ``start`` makes a new one.
+        """Wait up to ``close_seconds`` for the call in flight (its result is dropped; its error only logged) and for
+        the thread to end (a call still running is left to it, with a warning); a later ``start`` makes a new one.
         A result no one takes is not worth an outage window either: while it waits, the process's Redis clients
         ride out an outage for a few seconds only, and get their window back after."""
-        ticket, finished = self._in_flight, True
-        if ticket is not None:
-            with riding_out_briefly_in_process(SHUTDOWN_REDIS_GRACE_SECONDS):
-                finished = self._wait(ticket, self.close_seconds)
-            if finished:
+        deadline = time.monotonic() + self.close_seconds
+        ticket, calls, thread = self._in_flight, self._calls, self._thread
+        self._calls, self._thread = None, None  # first: a close cut short leaves no queue whose thread is ending
+        with riding_out_briefly_in_process(SHUTDOWN_REDIS_GRACE_SECONDS):
+            if ticket is not None and self._wait(ticket, self.close_seconds):
                 try:
                     self._claim(ticket)
                 except Exception as error:  # the caller is shutting down; its own error, if any, is the one to raise
                     log.debug("the call in flight at shutdown failed: %s", error)
-            else:
-                log.warning("%s: the call in flight did not end within %.0f s; leaving it to its thread",
-                            self.name, self.close_seconds)
-                self._in_flight = None
-        if self._calls is not None:
-            self._calls.put(None)  # the thread ends once its call in hand, if any, returns
-            if finished and self._thread is not None and self._thread.is_alive():  # not alive: a start cut short
-                self._thread.join(1.0)
-            self._calls, self._thread = None, None
-            self._done, self._outcomes = queue.SimpleQueue(), {}  # a thread left running keeps the old ones
+            if calls is not None:
+                calls.put(None)  # the thread ends once its call in hand, if any (one a Ctrl-C left unclaimed), returns
+            if thread is not None and thread.is_alive():  # not alive: never started (a start cut short)
+                thread.join(max(0.0, deadline - time.monotonic()))
+        if thread is not None and thread.is_alive():
+            log.warning("%s: the call in flight did not end within %.0f s; leaving it to its thread", self.name,
+                        self.close_seconds)
+        self._in_flight = None
+        self._done, self._outcomes = queue.SimpleQueue(), {}  # a thread left running keeps the old ones
 
     def _wait(self, ticket: int, timeout: float | None) -> bool:
         """Whether call ``ticket`` ended within ``timeout`` seconds (None: however long it takes)."""
@@ -119,10 +118,36 @@ class CallAhead(Generic[T]):
         for done in list(self._outcomes):  # with any a Ctrl-C left unclaimed (list(): a copy made in C, at once)
             if done <= ticket:
                 self._outcomes.pop(done, None)
+        _drain(self._done)  # the doorbells of calls that were done before their take (the usual case)
         if not succeeded:
             raise value
         result: T = value
         return result
+
+
+def _started_holding_signals(target: Callable[..., None], args: tuple[object, ...], name: str) -> threading.Thread:
+    """A daemon thread running ``target(*args)``, made and started with SIGINT and SIGTERM held back (raised once
+    it runs, and never delivered to it: it inherits the mask). An interrupt inside ``Thread.start`` can leave
+    threading's own locks held, after which no thread of the process starts again. Signals are raised in the main
+    thread only: elsewhere there is nothing to hold."""
+    can_mask = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if can_mask else None
+    try:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+    finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return thread
+
+
+def _drain(doorbells: queue.SimpleQueue[int]) -> None:
+    """Empty ``doorbells`` (each rings after its outcome is filed: the dict, not the bell, says what is done)."""
+    while True:
+        try:
+            doorbells.get_nowait()
+        except queue.Empty:
+            return
 
 
 def _serve(calls: queue.SimpleQueue[tuple[int, Callable[..., Any], tuple[object, ...]] | None],

@@ -277,10 +277,15 @@ class ActorGroupJob(GroupJob):
         if len(sent) == len(entries):
             self.in_flight = (sent, entries, self.position)
         else:  # some entry could not be sent ahead: push the others, then settle those sent
-            report = self.queue.push([entry for entry, _ in entries[len(sent):]], self.is_stopped,
-                                     on_wait=self._wait_for_room, token=self.token, lease=self.fence)
-            if sent:
-                report = _combined([report, *self._finish(sent)])
+            try:
+                report = self.queue.push([entry for entry, _ in entries[len(sent):]], self.is_stopped,
+                                         on_wait=self._wait_for_room, token=self.token, lease=self.fence)
+                if sent:
+                    report = _combined([report, *self._finish(sent)])
+            except BaseException:  # stopped, the lease lost, or handed back: close what was not read
+                for push in sent:
+                    push.abandon()
+                raise
             self._delivered(entries, report, self.position)
             if report.waited_seconds > 0 and self.weights_check is not None:  # the check predates the wait for
                 self.weights_check.abandon()  # room, during which the learner may have published: ask afresh
@@ -296,7 +301,7 @@ class ActorGroupJob(GroupJob):
     def _wait_for_room(self) -> None:
         """A push's wait for room in a full queue (every 0.2 s): beat; once the worker has been shutting down for
         the run's shutdown_push seconds of it, _ShutdownWhileFull (a learner gone or hung never makes room, and
-        the worker must exit within its stop grace period)."""
+        the worker must exit within its stop grace period). The seconds add up over this job's waits."""
         self.beat()
         if not shutdown_requested():
             return

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rqrl.cli.status import read_worker_rates
-from rqrl.engine.rq_safety import RolloutJob, failed_registry
+from rqrl.engine.rq_safety import RolloutJob, failed_registry, rollout_queue
 from tests import fixtures
 from tests.children import REPO_ROOT, run_rqrl
 from tests.factories import redis_actors
@@ -129,6 +129,9 @@ def test_a_worker_shutting_down_while_the_queue_stays_full_hands_its_rollout_bac
         wait_until(lambda: actors.queue_size() >= actors.queue_capacity, 30, message="the queue to fill")
         first.terminate()
         wait_until(lambda: first.poll() is not None, 30, message="the first worker to exit, its queue still full")
+        # the continuation goes on from the first rollout neither the learner nor the queue holds: the one in hand
+        continuation = rollout_queue(actors.config.queue_name, connection).get_jobs()
+        assert [list(job.args[1:]) for job in continuation] == [[0, len(records) + actors.queue_size()]]
         workers.start("second")
 
         def second_delivered() -> bool:
