@@ -77,6 +77,29 @@ def test_a_group_that_moves_cuts_its_episodes_and_marks_the_cut(connection, redi
                 assert float(record.obs[0, 0, 0]) == 0.0  # a fresh reset
 
 
+def _until_the_second_delivers(actors, records: list) -> object:
+    """Collect into ``records`` until a rollout of the worker named "second" comes; the learner's count of groups it
+    re-ran (None: none)."""
+
+    def second_delivered() -> bool:
+        records.append(actors.collect_outputs("cpu").record)
+        return records[-1].worker == ("second",)
+
+    wait_until(second_delivered, 30, interval=0, message="a rollout by the second worker")
+    return actors.get_epoch_stats_aggregator().current().get("groups_rerun")
+
+
+def _handed_on(records: list, first, reruns: object) -> int:
+    """The group went from "first", which exited 0, to "second" by the job itself (the learner re-ran nothing), no
+    rollout id lost or repeated; the index of the second worker's first rollout."""
+    assert first.returncode == 0
+    assert reruns is None  # handed on by the job itself, not re-run by the learner
+    assert [int(r.rollout_id[0]) for r in records] == list(range(len(records)))
+    handed = next(i for i, r in enumerate(records) if r.worker == ("second",))
+    assert all(r.worker == ("first",) for r in records[:handed])
+    return handed
+
+
 def test_a_worker_asked_to_shut_down_hands_its_group_on_with_a_marked_cut(connection, redis_url, run_name, workers):
     """SIGTERM (RQ's warm shutdown) while the worker runs an endless group: the job cuts at its next rollout,
     hands the group to a continuation and ends, so the worker exits at once, and the other worker goes on."""
@@ -98,17 +121,8 @@ def test_a_worker_asked_to_shut_down_hands_its_group_on_with_a_marked_cut(connec
         # before issue 12 the job kept its worker for max_job_seconds (60 s) after the signal
         wait_until(first_exited, 30, interval=0, message="the first worker to exit after its warm shutdown")
 
-        def second_delivered() -> bool:
-            records.append(actors.collect_outputs("cpu").record)
-            return records[-1].worker == ("second",)
-
-        wait_until(second_delivered, 30, interval=0, message="a rollout by the second worker")
-        reruns = actors.get_epoch_stats_aggregator().current().get("groups_rerun")
-    assert first.returncode == 0
-    assert reruns is None  # handed on by the job itself, not re-run by the learner
-    assert [int(r.rollout_id[0]) for r in records] == list(range(len(records)))
-    handed = next(i for i, r in enumerate(records) if r.worker == ("second",))
-    assert all(r.worker == ("first",) for r in records[:handed])
+        reruns = _until_the_second_delivers(actors, records)
+    handed = _handed_on(records, first, reruns)
     assert bool(records[handed - 1].truncated[-1, 0]) and not bool(records[handed].continues_previous[0])
     assert_one_uncut_episode(records[:handed - 1], n_steps)  # no cut before the shutdown
 
@@ -134,17 +148,8 @@ def test_a_worker_shutting_down_while_the_queue_stays_full_hands_its_rollout_bac
         assert [list(job.args[1:]) for job in continuation] == [[0, len(records) + actors.queue_size()]]
         workers.start("second")
 
-        def second_delivered() -> bool:
-            records.append(actors.collect_outputs("cpu").record)
-            return records[-1].worker == ("second",)
-
-        wait_until(second_delivered, 30, interval=0, message="a rollout by the second worker")
-        reruns = actors.get_epoch_stats_aggregator().current().get("groups_rerun")
-    assert first.returncode == 0
-    assert reruns is None  # handed on by the job itself, not re-run by the learner
-    assert [int(r.rollout_id[0]) for r in records] == list(range(len(records)))
-    handed = next(i for i, r in enumerate(records) if r.worker == ("second",))
-    assert all(r.worker == ("first",) for r in records[:handed])
+        reruns = _until_the_second_delivers(actors, records)
+    handed = _handed_on(records, first, reruns)
     assert not bool(records[handed].continues_previous[0])  # a fresh reset: the rollout in hand was not delivered
 
 

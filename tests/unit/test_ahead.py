@@ -125,10 +125,17 @@ def _hand_off(ahead: CallAhead[int], value: int) -> None:
     ahead.take()
 
 
-def _closed_in_bounds(ahead: CallAhead[int], instruction: int) -> None:
+def _goes_on(ahead: CallAhead[int], instruction: int, interrupted: str) -> None:
+    """After an interrupt at ``instruction`` of ``interrupted``: the call in flight, if any (its value is 2), is
+    taken, another one is started and taken, and close() keeps to its bound."""
+    where = f"after an interrupt at instruction {instruction} of {interrupted}"
+    if ahead.in_flight:
+        assert ahead.take() == 2, f"the call in flight {where}"
+    ahead.start(lambda: 3)
+    assert ahead.take() == 3, f"the hand-off {where}"
     started = time.monotonic()
     ahead.close()
-    assert time.monotonic() - started < 2.0, f"close() waited past its bound after instruction {instruction}"
+    assert time.monotonic() - started < 2.0, f"close() waited past its bound {where}"
 
 
 def _sweep(attempt: Callable[[int], bool]) -> int:
@@ -152,11 +159,7 @@ def test_a_ctrl_c_at_any_instruction_of_a_hand_off_leaves_nothing_stuck():
         if warm:
             _hand_off(ahead, 1)
         interrupted = _interrupt_at(instruction, functools.partial(_hand_off, ahead, 2))
-        if ahead.in_flight:
-            assert ahead.take() == 2, f"the call in flight after an interrupt at instruction {instruction}"
-        ahead.start(lambda: 3)
-        assert ahead.take() == 3, f"the hand-off after an interrupt at instruction {instruction}"
-        _closed_in_bounds(ahead, instruction)
+        _goes_on(ahead, instruction, "a hand-off")
         return interrupted
 
     assert _sweep(functools.partial(attempt, warm=False)) > 20
@@ -177,11 +180,7 @@ def test_a_ctrl_c_at_any_instruction_of_close_leaves_the_next_hand_off_working(c
         ahead.start(lambda: gate.wait(5) and 2)
         interrupted = _interrupt_at(instruction, ahead.close)
         gate.set()
-        if ahead.in_flight:
-            assert ahead.take() == 2, f"the call in flight after an interrupt at instruction {instruction} of close"
-        ahead.start(lambda: 3)
-        assert ahead.take() == 3, f"the hand-off after an interrupt at instruction {instruction} of close"
-        _closed_in_bounds(ahead, instruction)
+        _goes_on(ahead, instruction, "close")
         return interrupted
 
     assert _sweep(functools.partial(attempt, gate_open=True)) > 20
