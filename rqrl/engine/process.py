@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 from rqrl.errors import ConfigError
@@ -139,17 +139,25 @@ def _start_shutdown_watchdog(signum: signal.Signals, seconds: float) -> None:
     """The shutdown watchdog: a thread that, ``seconds`` after the stop signal, prints the stacks of every
     thread to stderr and exits. Should the clean-up hold the GIL so that thread cannot run, faulthandler's
     own C-level timer dumps the stacks and exits 1 ten seconds later."""
-    # started with SIGINT and SIGTERM blocked (a thread inherits the mask), so the kernel hands a second Ctrl-C to
-    # the main thread: taken by this sleeping thread, it would not wake a main thread blocked in a system call
+    # a second Ctrl-C taken by this sleeping thread would not wake a main thread blocked in a system call
+    start_thread_holding_signals(_exit_after, (signum, seconds), "rqrl-shutdown-watchdog")
+    faulthandler.dump_traceback_later(seconds + 10.0, exit=True)
+
+
+def start_thread_holding_signals(target: Callable[..., None], args: tuple[object, ...], name: str) -> threading.Thread:
+    """A daemon thread running ``target(*args)``, made and started with SIGINT and SIGTERM blocked, and blocked in
+    it for good (a thread inherits the mask), so the kernel hands those signals to the main thread, where Python
+    raises them. None is raised inside ``Thread.start`` either, where one can leave threading's own locks held (no
+    thread of the process starts again): a signal that came meanwhile is raised once it returns."""
     can_mask = hasattr(signal, "pthread_sigmask")  # POSIX only
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if can_mask else set()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if can_mask else set()
     try:
-        threading.Thread(target=_exit_after, args=(signum, seconds), name="rqrl-shutdown-watchdog",
-                         daemon=True).start()
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
     finally:
         if can_mask:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    faulthandler.dump_traceback_later(seconds + 10.0, exit=True)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return thread
 
 
 def _exit_after(signum: signal.Signals, seconds: float) -> None:

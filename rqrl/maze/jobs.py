@@ -299,9 +299,9 @@ class ActorGroupJob(GroupJob):
             self.lease.touch()
 
     def _wait_for_room(self) -> None:
-        """A push's wait for room in a full queue (every 0.2 s): beat; once the worker has been shutting down for
-        the run's shutdown_push seconds of it, _ShutdownWhileFull (a learner gone or hung never makes room, and
-        the worker must exit within its stop grace period). The seconds add up over this job's waits."""
+        """A push's wait for room in a full queue (every 0.2 s): beat; once the run's shutdown_push seconds have
+        passed since a wait first found the worker shutting down, _ShutdownWhileFull (a learner gone or hung never
+        makes room, and the worker must exit within its stop grace period)."""
         self.beat()
         if not shutdown_requested():
             return

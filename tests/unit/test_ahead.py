@@ -101,7 +101,7 @@ def _interrupt_at(instruction: int, action: Callable[[], object]) -> bool:
         caller: FrameType | None = frame
         while caller is not None:
             if caller.f_code in held or caller.f_code.co_filename.endswith("_weakrefset.py"):
-                return None  # signals are masked there (ahead._started_holding_signals), or would be dropped
+                return None  # signals are masked there (process.start_thread_holding_signals), or would be dropped
             caller = caller.f_back
         frame.f_trace_opcodes = True
         if event == "opcode":
