@@ -91,8 +91,8 @@ def test_a_wait_cut_short_by_ctrl_c_leaves_the_call_for_the_next_take():
 def _interrupt_at(instruction: int, action: Callable[[], object]) -> bool:
     """Run ``action`` with a KeyboardInterrupt raised at its ``instruction``-th Python instruction (counted over every
     frame it calls, the standard library's included), as a Ctrl-C or SIGTERM landing there would; whether it had
-    that many. Not while CallAhead makes and starts its thread, where it holds the signals back, nor in a weakref
-    callback the garbage collector runs meanwhile (CPython drops what those raise)."""
+    that many. Not while CallAhead makes and starts its thread, where it holds the signals back, nor in a ``__del__``
+    or weakref callback the garbage collector runs meanwhile (CPython drops what those raise)."""
     count = 0
     held = {threading.Thread.__init__.__code__, threading.Thread.start.__code__}
 
@@ -100,7 +100,8 @@ def _interrupt_at(instruction: int, action: Callable[[], object]) -> bool:
         nonlocal count
         caller: FrameType | None = frame
         while caller is not None:
-            if caller.f_code in held or caller.f_code.co_filename.endswith("_weakrefset.py"):
+            code = caller.f_code
+            if code in held or code.co_name == "__del__" or code.co_filename.endswith("_weakrefset.py"):
                 return None  # signals are masked there (process.start_thread_holding_signals), or would be dropped
             caller = caller.f_back
         frame.f_trace_opcodes = True
