@@ -338,12 +338,13 @@ def make_very_slow_echo_env() -> gymnasium.Env:
 
 class FrameEnv(gymnasium.Env):
     """``size`` x ``size`` uint8 frames, each a random block on black (a fast stand-in for Atari's 84x84); episodes
-    terminate after 11 steps."""
+    terminate after ``episode_steps`` steps."""
 
     action_space = spaces.Discrete(2)
 
-    def __init__(self, size: int = 12) -> None:
+    def __init__(self, size: int = 12, episode_steps: int = 11) -> None:
         self.observation_space = spaces.Box(0, 255, (size, size), np.uint8)
+        self.episode_steps = episode_steps
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
@@ -352,7 +353,7 @@ class FrameEnv(gymnasium.Env):
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
         self._steps += 1
-        return self._frame(), float(action), self._steps >= 11, False, {}
+        return self._frame(), float(action), self._steps >= self.episode_steps, False, {}
 
     def _frame(self) -> np.ndarray:
         """A dark frame with a bright random 3x3 block somewhere (compressible, as a game's frames are)."""
@@ -362,9 +363,10 @@ class FrameEnv(gymnasium.Env):
         return frame
 
 
-def make_frame_stack_env(max_episode_steps: int = 7, size: int = 12) -> gymnasium.Env:
-    """gymnasium's FrameStackObservation of 4 FrameEnv frames, (4, size, size) uint8, truncated after 7 steps."""
-    env = gymnasium.wrappers.TimeLimit(FrameEnv(size), max_episode_steps)
+def make_frame_stack_env(max_episode_steps: int = 7, size: int = 12, episode_steps: int = 11) -> gymnasium.Env:
+    """gymnasium's FrameStackObservation of 4 FrameEnv frames, (4, size, size) uint8, truncated after
+    ``max_episode_steps`` steps (7) where FrameEnv has not terminated it."""
+    env = gymnasium.wrappers.TimeLimit(FrameEnv(size, episode_steps), max_episode_steps)
     return gymnasium.wrappers.FrameStackObservation(env, 4)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rqrl.engine.stack_gather import gather_series_to
 from rqrl.errors import RecordError
 
 Obs = np.ndarray | dict[str, "Obs"]
@@ -76,8 +77,16 @@ def empty_like_batch(example: Obs) -> Obs:
 
 
 def stack_to(values: Sequence[Obs], axis: int, device: torch.device | str) -> TensorObs:
-    """Numpy trees stacked along a new ``axis`` as tensors on ``device``."""
-    return map_tree(lambda *arrays: torch.from_numpy(np.stack(arrays, axis=axis)).to(device), *values)
+    """Numpy trees stacked along a new ``axis`` as tensors on ``device``. Rollouts of frame stacks stacked
+    time-major (``axis`` 1) onto an accelerator go as their frames and are gathered there
+    (``rqrl.engine.stack_gather``)."""
+    on_accelerator = torch.device(device).type != "cpu"
+
+    def stack(*arrays: np.ndarray) -> torch.Tensor:
+        gathered = gather_series_to(arrays, device) if axis == 1 and on_accelerator else None
+        return torch.from_numpy(np.stack(arrays, axis=axis)).to(device) if gathered is None else gathered
+
+    return map_tree(stack, *values)
 
 
 def concat_to(values: Sequence[Obs], device: torch.device | str) -> TensorObs:
