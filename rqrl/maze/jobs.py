@@ -328,9 +328,10 @@ class ActorGroupJob(GroupJob):
 
     def _send(self, entries: list[tuple[PendingRollout, list[int]]]) -> list[SentPush]:
         """Send the entries' pushes without waiting for the replies, so the next rollout steps meanwhile (a
-        group's entries go each on a connection of its own); the first ones sent, up to one that could not be."""
+        group's entries go each on a connection of its own, at most ``_send_ahead_limit`` of them); the first ones
+        sent, up to one that could not be."""
         sent = []
-        for entry, _ in entries:
+        for entry, _ in entries[:_send_ahead_limit(self.queue.connection)]:
             push = self.queue.send(entry, self.token, self.fence)
             if push is None:
                 break
@@ -361,6 +362,18 @@ def _combined(reports: list[PushReport]) -> PushReport:
     return PushReport(sum(report.waited_seconds for report in reports),
                       tuple(duplicate for report in reports for duplicate in report.duplicates),
                       min(rooms) if rooms else None)
+
+
+MAX_SENT_AHEAD = 32
+"""Most entries of one rollout sent ahead, each holding a connection until its reply is read: a larger group (many
+envs of images: 224 envs of 84x84 frames made 100 entries a rollout) pushes the rest in turn."""
+
+
+def _send_ahead_limit(connection: redis.Redis) -> int:
+    """Entries sent ahead at most: MAX_SENT_AHEAD, and a quarter of the connection pool (redis-py's default holds
+    100) so that the pushes and weight fetches that follow always find a connection."""
+    pool_size = connection.connection_pool.max_connections or 4 * MAX_SENT_AHEAD
+    return max(1, min(MAX_SENT_AHEAD, pool_size // 4))
 
 
 def _group_entries(rollout: GroupRollout, continues: list[bool], group_id: int, run_id: str,

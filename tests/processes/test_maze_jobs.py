@@ -296,3 +296,18 @@ def test_a_worker_that_waited_for_room_sends_no_payload_into_a_full_queue(connec
     assert given_out > 6 * 3 * rollout_bytes, "six batches of three rollouts were popped"
     assert taken_in - given_out < 6 * rollout_bytes, (
         f"Redis took in {taken_in:,} bytes and gave out {given_out:,}: payloads were sent into a full queue")
+
+
+def test_a_group_of_more_entries_than_its_worker_has_connections_delivers_them(connection, redis_url, run_name):
+    """Each entry sent ahead holds a connection of the worker's pool until its reply is read: a group cut into more
+    entries than the pool holds (redis-py's default: 100, here 8) sends a few ahead and pushes the rest in turn."""
+    separator = "&" if "?" in redis_url else "?"
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_wide_counting_env,
+                      policy=fixtures.mlp_policy(obs_size=fixtures.WIDE_OBS_SIZE), n_rollout_steps=40, n_actors=12,
+                      batch_size=12, actors_per_job=12, worker_redis_url=f"{redis_url}{separator}max_connections=8",
+                      collect_timeout=60) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        for _ in range(3):
+            batch = actors.collect_outputs("cpu").record
+            assert sorted(batch.actor_id.tolist()) == list(range(12))
+        assert not failed_registry(actors.config.queue_name, connection).get_job_ids()
