@@ -142,21 +142,22 @@ def measure_rqrl(workers: int, envs: int, args: argparse.Namespace, env_factory:
     """rqrl's side; ``env_factory`` (default: ``args.layout``'s random frames) and ``n_actions`` let
     benchmarks/peers run it on Atari."""
     n_actors = workers * envs
+    device = getattr(args, "learner_device", "cpu")  # benchmarks/peers has none: the CPU
     policy = ConvPolicy(args.layout == "first", n_actions).eval()
     actors = SubprocDistributedActors(env_factory or ENV_FACTORIES[args.layout], policy, args.rollout_steps, n_actors,
                                       n_actors, 2.0, "fork", list(range(n_actors)), [1000 + a for a in range(n_actors)],
                                       n_workers=workers, actors_per_job=envs)
     with actors:
         actors.broadcast_updated_policy(policy.state_dict())
-        actors.collect_outputs("cpu")
+        actors.collect_outputs(device)
         warm_until = time.perf_counter() + args.warmup
         while time.perf_counter() < warm_until:
-            actors.collect_outputs("cpu")
+            actors.collect_outputs(device)
         before, cpu_before = RedisCost.read(actors.connection), cpu_snapshot()
         steps = 0
         started = time.perf_counter()
         while time.perf_counter() - started < args.seconds:
-            steps += int(actors.collect_outputs("cpu").record.rewards.numel())
+            steps += int(actors.collect_outputs(device).record.rewards.numel())
         elapsed = time.perf_counter() - started
         cpu = cpu_used(cpu_before, cpu_snapshot())
         cost = RedisCost.read(actors.connection).since(before)
@@ -213,7 +214,8 @@ def print_table(args: argparse.Namespace, results: dict[int, list[dict[str, Meas
     print()
     shape = f"{STACK}x{FRAME[0]}x{FRAME[1]}" if args.layout == "first" else f"{FRAME[0]}x{FRAME[1]}x{STACK}"
     print(f"## Image observations {shape} uint8 ({OBS_BYTES:,} bytes), {args.workers} "
-          f"workers, {args.rollout_steps}-step rollouts, {args.seconds:g} s window, {args.rounds} round(s)")
+          f"workers, {args.rollout_steps}-step rollouts, batches onto {args.learner_device}, "
+          f"{args.seconds:g} s window, {args.rounds} round(s)")
     print()
     print(f"machine: {os.cpu_count()} logical CPUs, {platform.python_implementation()} {platform.python_version()}, "
           f"torch {torch.__version__}, rqrl {rqrl.__version__}")
@@ -260,6 +262,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds")
     parser.add_argument("--rounds", type=int, default=1, help="rounds (sides alternate which goes first)")
+    parser.add_argument("--learner-device", default="cpu",
+                        help="where collect_outputs puts the batches (cuda: a GPU learner's; frame stacks then go as "
+                             "their frames and are gathered there)")
     parser.add_argument("--layout", choices=sorted(ENV_FACTORIES), default="first",
                         help="stack axis: first, (4, 84, 84) as gymnasium's Atari preprocessing; or last, (84, 84, 4)")
     args = parser.parse_args(argv)

