@@ -62,7 +62,9 @@ profile() {  # profile NAME PATTERN DELAY SECONDS [worker]: py-spy of the oldest
     (sleep "$3"; pid=$(pgrep -f -o "$2") || exit 0
      py-spy record --pid "$pid" --duration "$4" --rate 50 --format raw --output "$OUT/$1-learner.txt" > /dev/null 2>&1
      [ "${5:-}" = worker ] || exit 0
-     child=$(ps --ppid "$pid" -o pid=,pcpu= --sort=-pcpu | awk 'NR == 1 {print $1}') || exit 0
+     # local workers are forked by multiprocessing's forkserver (or the learner itself): the busiest of them
+     child=$(ps -eo pid=,pcpu=,args= --sort=-pcpu | awk -v learner="$pid" \
+         '$1 != learner && /multiprocessing|rqrl train/ && !/awk/ {print $1; exit}') || exit 0
      py-spy record --pid "$child" --duration "$4" --rate 50 --format raw --output "$OUT/$1-worker.txt" \
         > /dev/null 2>&1) &
 }
