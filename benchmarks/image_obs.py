@@ -35,6 +35,8 @@ import torch
 import rqrl
 from benchmarks.actors_throughput import cpu_snapshot, cpu_used, stop_processes
 from benchmarks.scale import RedisCost
+from rqrl.cli.status import read_worker_times
+from rqrl.engine.worker_times import WORKER_TIME_PARTS
 from rqrl.maze.actors import SubprocDistributedActors
 
 log = logging.getLogger("image_obs")
@@ -114,6 +116,9 @@ class Measurement:
     redis: RedisCost | None = None
     cpu_seconds: dict[str, float] | None = None
     """CPU seconds by role over the window: workers, learner, redis, other (see actors_throughput.cpu_snapshot)."""
+    worker_times: dict[str, float] | None = None
+    """The workers' mean share of their time in each part of their loop (rqrl.cli.status.read_worker_times), over
+    the last window each published (a heartbeat, 5 s) when this window closed."""
 
     def cpu_per_step(self, role: str) -> float | None:
         """Microseconds of ``role``'s CPU per env step."""
@@ -161,7 +166,15 @@ def measure_rqrl(workers: int, envs: int, args: argparse.Namespace, env_factory:
         elapsed = time.perf_counter() - started
         cpu = cpu_used(cpu_before, cpu_snapshot())
         cost = RedisCost.read(actors.connection).since(before)
-    return Measurement(steps, elapsed, cost, cpu)
+        worker_times = mean_worker_times(read_worker_times(actors.connection, actors.keys))
+    return Measurement(steps, elapsed, cost, cpu, worker_times)
+
+
+def mean_worker_times(by_worker: dict[str, dict[str, float]]) -> dict[str, float] | None:
+    """Each part's share of the workers' time, averaged over the workers that published one."""
+    if not by_worker:
+        return None
+    return {part: statistics.mean(shares[part] for shares in by_worker.values()) for part in WORKER_TIME_PARTS}
 
 
 def _reference_process(envs: int, seed: int, layout: str, env_factory: EnvFactory, n_actions: int,
@@ -247,10 +260,30 @@ def print_table(args: argparse.Namespace, results: dict[int, list[dict[str, Meas
         print(f"| {envs} | {per_step('rqrl', 'workers'):.1f} | {per_step('rqrl', 'learner'):.1f} | "
               f"{per_step('rqrl', 'redis'):.1f} | {total:.1f} | {reference:.1f} | {total / reference:.2f} | "
               f"{other:.2f} |")
+    print_worker_times(results)
     print()
     print("Medians over rounds; the ratio is the median of per-round ratios. Bytes are Redis's network counters "
           "over the window divided by the env steps delivered in it. CPU is read from /proc: the learner is this "
           "process, workers and redis-server its children; other load is the machine's busy time not theirs.")
+
+
+def print_worker_times(results: dict[int, list[dict[str, Measurement]]]) -> None:
+    """Where the rqrl workers' time went, as each published it (rqrl.engine.worker_times)."""
+    print()
+    print("Where the rqrl workers' time went, % of wall time (each worker's last published window, averaged; other: "
+          "the rest, between rollouts and jobs):")
+    print()
+    print("| envs per worker | " + " | ".join(WORKER_TIME_PARTS) + " | other |")
+    print("|--:|" + "--:|" * (len(WORKER_TIME_PARTS) + 1))
+    for envs, rounds in results.items():
+        published = [r["rqrl"].worker_times for r in rounds if r["rqrl"].worker_times is not None]
+        if not published:
+            print(f"| {envs} | " + " | ".join("-" for _ in WORKER_TIME_PARTS) + " | - |")
+            continue
+        shares = {part: statistics.median(times[part] for times in published) for part in WORKER_TIME_PARTS}
+        other = 1.0 - sum(shares.values())
+        print(f"| {envs} | " + " | ".join(f"{100 * shares[part]:.1f}" for part in WORKER_TIME_PARTS)
+              + f" | {100 * other:.1f} |")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

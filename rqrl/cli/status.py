@@ -17,6 +17,7 @@ from rqrl.engine.rq_safety import RolloutJob, failed_registry, rollout_queue, st
 from rqrl.engine.run_config import RunConfig
 from rqrl.engine.supervisor import read_sideline_reports
 from rqrl.engine.timings import protocol_timings
+from rqrl.engine.worker_times import WORKER_TIME_PARTS
 from rqrl.errors import RecordError
 
 RECENT_FAILURES = 3
@@ -57,6 +58,8 @@ class RunStatus:
     workers: list[WorkerStatus] = field(default_factory=list)
     worker_rates: dict[str, float] = field(default_factory=dict)
     """Each worker's env steps/s on this run, as its job last published it (within the liveness window)."""
+    worker_times: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Where each worker's time went on this run (``read_worker_times``), where its jobs publish it."""
     problem: str | None = None
     """Why the run's record could not be read (junk a Redis writer left, a key of the wrong type); None: it was."""
     sidelined: dict[str, str] = field(default_factory=dict)
@@ -107,7 +110,16 @@ def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
         queued_rollouts=int(connection.llen(keys.trajectories)), jobs_queued=len(queued), jobs_started=len(started),
         jobs_failed=len(failed), failures=[(job_id, _failure(connection, job_id)) for job_id in recent],
         workers=read_workers(connection, config.queue_name), worker_rates=read_worker_rates(connection, keys),
+        worker_times=read_worker_times(connection, keys),
         sidelined={name: report["error"] for name, report in read_sideline_reports(connection, keys).items()})
+
+
+def _time_shares(shares: dict[str, float] | None) -> str:
+    """`` (step 85%, encode 8%, push 7%, room 0%, weights 0%)``: where a worker's time went, largest first."""
+    if not shares:
+        return ""
+    ordered = sorted(shares.items(), key=lambda item: -item[1])
+    return " (" + ", ".join(f"{part} {100 * share:.0f}%" for part, share in ordered) + ")"
 
 
 def read_workers(connection: redis.Redis, queue_name: str) -> list[WorkerStatus]:
@@ -145,6 +157,25 @@ def read_worker_rates(connection: redis.Redis, keys: RunKeys, now: float | None 
         if now - at <= liveness:
             rates[_text(name)] = rate
     return rates
+
+
+def read_worker_times(connection: redis.Redis, keys: RunKeys, now: float | None = None) -> dict[str, dict[str, float]]:
+    """Worker name -> the share of its time each part of its rollout loop took (WORKER_TIME_PARTS: weights, step,
+    encode, push, room), over its last published window, for workers whose jobs publish them (a Maze actor
+    group's); within the liveness window, as ``read_worker_rates``."""
+    now = time.time() if now is None else now
+    liveness = protocol_timings().liveness
+    times = {}
+    for name, raw in connection.hgetall(keys.worker_rates).items():
+        try:
+            published = json.loads(raw)
+            shares = {part: float(published["time"][part]) for part in WORKER_TIME_PARTS}
+            at = float(published["at"])
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+            continue
+        if now - at <= liveness:
+            times[_text(name)] = shares
+    return times
 
 
 def _failure(connection: redis.Redis, job_id: str) -> str:
@@ -199,6 +230,7 @@ def format_status(runs: list[RunStatus], now: float | None = None) -> str:
             lines.append(f"    {printable(worker.name)}  {printable(worker.state)}  {printable(doing)}  "
                          f"heartbeat {age}"
                          + (f"  {rate:,.0f} steps/s" if rate is not None else "")
+                         + _time_shares(run.worker_times.get(worker.name))
                          + ("" if worker.alive else "  (no recent heartbeat)")
                          + ("  SIDELINED (see below)" if worker.name in run.sidelined else ""))
         for name, reason in sorted(run.sidelined.items()):

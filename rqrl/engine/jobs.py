@@ -26,6 +26,7 @@ from rqrl.engine.enqueue import ERROR_TTL_SECONDS
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.run_config import RunConfig
 from rqrl.engine.timings import protocol_timings
+from rqrl.engine.worker_times import WORKER_TIME_PARTS, WorkerTimes
 from rqrl.errors import RunStoppedError, SignatureError, WorkerUnfitError
 
 log = logging.getLogger(__name__)
@@ -159,12 +160,13 @@ class JobSlice:
                 pipe.llen(key)
             return any(int(length) > 0 for length in pipe.execute())
 
-    def heartbeat(self, env_steps: int = 0) -> None:
+    def heartbeat(self, env_steps: int = 0, times: WorkerTimes | None = None) -> None:
         """Keep RQ's worker and started-job registry entries alive during a long slice; ``env_steps`` stepped
-        since the last call count towards this worker's steps/s on the run (see _publish_rate)."""
+        since the last call count towards this worker's steps/s on the run, and ``times`` towards where its time
+        went (see _publish_rate)."""
         now = time.monotonic()
         if env_steps:
-            _publish_rate(self.connection, self.config, env_steps, now)
+            _publish_rate(self.connection, self.config, env_steps, now, times)
         if now - self.last_heartbeat < self.config.timings.heartbeat:
             return
         self.last_heartbeat = now
@@ -172,26 +174,35 @@ class JobSlice:
             _heartbeat_hook()
 
 
-_RATES: dict[str, tuple[float, int]] = {}  # run name -> (when this worker last published, env steps since)
+_RATES: dict[str, tuple[float, int, WorkerTimes]] = {}  # run name -> (when this worker last published, env steps
+# since, and where its time went since)
 
 
-def _publish_rate(connection: redis.Redis, config: RunConfig, env_steps: int, now: float) -> None:
-    """Count ``env_steps``; every heartbeat (the run's timings) publish this worker process's env steps/s on the
-    run (over its jobs, however short their slices) for ``rqrl status``. A lost write only leaves a gap."""
+def _publish_rate(connection: redis.Redis, config: RunConfig, env_steps: int, now: float,
+                  times: WorkerTimes | None = None) -> None:
+    """Count ``env_steps`` and ``times``; every heartbeat (the run's timings) publish this worker process's env
+    steps/s on the run (over its jobs, however short their slices) for ``rqrl status``, and the share of its time
+    each part of its loop took (``time``, where measured). A lost write only leaves a gap."""
     run_name, heartbeat = config.run_name, config.timings.heartbeat
-    since, steps = _RATES.get(run_name, (now, 0))
+    since, steps, spent = _RATES.get(run_name, (now, 0, WorkerTimes()))
     steps += env_steps
+    if times is not None:
+        spent.add(times)
     if now - since < heartbeat:
-        _RATES[run_name] = (since, steps)
+        _RATES[run_name] = (since, steps, spent)
         return
-    _RATES[run_name] = (now, 0)
+    _RATES[run_name] = (now, 0, WorkerTimes())
     while len(_RATES) > _MAX_RUNS:  # runs this worker no longer serves
         _RATES.pop(next(iter(_RATES)))
     keys = RunKeys(run_name)
+    published: dict[str, Any] = {"steps_per_second": round(steps / (now - since), 1), "at": time.time()}
+    if times is not None:
+        # a rollout that began before the window counts whole in it: never more than all of the time
+        counted = max(now - since, sum(getattr(spent, part) for part in WORKER_TIME_PARTS))
+        published["time"] = {part: round(getattr(spent, part) / counted, 4) for part in WORKER_TIME_PARTS}
     try:
         with connection.pipeline(transaction=False) as pipe:
-            pipe.hset(keys.worker_rates, worker_label(),
-                      json.dumps({"steps_per_second": round(steps / (now - since), 1), "at": time.time()}))
+            pipe.hset(keys.worker_rates, worker_label(), json.dumps(published))
             pipe.expire(keys.worker_rates, max(1, math.ceil(4 * heartbeat)))
             pipe.execute()
     except redis.RedisError as error:

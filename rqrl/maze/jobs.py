@@ -40,6 +40,7 @@ from rqrl.engine.policy import ActFunction, Policy, make_act_function
 from rqrl.engine.run_config import RunConfig
 from rqrl.engine.trajectories import PendingRollout, PushReport, SentPush, TrajectoryQueue
 from rqrl.engine.weights import SentFetch, WeightStore
+from rqrl.engine.worker_times import WorkerTimes
 from rqrl.errors import (
     ForbiddenJobError,
     RunStoppedError,
@@ -180,6 +181,8 @@ class ActorGroupJob(GroupJob):
         """Sent after a rollout, read before the next one."""
         self.delivered_next = rollout_id
         """The rollout after the last one the queue took (or refused as delivered already)."""
+        self.times = WorkerTimes()
+        """Where the time went since the last rollout was counted (published with the worker's steps/s)."""
         self.shutdown_waiting_since: float | None = None
         """When a wait for room first found the worker shutting down (see _wait_for_room)."""
 
@@ -238,8 +241,10 @@ class ActorGroupJob(GroupJob):
     def _rollouts(self) -> dict[str, Any]:
         """Rollouts under the latest weights until the run stops or the group has to move."""
         while True:
+            started = time.perf_counter()
             weights_version = _wait_for_weights(self.context, self.store, self.is_stopped, self.beat,
                                                 self.weights_check)
+            self.times.weights += time.perf_counter() - started
             self.weights_check = None
             if self.is_stopped():
                 return {**self.counts(), "stopped": True}
@@ -259,7 +264,9 @@ class ActorGroupJob(GroupJob):
 
     def _rollout(self, weights_version: int, cut: bool) -> None:
         """Step one rollout of the group and send its entries; ``cut``: the last one of this job."""
+        started = time.perf_counter()
         rollout = self.group.run_group(self.act, self.position, weights_version, cut_at_end=cut, worker=self.label)
+        stepped, room_before = time.perf_counter(), self.times.room
         self._settle()
         if not cut and self.context.weights_due():  # the next rollout's weights, asked after any wait for room in
             # the queue: the reply is read once this push is on its way
@@ -267,7 +274,9 @@ class ActorGroupJob(GroupJob):
         # a re-run recomputes rollouts an earlier job delivered; the first new one does not continue the delivered
         # one before it, and says so
         continues = [rollout.continues_previous and actor not in self.refused for actor in rollout.actor_ids]
+        encoding = time.perf_counter()
         entries = _group_entries(rollout, continues, self.group_id, self.config.run_id, self.context.records_key)
+        encoded = time.perf_counter()
         self.queue.bound = self.config.entries_bound(len(entries[0][1]))
         # the last rollout of a job is pushed, not left in flight; and while the queue is full, sending ahead would
         # move payloads to Redis only to have them refused and sent again (with a learner slower than its worker,
@@ -290,7 +299,18 @@ class ActorGroupJob(GroupJob):
             if report.waited_seconds > 0 and self.weights_check is not None:  # the check predates the wait for
                 self.weights_check.abandon()  # room, during which the learner may have published: ask afresh
                 self.weights_check = None
-        self.slice.heartbeat(len(rollout.actor_ids) * self.config.n_rollout_steps)
+        self._count_times(started, stepped, encoding, encoded, room_before)
+        self.slice.heartbeat(len(rollout.actor_ids) * self.config.n_rollout_steps, self.times)
+        self.times = WorkerTimes()
+
+    def _count_times(self, started: float, stepped: float, encoding: float, encoded: float,
+                     room_before: float) -> None:
+        """A rollout's times: stepping, encoding, and the pushes around them (those it sent and the last one's,
+        settled) less the waits for room ``_delivered`` counted."""
+        now = time.perf_counter()
+        self.times.step += stepped - started
+        self.times.encode += encoded - encoding
+        self.times.push += max(0.0, (encoding - stepped) + (now - encoded) - (self.times.room - room_before))
 
     def beat(self) -> None:
         """Keep RQ's heartbeats and the group's lease alive while the job waits."""
@@ -317,6 +337,7 @@ class ActorGroupJob(GroupJob):
     def _delivered(self, entries: list[tuple[PendingRollout, list[int]]], report: PushReport,
                    next_rollout_id: int) -> None:
         """Note the actors whose rollout an earlier job had delivered already, and the group's progress."""
+        self.times.room += report.waited_seconds
         duplicates = {entry.stream_id for entry in report.duplicates}
         self.refused = {actor for entry, actors in entries if entry.stream_id in duplicates for actor in actors}
         self.delivered_next = next_rollout_id

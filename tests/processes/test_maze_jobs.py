@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from rqrl.cli.status import read_worker_rates
+from rqrl.cli.status import read_worker_rates, read_worker_times
 from rqrl.engine.rq_safety import RolloutJob, failed_registry, rollout_queue
 from tests import fixtures
 from tests.children import REPO_ROOT, run_rqrl
@@ -311,3 +311,22 @@ def test_a_group_of_more_entries_than_its_worker_has_connections_delivers_them(c
             batch = actors.collect_outputs("cpu").record
             assert sorted(batch.actor_id.tolist()) == list(range(12))
         assert not failed_registry(actors.config.queue_name, connection).get_job_ids()
+
+
+def test_a_worker_held_up_by_a_slow_learner_says_so_in_its_published_times(connection, redis_url, run_name):
+    """A worker publishes where its time went with its steps/s: one that steps a rollout in milliseconds while the
+    learner takes a batch every 0.3 s spends most of its time waiting for room in the queue."""
+    with local_actors(redis_url, run_name, env_factory=fixtures.make_wide_counting_env,
+                      policy=fixtures.mlp_policy(obs_size=fixtures.WIDE_OBS_SIZE), n_rollout_steps=16, n_actors=3,
+                      batch_size=3, actors_per_job=3, queue_out_of_sync_factor=1.0) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+
+        def waiting_for_room() -> dict[str, float] | None:
+            time.sleep(0.3)
+            actors.collect_outputs("cpu")
+            shares = next(iter(read_worker_times(connection, actors.keys).values()), None)
+            return shares if shares is not None and shares["room"] > 0.5 else None
+
+        shares = wait_until(waiting_for_room, 60, interval=0, message="a worker's published time waiting for room")
+    assert shares["step"] + shares["encode"] < 0.3, shares
+    assert sum(shares.values()) <= 1.0 + 1e-3, shares

@@ -21,7 +21,9 @@ def test_the_screen_shows_learner_jobs_workers_and_failures():
         workers=[WorkerStatus(name="w1", state="busy", current_job="rqrl_r1_g0_r17", heartbeat_age=1.5),
                  WorkerStatus(name="w2", state="idle", current_job=None, heartbeat_age=600.0),
                  WorkerStatus(name="w3", state="busy", current_job="rqrl_r1_g1_r0_a1b2", heartbeat_age=1.0)],
-        worker_rates={"w1": 20512.6}, sidelined={"w3": "this worker cannot verify run 'r1''s signed payload"},
+        worker_rates={"w1": 20512.6},
+        worker_times={"w1": {"weights": 0.001, "step": 0.85, "encode": 0.08, "push": 0.06, "room": 0.009}},
+        sidelined={"w3": "this worker cannot verify run 'r1''s signed payload"},
     )
     screen = format_status([run], now=101.5)
     assert screen.splitlines() == [
@@ -30,7 +32,8 @@ def test_the_screen_shows_learner_jobs_workers_and_failures():
         "version 42, lag 1.2 mean / 3 max; queue 2/8; records rejected 0",
         "  jobs      queued 1, started 1, failed 1; rollouts waiting for the learner 2",
         "  workers   2 alive of 3 registered on queue rqrl",
-        "    w1  busy  group 0 of this run (rqrl_r1_g0_r17)  heartbeat 2 s ago  20,513 steps/s",
+        "    w1  busy  group 0 of this run (rqrl_r1_g0_r17)  heartbeat 2 s ago  20,513 steps/s (step 85%, encode 8%, "
+        "push 6%, room 1%, weights 0%)",
         "    w2  idle  idle  heartbeat 600 s ago  (no recent heartbeat)",
         "    w3  busy  group 1 of this run (rqrl_r1_g1_r0_a1b2)  heartbeat 1 s ago  SIDELINED (see below)",
         "  sidelined w3 hands this run's jobs back: this worker cannot verify run 'r1''s signed payload",
