@@ -116,6 +116,8 @@ class Measurement:
     redis: RedisCost | None = None
     cpu_seconds: dict[str, float] | None = None
     """CPU seconds by role over the window: workers, learner, redis, other (see actors_throughput.cpu_snapshot)."""
+    learner_waited: float | None = None
+    """Seconds of the window the learner's collects waited for rollouts (``last_wait_seconds``, summed)."""
     worker_times: dict[str, float] | None = None
     """The workers' mean share of their time in each part of their loop (rqrl.cli.status.read_worker_times), over
     the last window each published (a heartbeat, 5 s) when this window closed."""
@@ -159,15 +161,16 @@ def measure_rqrl(workers: int, envs: int, args: argparse.Namespace, env_factory:
         while time.perf_counter() < warm_until:
             actors.collect_outputs(device)
         before, cpu_before = RedisCost.read(actors.connection), cpu_snapshot()
-        steps = 0
+        steps, waited = 0, 0.0
         started = time.perf_counter()
         while time.perf_counter() - started < args.seconds:
             steps += int(actors.collect_outputs(device).record.rewards.numel())
+            waited += actors.last_wait_seconds
         elapsed = time.perf_counter() - started
         cpu = cpu_used(cpu_before, cpu_snapshot())
         cost = RedisCost.read(actors.connection).since(before)
         worker_times = mean_worker_times(read_worker_times(actors.connection, actors.keys))
-    return Measurement(steps, elapsed, cost, cpu, worker_times)
+    return Measurement(steps, elapsed, cost, cpu, waited, worker_times)
 
 
 def mean_worker_times(by_worker: dict[str, dict[str, float]]) -> dict[str, float] | None:
@@ -271,19 +274,20 @@ def print_worker_times(results: dict[int, list[dict[str, Measurement]]]) -> None
     """Where the rqrl workers' time went, as each published it (rqrl.engine.worker_times)."""
     print()
     print("Where the rqrl workers' time went, % of wall time (each worker's last published window, averaged; other: "
-          "the rest, between rollouts and jobs):")
+          "the rest, between rollouts and jobs), and the share of the window the learner waited for rollouts:")
     print()
-    print("| envs per worker | " + " | ".join(WORKER_TIME_PARTS) + " | other |")
-    print("|--:|" + "--:|" * (len(WORKER_TIME_PARTS) + 1))
+    print("| envs per worker | " + " | ".join(WORKER_TIME_PARTS) + " | other | learner waited |")
+    print("|--:|" + "--:|" * (len(WORKER_TIME_PARTS) + 2))
     for envs, rounds in results.items():
+        waited = statistics.median((r["rqrl"].learner_waited or 0.0) / r["rqrl"].seconds for r in rounds)
         published = [r["rqrl"].worker_times for r in rounds if r["rqrl"].worker_times is not None]
         if not published:
-            print(f"| {envs} | " + " | ".join("-" for _ in WORKER_TIME_PARTS) + " | - |")
+            print(f"| {envs} | " + " | ".join("-" for _ in WORKER_TIME_PARTS) + f" | - | {100 * waited:.1f} |")
             continue
         shares = {part: statistics.median(times[part] for times in published) for part in WORKER_TIME_PARTS}
         other = 1.0 - sum(shares.values())
         print(f"| {envs} | " + " | ".join(f"{100 * shares[part]:.1f}" for part in WORKER_TIME_PARTS)
-              + f" | {100 * other:.1f} |")
+              + f" | {100 * other:.1f} | {100 * waited:.1f} |")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

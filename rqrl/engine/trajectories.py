@@ -318,13 +318,14 @@ class TrajectoryQueue:
         pending = list(rollouts)
         chunks = self._chunks(pending)
         duplicates: list[PendingRollout] = []
-        poll, waited = 0.0005, False
-        started = last_check = time.monotonic()
+        poll, waited = 0.0005, 0.0
+        last_check = time.monotonic()
         room, room_read = 0 if found_full else self._room(len(pending)), not found_full and len(pending) > 1
         while True:
+            wait_started, slept = time.monotonic(), False
             while room <= 0:  # no payload is sent until there is room for it
                 time.sleep(poll)
-                waited = True
+                slept = True
                 poll = min(poll * 2, max_poll_seconds)
                 if time.monotonic() - last_check > 0.2:
                     last_check = time.monotonic()
@@ -332,6 +333,8 @@ class TrajectoryQueue:
                     if is_stopped():
                         raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
                 room, room_read = self.bound - self.size(), True
+            if slept:  # the seconds spent waiting for room, not pushing
+                waited += max(time.monotonic() - wait_started, poll)
             sent, rest = pending[:room], pending[room:]
             results = self.try_push(sent, token, lease) if chunks == 1 else self._try_push_chunked(sent, token, lease)
             if QueuePush.NOT_HOLDER in results:
@@ -345,7 +348,7 @@ class TrajectoryQueue:
             if not pending:
                 break
             room, room_read = (len(pending), False) if retry else (self.bound - self.size(), True)
-        return PushReport(time.monotonic() - started if waited else 0.0, tuple(duplicates),
+        return PushReport(waited, tuple(duplicates),
                           room - len(sent) if room_read else None)
 
     def _room(self, wanted: int) -> int:

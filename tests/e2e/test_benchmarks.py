@@ -115,7 +115,9 @@ def test_pop_ahead_with_a_cuda_update_and_no_gpu_says_so() -> None:
 def test_image_obs_prints_rates_and_bytes_per_step() -> None:
     out = run_benchmark("image_obs.py", "--envs", "2", "--seconds", "0.5", "--warmup", "0", "--rollout-steps", "8")
     rows = [line for line in out.splitlines() if line.startswith("| 2 |")]
-    assert len(rows) == 2, out  # rates and bytes, then CPU per step by role
+    assert len(rows) == 3, out  # rates and bytes, CPU per step by role, then where the workers' time went
+    shares = [cell.strip() for cell in rows[2].strip("|").split("|")][1:]
+    assert len(shares) == 7 and all(cell == "-" or 0 <= float(cell) <= 100 for cell in shares[:5]), rows[2]
     cells = [float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")]
     cpu = [float(cell.strip().replace(",", "")) for cell in rows[1].strip("|").split("|")]
     assert all(value > 0 for value in cpu[1:4]), rows[1]  # workers, learner and redis-server all used CPU
