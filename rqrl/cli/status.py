@@ -159,10 +159,12 @@ def read_worker_rates(connection: redis.Redis, keys: RunKeys, now: float | None 
     return rates
 
 
-def read_worker_times(connection: redis.Redis, keys: RunKeys, now: float | None = None) -> dict[str, dict[str, float]]:
+def read_worker_times(connection: redis.Redis, keys: RunKeys, now: float | None = None,
+                      since: float | None = None) -> dict[str, dict[str, float]]:
     """Worker name -> the share of its time each part of its rollout loop took (WORKER_TIME_PARTS: weights, step,
     encode, push, room), over its last published window, for workers whose jobs publish them (a Maze actor
-    group's); within the liveness window, as ``read_worker_rates``."""
+    group's); within the liveness window, as ``read_worker_rates``, and published at ``since`` (a time.time()) or
+    later if given."""
     now = time.time() if now is None else now
     liveness = protocol_timings().liveness
     times = {}
@@ -173,7 +175,7 @@ def read_worker_times(connection: redis.Redis, keys: RunKeys, now: float | None 
             at = float(published["at"])
         except (ValueError, TypeError, KeyError, UnicodeDecodeError):
             continue
-        if now - at <= liveness:
+        if now - at <= liveness and (since is None or at >= since):
             times[_text(name)] = shares
     return times
 

@@ -53,8 +53,9 @@ def gather_series_to(series: Sequence[np.ndarray], device: torch.device | str) -
     overlap (``overlapping_frames``) and the whole stacks of the others, then gathered there; None when no rollout
     overlaps or the rollouts differ in shape or dtype (the caller stacks them as they are)."""
     first = series[0] if series else None
-    if (first is None or first.ndim < MIN_SERIES_DIMS
-            or any(array.shape != first.shape or array.dtype != first.dtype for array in series)):
+    if (not isinstance(first, np.ndarray) or first.ndim < MIN_SERIES_DIMS
+            or any(not isinstance(array, np.ndarray) or array.shape != first.shape or array.dtype != first.dtype
+                   for array in series)):
         return None
     frames = [overlapping_frames(array) for array in series]
     if all(found is None for found in frames):

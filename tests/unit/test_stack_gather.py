@@ -65,6 +65,7 @@ def test_the_gathered_batch_is_np_stack_bit_for_bit(mixed):
     [np.zeros((9, 4, 6, 5), np.uint8)] * 2,  # nothing overlaps: stacked as they are
     [np.zeros((9, 4), np.float32)] * 2,  # not frame stacks
     [],
+    [[[[1]]]] * 2,  # not arrays
 ])
 def test_series_without_overlapping_frames_are_left_to_np_stack(series):
     assert gather_series_to(series, "cpu") is None

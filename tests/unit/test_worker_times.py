@@ -68,6 +68,15 @@ def test_worker_times_older_than_liveness_malformed_or_missing_are_left_out():
     assert read_worker_times(connection, keys, now=1001.0) == {"fresh": shares}
 
 
+def test_worker_times_published_before_a_given_time_are_left_out():
+    connection, keys = fakeredis.FakeRedis(), RunKeys("r1")
+    shares = dict.fromkeys(WORKER_TIME_PARTS, 0.2)
+    connection.hset(keys.worker_rates, mapping={
+        "inside": json.dumps({"steps_per_second": 10.0, "at": 1000.5, "time": shares}),
+        "before": json.dumps({"steps_per_second": 10.0, "at": 999.5, "time": shares})})
+    assert read_worker_times(connection, keys, now=1001.0, since=1000.0) == {"inside": shares}
+
+
 def test_adding_times_adds_every_part():
     total = WorkerTimes(weights=1.0, step=2.0)
     total.add(WorkerTimes(step=1.0, encode=0.5, push=0.25, room=0.125))
