@@ -5,7 +5,10 @@ becomes the env of DQN's Nature paper and of IMPALA's and PPO's Atari runs.
 ``repeat_action_probability=0.25``, stay unless given), wrapped in gymnasium's ``AtariPreprocessing`` (up to 30
 no-op actions at reset, each action repeated for 4 frames and the last two frames max-pooled, 84x84 grayscale, and
 optionally an episode's end at each life lost) and ``FrameStackObservation`` (the last 4 frames): observations are
-uint8 ``(4, 84, 84)``, which the learners feed to the Nature CNN (rqrl.algorithms.cnn).
+uint8 ``(4, 84, 84)``, which the learners feed to the Nature CNN (rqrl.algorithms.cnn). The base env's own
+observations are never used (the preprocessing reads the frames it keeps off the emulator's screen), so it makes its
+cheapest, the 128-byte RAM, instead of copying out a 210x160 RGB screen at every frame: the same observations, and
+an agent step 20% cheaper (Pong: 258 instead of 322 us on the 2-core VM).
 ``rqrl.algorithms.common.make_train_env`` builds every ALE id with ``make_atari_env``: the workers (which get a
 pickled reference to it and register ale-py's envs in their own process), the evaluations and ``rqrl evaluate``.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium
+import numpy as np
 
 from rqrl.errors import ConfigError, MissingExtraError
 
@@ -74,16 +78,29 @@ def register_atari_envs() -> None:
     gymnasium.register_envs(ale_py)
 
 
+class ScreenSized(gymnasium.Wrapper):
+    """An ALE env that observes its RAM, declared with its screen's shape: AtariPreprocessing sizes its frame
+    buffers by the env's observation space and fills them off the emulator's screen, discarding the observations
+    the env returns, which are therefore best the cheapest the ALE makes."""
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        height, width = env.unwrapped.ale.getScreenDims()  # type: ignore[attr-defined]
+        self.observation_space = gymnasium.spaces.Box(0, 255, (height, width, 3), np.uint8)
+
+
 def make_atari_env(env_id: str, *, terminal_on_life_loss: bool = False, **kwargs: Any) -> gymnasium.Env:
     """The preprocessed Atari env of ``env_id`` (see the module's docstring); ``kwargs`` go to gymnasium.make (for
     instance ``repeat_action_probability=0.0`` for no sticky actions, ``render_mode="rgb_array"`` to film it).
     ConfigError in one line for an id ale-py does not have, MissingExtraError without the extra."""
     register_atari_envs()
     try:
-        env = gymnasium.make(env_id, **{"frameskip": 1, **kwargs})
+        env = gymnasium.make(env_id, **{"frameskip": 1, "obs_type": "ram", **kwargs})
     except gymnasium.error.Error as error:  # NameNotFound, VersionNotFound, ... (gymnasium's message has hints)
         raise ConfigError(f"unknown Atari env id {env_id!r} ({error}); `python -c 'import gymnasium, ale_py; "
                           f"gymnasium.pprint_registry()'` lists them") from None
+    if kwargs.get("obs_type", "ram") == "ram":
+        env = ScreenSized(env)
     env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP,
                                                 screen_size=SCREEN_SIZE, grayscale_obs=True,
                                                 terminal_on_life_loss=terminal_on_life_loss)

@@ -3,6 +3,7 @@ No timed assertion: the numbers are the scripts' business, not the tests'."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -123,6 +124,14 @@ def test_image_obs_prints_rates_and_bytes_per_step() -> None:
     assert all(value > 0 for value in cpu[1:4]), rows[1]  # workers, learner and redis-server all used CPU
     assert cells[1] > 0 and cells[2] > 0, rows[0]
     assert 0.25 < cells[5] < 0.6, rows[0]  # each frame crosses once: about a quarter of a 4-frame stack per step
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="needs the atari extra")
+def test_atari_step_prints_both_sides_per_env() -> None:
+    out = run_benchmark("atari_step.py", "--env", "ALE/Pong-v5", "--steps", "50", "--rounds", "2")
+    rows = [line for line in out.splitlines() if line.startswith("| ALE/Pong-v5 |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["RGB screen (before)", "RAM (now)"], out
+    assert float(rows[0].split("|")[5]) == 1.0 and float(rows[1].split("|")[3]) > 0, rows
 
 
 def test_frame_bytes_prints_bytes_and_cpu_per_encoding() -> None:

@@ -53,6 +53,28 @@ def test_pong_is_four_stacked_84x84_grayscale_frames_of_uint8():
 
 
 @needs_atari
+@pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "ALE/Breakout-v5"])
+def test_the_env_observes_its_ram_and_gives_the_frames_an_rgb_observing_env_gives(env_id):
+    """The preprocessing reads its frames off the emulator's screen: the base env's own observations are the cheap
+    128-byte RAM, and the observations, rewards and ends are those of the same env observing its RGB screen."""
+    cheap, screen = make_atari_env(env_id), make_atari_env(env_id, obs_type="rgb")
+    try:
+        assert cheap.unwrapped.observation_space.shape == (128,) and screen.unwrapped.observation_space.shape[2] == 3
+        rng = np.random.default_rng(0)
+        first = [env.reset(seed=7)[0] for env in (cheap, screen)]
+        assert np.array_equal(*first)
+        for _ in range(300):
+            action = int(rng.integers(cheap.action_space.n))
+            (obs, reward, terminated, truncated, _), expected = cheap.step(action), screen.step(action)
+            assert np.array_equal(obs, expected[0]) and (reward, terminated, truncated) == tuple(expected[1:4])
+            if terminated or truncated:
+                assert np.array_equal(cheap.reset()[0], screen.reset()[0])
+    finally:
+        cheap.close()
+        screen.close()
+
+
+@needs_atari
 def test_the_learners_size_their_networks_by_the_preprocessed_env():
     assert env_spaces("ALE/Pong-v5") == ((4, 84, 84), 6, None)
     assert env_spaces("ALE/Breakout-v5").obs_shape == (4, 84, 84)
