@@ -6,7 +6,9 @@ from __future__ import annotations
 import datetime
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import redis
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
@@ -19,6 +21,8 @@ from rqrl.engine.supervisor import read_sideline_reports
 from rqrl.engine.timings import protocol_timings
 from rqrl.engine.worker_times import WORKER_TIME_PARTS
 from rqrl.errors import RecordError
+
+_Read = TypeVar("_Read")
 
 RECENT_FAILURES = 3
 
@@ -145,18 +149,7 @@ def read_workers(connection: redis.Redis, queue_name: str) -> list[WorkerStatus]
 def read_worker_rates(connection: redis.Redis, keys: RunKeys, now: float | None = None) -> dict[str, float]:
     """Worker name -> env steps/s on the run, as published by its job (rqrl.maze.jobs) within the liveness window
     (ProtocolTimings.liveness); entries that do not parse are left out."""
-    now = time.time() if now is None else now
-    liveness = protocol_timings().liveness
-    rates = {}
-    for name, raw in connection.hgetall(keys.worker_rates).items():
-        try:
-            published = json.loads(raw)
-            rate, at = float(published["steps_per_second"]), float(published["at"])
-        except (ValueError, TypeError, KeyError, UnicodeDecodeError):
-            continue
-        if now - at <= liveness:
-            rates[_text(name)] = rate
-    return rates
+    return _read_published(connection, keys, lambda published: float(published["steps_per_second"]), now)
 
 
 def read_worker_times(connection: redis.Redis, keys: RunKeys, now: float | None = None,
@@ -165,19 +158,27 @@ def read_worker_times(connection: redis.Redis, keys: RunKeys, now: float | None 
     encode, push, room), over its last published window, for workers whose jobs publish them (a Maze actor
     group's); within the liveness window, as ``read_worker_rates``, and published at ``since`` (a time.time()) or
     later if given."""
+    return _read_published(connection, keys,
+                           lambda published: {part: float(published["time"][part]) for part in WORKER_TIME_PARTS},
+                           now, since)
+
+
+def _read_published(connection: redis.Redis, keys: RunKeys, read: Callable[[dict[str, Any]], _Read],
+                    now: float | None = None, since: float | None = None) -> dict[str, _Read]:
+    """Worker name -> ``read`` of what its job last published in ``worker_rates``, for entries published within
+    the liveness window (and at ``since`` or later); entries ``read`` cannot parse are left out."""
     now = time.time() if now is None else now
     liveness = protocol_timings().liveness
-    times = {}
+    found = {}
     for name, raw in connection.hgetall(keys.worker_rates).items():
         try:
             published = json.loads(raw)
-            shares = {part: float(published["time"][part]) for part in WORKER_TIME_PARTS}
-            at = float(published["at"])
+            value, at = read(published), float(published["at"])
         except (ValueError, TypeError, KeyError, UnicodeDecodeError):
             continue
         if now - at <= liveness and (since is None or at >= since):
-            times[_text(name)] = shares
-    return times
+            found[_text(name)] = value
+    return found
 
 
 def _failure(connection: redis.Redis, job_id: str) -> str:
