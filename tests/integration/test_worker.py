@@ -81,3 +81,36 @@ def test_with_redis_from_redis_url_the_secret_comes_from_rqrl_secret_too(redis_u
     monkeypatch.delenv("RQRL_SECRET")
     with pytest.raises(ConfigError, match=r"pass secret=.*or, with Redis from REDIS_URL, set RQRL_SECRET"):
         RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 8, 2, 2, 2.0, n_local_workers=0)
+
+
+def test_a_stop_signal_while_the_worker_registers_stops_it_instead_of_killing_it(connection, monkeypatch):
+    """RQ installs its SIGTERM and SIGINT handlers only after it has registered the worker: a signal in between
+    killed the worker outright (seen in CI, a worker stopped just after it registered). Now it is a stop request,
+    honoured before the first dequeue: the queued job stays queued."""
+    import signal
+
+    from rq.worker import BaseWorker
+
+    from rqrl.engine.worker import RolloutWorker
+
+    enqueue_raw(connection, "rqrl.maze.jobs.run_actor_group", "no-such-run", 0, 0)
+    caught = []
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    # where the worker leaves SIGTERM to its default action, this test's own handler stands in for the kill
+    signal.signal(signal.SIGTERM, lambda number, frame: caught.append(number))
+    register = BaseWorker.register_birth
+
+    def registering(worker, *args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)  # handled before raise_signal returns, on this (the main) thread
+        return register(worker, *args, **kwargs)
+
+    monkeypatch.setattr(BaseWorker, "register_birth", registering)
+    worker = RolloutWorker(["rqrl"], connection=connection, name="stopped-early", secret=TEST_SECRET)
+    try:
+        worker.work(burst=True, logging_level="WARNING", with_scheduler=False)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert caught == [], "the signal reached the default disposition's stand-in: it would have killed the worker"
+    assert worker.shutdown_requested
+    assert connection.llen("rq:queue:rqrl") == 1, "stopped before its first dequeue"
