@@ -22,6 +22,7 @@ import redis
 import torch
 from redis.client import Pipeline
 from rq import Queue, SimpleWorker, get_current_job, worker_registration
+from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
@@ -146,6 +147,9 @@ class RolloutWorker(SimpleWorker):
         """RQ's warm shutdown, plus a flag the running job reads: it ends its slice after the rollout in hand
         and enqueues its continuation, so the worker exits in seconds, not after a whole slice."""
         self._mark_stopping()
+        # RQ stops an idle worker by raising StopRequested from this handler, which CPython drops if the signal
+        # lands in a __del__ or a weakref callback; with the flag, the idle dequeue stops it all the same
+        self._stop_requested = True
         if self.get_state() == "busy":
             log.warning("worker %s: shutting down; the running job hands its actor group back after its current "
                         "rollout", self.name)
@@ -156,6 +160,21 @@ class RolloutWorker(SimpleWorker):
         """Seconds each idle dequeue blocks before the next heartbeat: the heartbeat itself (RQ derives a whole
         number of seconds, at least one, from worker_ttl; Redis's BLPOP takes fractions)."""
         return self.timings.heartbeat
+
+    def dequeue_job_and_maintain_ttl(self, timeout: float | None,
+                                     max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
+        """RQ's dequeue, blocking about a dequeue timeout at a time and checking in between for a stop whose
+        StopRequested was lost (see request_stop): RQ's own blocks until a job comes. Never between a job's dequeue
+        and its run. Burst (no timeout) and ``max_idle_time`` are RQ's as they are."""
+        if timeout is None or max_idle_time is not None:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[arg-type]
+        while True:
+            if self._stop_requested:
+                raise StopRequested
+            result = super().dequeue_job_and_maintain_ttl(
+                timeout, max_idle_time=max(1, math.ceil(timeout)))  # type: ignore[arg-type]
+            if result is not None:
+                return result
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's heartbeat, plus registering again if Redis lost our registration (a restart without

@@ -114,3 +114,43 @@ def test_a_stop_signal_while_the_worker_registers_stops_it_instead_of_killing_it
     assert caught == [], "the signal reached the default disposition's stand-in: it would have killed the worker"
     assert worker.shutdown_requested
     assert connection.llen("rq:queue:rqrl") == 1, "stopped before its first dequeue"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_idle_worker_whose_stop_was_lost_in_a_finalizer_stops_at_its_next_dequeue_timeout(connection, monkeypatch):
+    """RQ stops an idle worker by raising StopRequested from its signal handler; CPython drops an exception raised
+    inside a __del__ (where a signal can land), and RQ's idle dequeue then blocked until a job came, however long.
+    The stop is a flag too, read between dequeue timeouts."""
+    import signal
+    import time
+
+    from rq.worker import BaseWorker
+
+    from rqrl.engine.worker import RolloutWorker
+
+    worker = RolloutWorker(["rqrl"], connection=connection, name="lost-stop", secret=TEST_SECRET)
+
+    class StopInAFinalizer:
+        def __del__(self):
+            worker.request_stop(signal.SIGTERM, None)  # its StopRequested is printed and dropped
+
+    lost = []
+    beat = BaseWorker.heartbeat
+
+    def beat_and_lose_a_stop(self, *args, **kwargs):
+        beat(self, *args, **kwargs)
+        if not lost and self.get_state() == "idle":
+            lost.append(True)
+            StopInAFinalizer()  # collected at once
+
+    monkeypatch.setattr(BaseWorker, "heartbeat", beat_and_lose_a_stop)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    try:
+        worker.work(burst=False, logging_level="WARNING", with_scheduler=False)  # blocked for good before
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert lost, "the stop was asked while the worker waited for jobs"
+    assert time.monotonic() - started < 10
