@@ -8,7 +8,7 @@ optionally an episode's end at each life lost) and ``FrameStackObservation`` (th
 uint8 ``(4, 84, 84)``, which the learners feed to the Nature CNN (rqrl.algorithms.cnn). The base env's own
 observations are never used (the preprocessing reads the frames it keeps off the emulator's screen), so it makes its
 cheapest, the 128-byte RAM, instead of copying out a 210x160 RGB screen at every frame: the same observations, and
-an agent step 20% cheaper (Pong: 258 instead of 322 us on the 2-core VM).
+an agent step 16-20% cheaper (Pong: 263 instead of 331 us on the 2-core VM, ``benchmarks/atari_step.py``).
 ``rqrl.algorithms.common.make_train_env`` builds every ALE id with ``make_atari_env``: the workers (which get a
 pickled reference to it and register ale-py's envs in their own process), the evaluations and ``rqrl evaluate``.
 

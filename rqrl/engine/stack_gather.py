@@ -37,14 +37,11 @@ def overlapping_frames(series: np.ndarray) -> np.ndarray | None:
     view)."""
     if series.ndim < MIN_SERIES_DIMS or series.shape[0] == 0 or series.shape[1] < 2:
         return None
-    frame = series.shape[2:]
-    frame_strides = tuple(int(np.prod(frame[axis + 1:], dtype=np.int64)) * series.itemsize
-                          for axis in range(len(frame)))
+    steps, depth, *frame = series.shape
     frame_bytes = math.prod(frame) * series.itemsize
-    if series.strides[0] != frame_bytes or series.strides[1] != frame_bytes or series.strides[2:] != frame_strides:
+    if series.strides[:2] != (frame_bytes, frame_bytes) or not series[0, 0].flags.c_contiguous:
         return None
-    steps, depth = series.shape[:2]
-    return np.lib.stride_tricks.as_strided(series, (steps + depth - 1, *frame), (frame_bytes, *frame_strides),
+    return np.lib.stride_tricks.as_strided(series, (steps + depth - 1, *frame), (frame_bytes, *series.strides[2:]),
                                            writeable=False)
 
 
@@ -61,7 +58,7 @@ def gather_series_to(series: Sequence[np.ndarray], device: torch.device | str) -
     if all(found is None for found in frames):
         return None
     steps, depth, *frame = first.shape
-    blocks = [found if found is not None else np.ascontiguousarray(array).reshape(steps * depth, *frame)
+    blocks = [found if found is not None else array.reshape(steps * depth, *frame)
               for array, found in zip(series, frames, strict=True)]
     moved = torch.from_numpy(np.concatenate(blocks)).to(device)
     starts = np.cumsum([0] + [len(block) for block in blocks[:-1]])

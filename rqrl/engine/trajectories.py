@@ -334,7 +334,7 @@ class TrajectoryQueue:
                         raise RunStoppedError(f"run {self.keys.run_name!r} stopped while waiting for queue space")
                 room, room_read = self.bound - self.size(), True
             if slept:  # the seconds spent waiting for room, not pushing
-                waited += max(time.monotonic() - wait_started, poll)
+                waited += time.monotonic() - wait_started
             sent, rest = pending[:room], pending[room:]
             results = self.try_push(sent, token, lease) if chunks == 1 else self._try_push_chunked(sent, token, lease)
             if QueuePush.NOT_HOLDER in results:

@@ -116,40 +116,34 @@ class RolloutWorker(SimpleWorker):
         kwargs.setdefault("worker_ttl", math.ceil(self.timings.heartbeat) + 15)
         self._check_registration = True  # off once the ACL user turns out not to allow the check
         self.shutdown_requested = False  # SIGTERM/SIGINT: the running job ends its slice early (see jobs)
-        self._born = False  # registered once: RQ's signal handlers are its own from then on (register_birth)
         super().__init__(queues, *args, **kwargs)
         torch.set_num_threads(1)
         configure_secret(secret or secret_from_environment())
 
-    def register_birth(self, *args: Any, **kwargs: Any) -> None:
-        """RQ's registration, with a SIGTERM or SIGINT from now until RQ installs its own handlers (after it has
-        registered and subscribed) taken as a stop request that the work loop honours before its first dequeue: it
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        """RQ's start (registering the worker, subscribing), with a SIGTERM or SIGINT until RQ installs its own
+        handlers right after it taken as a stop request that the work loop honours before its first dequeue: it
         killed the worker outright before (seen in CI: a worker stopped just after it registered)."""
-        if not self._born and threading.current_thread() is threading.main_thread():  # where RQ installs its own
+        if threading.current_thread() is threading.main_thread():  # where RQ installs its own
             for number in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(number, self._stop_before_work)
-        self._born = True
-        super().register_birth(*args, **kwargs)  # type: ignore[no-untyped-call]
+                signal.signal(number, self._mark_stopping)
+        super().bootstrap(*args, **kwargs)
 
-    def _stop_before_work(self, signum: int, frame: FrameType | None) -> None:
-        """A stop asked while the worker starts: recorded (RQ's loop reads ``_stop_requested`` first thing)."""
-        self._mark_stopping()
-        self._stop_requested = True
-
-    def _mark_stopping(self) -> None:
-        """The flag the running job reads, and a Redis that is gone no longer held out for (the last push,
-        hand-back and deregistration must not hold the exit)."""
+    def _mark_stopping(self, signum: int, frame: FrameType | None) -> None:
+        """A stop asked: the flag the running job reads, RQ's ``_stop_requested`` (its loop reads it before each
+        dequeue, and so does ours between dequeue timeouts), and a Redis that is gone no longer held out for (the
+        last push, hand-back and deregistration must not hold the exit)."""
         self.shutdown_requested = True
+        self._stop_requested = True
         _stopping.add(self.name)
         stop_riding_out(self.connection, SHUTDOWN_REDIS_GRACE_SECONDS)
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         """RQ's warm shutdown, plus a flag the running job reads: it ends its slice after the rollout in hand
-        and enqueues its continuation, so the worker exits in seconds, not after a whole slice."""
-        self._mark_stopping()
-        # RQ stops an idle worker by raising StopRequested from this handler, which CPython drops if the signal
-        # lands in a __del__ or a weakref callback; with the flag, the idle dequeue stops it all the same
-        self._stop_requested = True
+        and enqueues its continuation, so the worker exits in seconds, not after a whole slice. RQ stops an idle
+        worker by raising StopRequested from here, which CPython drops if the signal lands in a __del__ or a weakref
+        callback: ``_stop_requested`` stops it all the same (``dequeue_job_and_maintain_ttl``)."""
+        self._mark_stopping(signum, frame)
         if self.get_state() == "busy":
             log.warning("worker %s: shutting down; the running job hands its actor group back after its current "
                         "rollout", self.name)

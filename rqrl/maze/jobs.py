@@ -226,6 +226,7 @@ class ActorGroupJob(GroupJob):
         self.store = WeightStore(self.connection, self.keys, context.weights_key, config.weights_ttl_seconds)
         self.queue = TrajectoryQueue(self.connection, self.keys, config.queue_entries,
                                      marker_grace_seconds=2 * config.lease_seconds)
+        self.send_ahead = _send_ahead_limit(self.connection)
         self.slice = JobSlice(self.connection, config)
         self.is_stopped = StopCheck(self.connection, self.keys, self.job.id)
         self.label, self.fence = worker_label(), (self.keys.lease(self.group_id), lease.holder)
@@ -266,7 +267,7 @@ class ActorGroupJob(GroupJob):
         """Step one rollout of the group and send its entries; ``cut``: the last one of this job."""
         started = time.perf_counter()
         rollout = self.group.run_group(self.act, self.position, weights_version, cut_at_end=cut, worker=self.label)
-        stepped, room_before = time.perf_counter(), self.times.room
+        stepping = time.perf_counter() - started
         self._settle()
         if not cut and self.context.weights_due():  # the next rollout's weights, asked after any wait for room in
             # the queue: the reply is read once this push is on its way
@@ -276,7 +277,7 @@ class ActorGroupJob(GroupJob):
         continues = [rollout.continues_previous and actor not in self.refused for actor in rollout.actor_ids]
         encoding = time.perf_counter()
         entries = _group_entries(rollout, continues, self.group_id, self.config.run_id, self.context.records_key)
-        encoded = time.perf_counter()
+        encoding = time.perf_counter() - encoding
         self.queue.bound = self.config.entries_bound(len(entries[0][1]))
         # the last rollout of a job is pushed, not left in flight; and while the queue is full, sending ahead would
         # move payloads to Redis only to have them refused and sent again (with a learner slower than its worker,
@@ -299,18 +300,13 @@ class ActorGroupJob(GroupJob):
             if report.waited_seconds > 0 and self.weights_check is not None:  # the check predates the wait for
                 self.weights_check.abandon()  # room, during which the learner may have published: ask afresh
                 self.weights_check = None
-        self._count_times(started, stepped, encoding, encoded, room_before)
+        # the rest of the rollout's time went on its pushes (those it sent and the last one's, settled), less the
+        # waits for room, which _delivered moved from push to room
+        self.times.step += stepping
+        self.times.encode += encoding
+        self.times.push += time.perf_counter() - started - stepping - encoding
         self.slice.heartbeat(len(rollout.actor_ids) * self.config.n_rollout_steps, self.times)
         self.times = WorkerTimes()
-
-    def _count_times(self, started: float, stepped: float, encoding: float, encoded: float,
-                     room_before: float) -> None:
-        """A rollout's times: stepping, encoding, and the pushes around them (those it sent and the last one's,
-        settled) less the waits for room ``_delivered`` counted."""
-        now = time.perf_counter()
-        self.times.step += stepped - started
-        self.times.encode += encoded - encoding
-        self.times.push += max(0.0, (encoding - stepped) + (now - encoded) - (self.times.room - room_before))
 
     def beat(self) -> None:
         """Keep RQ's heartbeats and the group's lease alive while the job waits."""
@@ -337,7 +333,8 @@ class ActorGroupJob(GroupJob):
     def _delivered(self, entries: list[tuple[PendingRollout, list[int]]], report: PushReport,
                    next_rollout_id: int) -> None:
         """Note the actors whose rollout an earlier job had delivered already, and the group's progress."""
-        self.times.room += report.waited_seconds
+        self.times.room += report.waited_seconds  # spent inside a push: moved from its time to room
+        self.times.push -= report.waited_seconds
         duplicates = {entry.stream_id for entry in report.duplicates}
         self.refused = {actor for entry, actors in entries if entry.stream_id in duplicates for actor in actors}
         self.delivered_next = next_rollout_id
@@ -349,10 +346,10 @@ class ActorGroupJob(GroupJob):
 
     def _send(self, entries: list[tuple[PendingRollout, list[int]]]) -> list[SentPush]:
         """Send the entries' pushes without waiting for the replies, so the next rollout steps meanwhile (a
-        group's entries go each on a connection of its own, at most ``_send_ahead_limit`` of them); the first ones
+        group's entries go each on a connection of its own, at most ``send_ahead`` of them); the first ones
         sent, up to one that could not be."""
         sent = []
-        for entry, _ in entries[:_send_ahead_limit(self.queue.connection)]:
+        for entry, _ in entries[:self.send_ahead]:
             push = self.queue.send(entry, self.token, self.fence)
             if push is None:
                 break

@@ -76,7 +76,7 @@ def test_series_of_different_shapes_are_left_to_np_stack():
     assert gather_series_to([view[0], view[1, :8]], "cpu") is None
 
 
-def test_stack_to_keeps_the_cpu_path_and_gathers_only_time_major():
+def test_stack_to_on_the_cpu_stacks_overlapping_views_as_np_stack_does():
     view = streams_of_frames(3, 9, 4)
     stacked = stack_to([view[0], view[1], view[2]], 1, "cpu")
     assert np.array_equal(stacked.numpy(), np.stack(list(view), axis=1))
