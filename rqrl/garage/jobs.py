@@ -32,6 +32,7 @@ from rqrl.engine.jobs import (
     JobSlice,
     fit_again,
     load_signed,
+    shutdown_requested,
 )
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.run_config import RunConfig
@@ -365,8 +366,8 @@ class LockstepTurns:
         if not self.group.running:
             if not self.waiting or self.yielding:
                 return None
-            if job.slice.jobs_waiting():  # every worker here is ahead of the other groups: give the process to a
-                self.yielding = True  # waiting job, else wait for them
+            if shutdown_requested() or job.slice.jobs_waiting():  # every worker here is ahead of the other
+                self.yielding = True  # groups: give the process back (shutdown) or to a waiting job, else wait
                 return None
             time.sleep(PACE_SECONDS)
             job.held.touch()
