@@ -4,14 +4,16 @@ The threads of one actor process share an ``ActorInference``: their observations
 per round trip, and the answer is split back among them (a request goes out once every member thread is
 waiting, ``inference_batchsize`` observations are pending, or the oldest has waited ``inference_delay``,
 counted from the end of the last round trip if one was in flight). Requests are signed and go onto one
-shared list (``seed:requests``); each client waits on a reply list of its own. Each server pops requests,
-then more (polling every DELAY_POLL_SECONDS) until it holds ``inference_batchsize`` observations or
-``inference_delay`` seconds have passed since the first, runs forward passes of up to
-``inference_batchsize`` observations on ``inference_device`` and pushes each answer to its client. Servers
-share the list, so a request goes to whichever server is free, and a client whose server died re-sends
-after ``request_timeout`` to any live one (a stale answer that arrives later is told apart by its request id
-and dropped). Servers load weights from the run's WeightStore before their first batch and look for a newer
-version every ``broadcast_period``.
+shared list (``seed:requests``); each client waits on a reply list of its own. Requests of images carry only
+the frames their server does not hold for the client yet, and go onto that server's own list
+(``rqrl.seed.request_frames``). Each server pops requests, its own list first, then more (polling every
+DELAY_POLL_SECONDS) until it holds ``inference_batchsize`` observations or ``inference_delay`` seconds have
+passed since the first, runs forward passes of up to ``inference_batchsize`` observations on
+``inference_device`` and pushes each answer to its client. Servers share the list, so a request goes to
+whichever server is free, and a client whose server died re-sends after ``request_timeout``, whole, to any
+live one (a stale answer that arrives later is told apart by its request id and dropped). Servers load
+weights from the run's WeightStore before their first batch and look for a newer version every
+``broadcast_period``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from rqrl.engine.keys import RunKeys
 from rqrl.engine.weights import WeightStore
 from rqrl.errors import RecordError, RunStoppedError, SignatureError
 from rqrl.seed.nstep import obs_array
+from rqrl.seed.request_frames import FramesMissing, HeldFrames, SentFrames, is_images
 from rqrl.seed.store import SeedRun, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,19 @@ DELAY_POLL_SECONDS = 0.0005
 """How often a server looks for more requests while a batch waits out its delay."""
 IDLE_POLL_SECONDS = 0.5
 """How long a server blocks for a first request before it looks at the stop flag and weights again."""
+
+
+class _Missing:
+    """What a client reads from an answer saying that its server lacked frames the request relied on."""
+
+
+_MISSING = _Missing()
+
+
+def server_requests_key(keys: RunKeys, server: str) -> str:
+    """The list of requests for one server only: those of images that rely on frames it holds for their client
+    (``rqrl.seed.request_frames``)."""
+    return keys.seed(f"requests:{server}")
 
 
 @dataclass(frozen=True)
@@ -61,13 +77,18 @@ class InferenceClient:
     """A connection to the inference servers with one request in flight at a time (not thread-safe: an actor
     process's threads share one through ActorInference)."""
 
-    def __init__(self, run: SeedRun, client_id: str, timeout: float, stopped: Callable[[], bool] | None = None):
+    def __init__(self, run: SeedRun, client_id: str, timeout: float, stopped: Callable[[], bool] | None = None,
+                 frames: bool = True):
         self.run, self.client_id, self.timeout = run, client_id, timeout
+        self.send_frames = frames  # requests of images as the frames their server lacks (rqrl.seed.request_frames)
         self.stopped = stopped or run.stopped
         self.reply_key = run.keys.seed(f"reply:{client_id}")
         self._ids = itertools.count()
         self.requests = 0  # requests sent (each once, however often re-sent)
         self.resent = 0  # requests sent again after request_timeout
+        self.missed = 0  # requests sent again whole: their server no longer held frames they relied on
+        self.bytes_sent = 0  # bytes of the requests sent, re-sent ones included
+        self.frames = SentFrames()
 
     def evaluate(self, obs: np.ndarray) -> Answer:
         """The Q-values of ``obs``; blocks until a server answers, re-sending every ``timeout`` s; RunStoppedError
@@ -76,36 +97,73 @@ class InferenceClient:
 
     def evaluate_batch(self, observations: np.ndarray) -> list[Answer]:
         """The Q-values of each row of ``observations`` ``(B, *obs_shape)``, asked in one request; as ``evaluate``."""
-        request_id = f"{next(self._ids)}"
+        observations = obs_array(observations)
+        if len(observations) == 0:
+            raise ValueError("evaluate_batch was given no observations: pass an array of shape (B, *obs_shape), "
+                             "B >= 1")
+        number = next(self._ids)
+        request_id = f"{number}"
         self.requests += 1
-        blob = seal({"obs": obs_array(observations)}, {"reply": self.reply_key, "id": request_id},
-                    self.run.message_key)
-        connection = self.run.connection
         while True:
-            connection.rpush(self.run.keys.seed("requests"), blob)
-            deadline = time.monotonic() + self.timeout
-            while (remaining := deadline - time.monotonic()) > 0:
-                popped = connection.blpop([self.reply_key], timeout=max(0.01, min(remaining, IDLE_POLL_SECONDS)))
-                if popped is None:
-                    if self.stopped():
-                        raise RunStoppedError(f"run {self.run.keys.run_name} stopped while {self.client_id} waited "
-                                              f"for inference")
-                    continue
-                answers = self._answers(_as_bytes(popped[1]), request_id, len(observations))
-                if answers is not None:
-                    return answers
+            arrays, server = self._request_arrays(observations, number)
+            self._send(seal(arrays, {"reply": self.reply_key, "id": request_id}, self.run.message_key), server)
+            answers = self._wait_for_answers(request_id, len(observations))
+            if isinstance(answers, list):
+                if "frame_source" in arrays:
+                    self.frames.answered(answers[0].server, number)
+                return answers
+            self.frames.forget()  # whole again, to any server
+            if answers is _MISSING:
+                self.missed += 1
+                continue
             self.resent += 1
             log.info("%s: no answer within %.1f s, sending request %s again", self.client_id, self.timeout,
                      request_id)
 
-    def _answers(self, blob: bytes, request_id: str, rows: int) -> list[Answer] | None:
-        """The answers ``blob`` holds for request ``request_id`` of ``rows`` observations; None for the answer to a
-        request re-sent earlier, or for what is no answer of this run's servers (refused, counted and logged at a
-        bounded rate: a Redis writer cannot make the thread fail)."""
+    def _request_arrays(self, observations: np.ndarray, number: int) -> tuple[dict[str, np.ndarray], str | None]:
+        """Request ``number``'s arrays, and the server whose own list it must go onto (None: the shared list)."""
+        if self.send_frames and is_images(observations):
+            return self.frames.request(observations, number)
+        return {"obs": observations}, None
+
+    def _send(self, blob: bytes, server: str | None) -> None:
+        self.bytes_sent += len(blob)
+        if server is None:
+            self.run.connection.rpush(self.run.keys.seed("requests"), blob)
+            return
+        own_list = server_requests_key(self.run.keys, server)
+        with self.run.connection.pipeline(transaction=False) as pipe:
+            pipe.rpush(own_list, blob)
+            pipe.expire(own_list, REPLY_TTL_SECONDS)  # a server that died leaves no list behind for long
+            pipe.execute()
+
+    def _wait_for_answers(self, request_id: str, rows: int) -> list[Answer] | _Missing | None:
+        """The answers to request ``request_id``, _MISSING if its server lacked frames it relied on, None if no
+        answer came within ``timeout``; RunStoppedError once the run is stopped."""
+        deadline = time.monotonic() + self.timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            popped = self.run.connection.blpop([self.reply_key], timeout=max(0.01, min(remaining, IDLE_POLL_SECONDS)))
+            if popped is None:
+                if self.stopped():
+                    raise RunStoppedError(f"run {self.run.keys.run_name} stopped while {self.client_id} waited "
+                                          f"for inference")
+                continue
+            answers = self._answers(_as_bytes(popped[1]), request_id, rows)
+            if answers is not None:
+                return answers
+        return None
+
+    def _answers(self, blob: bytes, request_id: str, rows: int) -> list[Answer] | _Missing | None:
+        """The answers ``blob`` holds for request ``request_id`` of ``rows`` observations, _MISSING if its server
+        lacked frames it relied on; None for the answer to a request re-sent earlier, or for what is no answer of
+        this run's servers (refused, counted and logged at a bounded rate: a Redis writer cannot make the thread
+        fail)."""
         try:
             arrays, metadata = unseal(blob, self.run.message_key)
             if metadata.get("id") != request_id:
                 return None  # the answer to a request re-sent earlier
+            if metadata.get("missing"):
+                return _MISSING
             if len(arrays["q"]) != rows or len(arrays["batch_size"]) != rows:
                 raise RecordError(f"{metadata.get('server')} answered {len(arrays['q'])} Q-value rows for {rows} "
                                   f"observations; are actors and servers the same rqrl version?")
@@ -229,6 +287,9 @@ class InferenceServer:
         self.weights = WeightStore(run.connection, run.keys, run.weights_key)
         self.version: int | None = None
         self.batches = {"full": 0, "delay": 0}
+        self.own_requests = server_requests_key(run.keys, server_id)
+        self.held_frames = HeldFrames()
+        self.missing = 0  # requests answered "send it whole": they relied on frames not held here
 
     def load_weights(self) -> bool:
         """Load the newest weights if they moved; True if it loaded some."""
@@ -271,17 +332,17 @@ class InferenceServer:
     def serve_once(self, wait: float) -> int:
         """Wait up to ``wait`` s for a request, add those that come within ``delay`` until ``batch_size``
         observations are held, answer them all; returns how many observations it answered (0: nothing came)."""
-        connection, requests_key = self.run.connection, self.run.keys.seed("requests")
-        first = connection.blpop([requests_key], timeout=wait)
+        connection, lists = self.run.connection, [self.own_requests, self.run.keys.seed("requests")]
+        first = connection.blpop(lists, timeout=wait)  # this server's own list first
         if first is None:
             return 0
         requests: list[_Request] = []
         held = self._take([_as_bytes(first[1])], requests)
         deadline = time.monotonic() + self.delay
         while held < self.batch_size:
-            more = connection.lpop(requests_key, self.batch_size - held)
-            if isinstance(more, list) and more:
-                held += self._take([_as_bytes(blob) for blob in more], requests)
+            more = self._pop_more(lists, self.batch_size - held)
+            if more:
+                held += self._take(more, requests)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -293,6 +354,14 @@ class InferenceServer:
             return 0
         return self._answer(requests, "full" if held >= self.batch_size else "delay")
 
+    def _pop_more(self, lists: list[str], count: int) -> list[bytes]:
+        """Up to ``count`` requests off the first of ``lists`` that holds any."""
+        for key in lists:
+            more = self.run.connection.lpop(key, count)
+            if isinstance(more, list) and more:
+                return [_as_bytes(blob) for blob in more]
+        return []
+
     def _take(self, blobs: list[bytes], requests: list[_Request]) -> int:
         """Add to ``requests`` the signed requests among ``blobs`` whose observations are shaped like the first
         request's; returns how many observations it added."""
@@ -300,7 +369,10 @@ class InferenceServer:
         for blob in blobs:
             try:
                 arrays, metadata = unseal(blob, self.run.message_key)
-                request = _Request(metadata["reply"], metadata["id"], arrays["obs"])
+                request = _Request(metadata["reply"], metadata["id"], self._observations(arrays, metadata))
+            except FramesMissing:
+                self._answer_missing(metadata["reply"], metadata["id"])
+                continue
             except (SignatureError, RecordError, KeyError, ValueError, TypeError) as error:
                 self.run.refuse(f"{self.server_id}: dropping a request that is not a signed observation: {error}")
                 continue
@@ -312,6 +384,23 @@ class InferenceServer:
             requests.append(request)
             added += len(request.obs)
         return added
+
+    def _observations(self, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> np.ndarray:
+        """A request's observations: as sent, or rebuilt from its frames and those held for its client (the
+        client's requests are numbered)."""
+        if "frame_source" in arrays:
+            return self.held_frames.observations(metadata["reply"], int(metadata["id"]), arrays)
+        return arrays["obs"]
+
+    def _answer_missing(self, reply: str, request_id: str) -> None:
+        """Tell a client that its request relied on frames not held here: it sends it again, whole."""
+        self.missing += 1
+        answer = {"id": request_id, "missing": "1", "server": self.server_id}
+        with self.run.connection.pipeline(transaction=False) as pipe:
+            pipe.rpush(reply, seal({}, answer, self.run.message_key))
+            pipe.expire(reply, REPLY_TTL_SECONDS)
+            pipe.hincrby(self.run.keys.seed("stats"), "requests_missing", 1)
+            pipe.execute()
 
     def _answer(self, requests: list[_Request], reason: str) -> int:
         """Forward passes of up to ``batch_size`` observations over all of ``requests``, one reply to each."""

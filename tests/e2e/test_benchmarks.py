@@ -59,6 +59,21 @@ def test_rollout_loop_prints_loop_and_reference_per_env() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_request_frames_prints_bytes_cpu_and_round_trips_of_both_requests() -> None:
+    out = run_benchmark("request_frames.py", "--threads", "2", "--steps", "6", "--seconds", "0.3", "--rounds", "1",
+                        "--repeats", "1", "--sources", "random", "--models", "mean-pixel")
+    encoding = {line.split("|")[2].strip(): [cell.strip().replace(",", "") for cell in line.strip("|").split("|")]
+                for line in out.splitlines() if line.startswith("| random |")}
+    whole, frames = encoding["whole stacks (before)"], encoding["frames the server lacks (now)"]
+    assert float(frames[2]) < 0.5 * float(whole[2]), out  # one new frame of four, after the first step
+    assert all(float(cell) > 0 for cell in (*whole[3:5], *frames[3:5])), out
+    trips = [[cell.strip().replace(",", "") for cell in line.strip("|").split("|")]
+             for line in out.splitlines() if line.startswith("| mean-pixel | random |")]
+    assert len(trips) == 2 and all(float(row[3]) > 0 for row in trips), out
+    assert float(trips[1][5]) > 0, out  # the ratio
+
+
+@pytest.mark.timeout(300)
 def test_inference_prints_round_trips_and_the_seed_comparison() -> None:
     out = run_benchmark("inference.py", "--seconds", "0.3", "--batch-sizes", "2", "--threads", "2", "--envs", "2",
                         "--hidden", "8")

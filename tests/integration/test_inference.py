@@ -15,7 +15,14 @@ from rqrl.engine.codec import weights_key
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.weights import WeightStore
 from rqrl.errors import RunStoppedError
-from rqrl.seed.inference import ActorInference, InferenceClient, InferenceServer
+from rqrl.seed.inference import (
+    REPLY_TTL_SECONDS,
+    ActorInference,
+    InferenceClient,
+    InferenceServer,
+    server_requests_key,
+)
+from rqrl.seed.request_frames import HeldFrames
 from rqrl.seed.store import SeedRun, seal, unseal
 from tests.conftest import TEST_SECRET
 from tests.polling import wait_until
@@ -35,8 +42,8 @@ def publish(run, model):
 class ServerThread:
     """An InferenceServer looping in a thread of the test process; stopped at the end of the test."""
 
-    def __init__(self, run, model, batch_size=4, delay=0.1, broadcast_period=0.1):
-        self.server = InferenceServer(run, model, "server-t", batch_size, delay, "cpu", broadcast_period)
+    def __init__(self, run, model, batch_size=4, delay=0.1, broadcast_period=0.1, name="server-t"):
+        self.server = InferenceServer(run, model, name, batch_size, delay, "cpu", broadcast_period)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.server.run_forever, args=(self.stop,), daemon=True)
 
@@ -295,8 +302,91 @@ def test_images_travel_as_uint8_and_the_network_gets_float32(run, connection):
     asking.start()
     wait_until(lambda: connection.llen(run.keys.seed("requests")) == 1, 10, message="the request in Redis")
     arrays, _ = unseal(connection.lindex(run.keys.seed("requests"), 0), run.message_key)
-    assert arrays["obs"].dtype == np.uint8 and arrays["obs"].shape == (1, 4, 8, 8)  # a quarter of float32's bytes
+    assert arrays["frames"].dtype == np.uint8  # a quarter of float32's bytes
+    assert arrays["frames"].shape == (1, 8, 8) and arrays["frame_index"].shape == (1, 4)  # four frames alike: one
     with ServerThread(run, model, batch_size=1, delay=0.01):
         asking.join(30)
     np.testing.assert_allclose(answers[0].q_values, [1.0, 2.0], rtol=1e-6)
     assert model.given == {torch.float32}
+
+
+def moving_stacks(steps, envs=3, side=16, seed=0):
+    """``[steps, envs, 4, side, side]``: each env's 4-frame stack at each step, one new random frame a step."""
+    frames = np.random.default_rng(seed).integers(0, 256, (envs, steps + 3, side, side), np.uint8)
+    return np.stack([frames[:, t:t + 4] for t in range(steps)])
+
+
+def assert_answers_are_the_models(answers, model, observations):
+    with torch.no_grad():
+        expected = model(torch.as_tensor(observations).float()).numpy()
+    np.testing.assert_allclose(np.stack([answer.q_values for answer in answers]), expected, rtol=1e-5)
+
+
+def test_image_requests_after_the_first_send_one_frame_per_observation_to_their_server(run):
+    model = MeanPixel()
+    publish(run, model)
+    stacks = moving_stacks(steps=5)
+    client = InferenceClient(run, "frames", 10.0)
+    sizes = []
+    with ServerThread(run, model, batch_size=3, delay=0.0) as server:
+        for step in stacks:
+            before = client.bytes_sent
+            assert_answers_are_the_models(client.evaluate_batch(step), model, step)
+            sizes.append(client.bytes_sent - before)
+    assert client.frames.server == "server-t" and server.missing == 0 and client.resent == client.missed == 0
+    frame_bytes = 16 * 16
+    assert sizes[0] > 3 * 4 * frame_bytes  # every frame of the three stacks
+    assert all(size < 3 * 2 * frame_bytes for size in sizes[1:]), sizes  # about one frame each
+    assert server.held_frames.clients == 1
+
+
+def test_a_server_that_lost_a_clients_frames_gets_its_request_again_whole(run):
+    model = MeanPixel()
+    publish(run, model)
+    stacks = moving_stacks(steps=3)
+    client = InferenceClient(run, "forgotten", 10.0)
+    with ServerThread(run, model, batch_size=3, delay=0.0) as server:
+        client.evaluate_batch(stacks[0])
+        server.held_frames = HeldFrames()  # as after a restart under the same name
+        assert_answers_are_the_models(client.evaluate_batch(stacks[1]), model, stacks[1])
+        assert_answers_are_the_models(client.evaluate_batch(stacks[2]), model, stacks[2])
+    assert (client.missed, server.missing, client.resent) == (1, 1, 0)
+    assert run.counters()["requests_missing"] == 1
+
+
+def test_a_request_for_a_server_that_died_goes_whole_to_another(run):
+    model = MeanPixel()
+    publish(run, model)
+    stacks = moving_stacks(steps=2)
+    client = InferenceClient(run, "moved", timeout=0.5)
+    with ServerThread(run, model, batch_size=3, delay=0.0):
+        client.evaluate_batch(stacks[0])
+    answers = []
+    asking = threading.Thread(target=lambda: answers.extend(client.evaluate_batch(stacks[1])))
+    asking.start()
+    own_list = server_requests_key(run.keys, "server-t")
+    wait_until(lambda: run.connection.llen(own_list) == 1, 10, message="the request on the dead server's list")
+    assert 0 < run.connection.ttl(own_list) <= REPLY_TTL_SECONDS  # left behind, it expires
+    with ServerThread(run, model, batch_size=3, delay=0.0, name="server-u"):
+        asking.join(20)
+    assert_answers_are_the_models(answers, model, stacks[1])
+    assert client.resent >= 1 and client.frames.server == "server-u"
+
+
+def test_a_client_told_not_to_send_frames_sends_whole_observations(run, connection):
+    model = MeanPixel()
+    publish(run, model)
+    stacks = moving_stacks(steps=2)
+    client = InferenceClient(run, "whole", 10.0, frames=False)
+    with ServerThread(run, model, batch_size=3, delay=0.0) as server:
+        client.evaluate_batch(stacks[0])
+        answers = []
+        asking = threading.Thread(target=lambda: answers.extend(client.evaluate_batch(stacks[1])))
+    asking.start()  # the server stopped: the second request waits in Redis, where the test reads it
+    wait_until(lambda: connection.llen(run.keys.seed("requests")) == 1, 10, message="the request in Redis")
+    arrays, _ = unseal(connection.lindex(run.keys.seed("requests"), 0), run.message_key)
+    np.testing.assert_array_equal(arrays["obs"], stacks[1])
+    with ServerThread(run, model, batch_size=3, delay=0.0):
+        asking.join(20)
+    assert_answers_are_the_models(answers, model, stacks[1])
+    assert server.held_frames.clients == 0

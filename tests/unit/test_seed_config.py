@@ -40,7 +40,8 @@ def test_every_field_has_a_one_line_help():
     ("inference_batchsize", 0), ("minimum_buffer_size", 0), ("transition_queue_size", 0), ("epsilon", 1.5),
     ("epsilon", -0.1), ("broadcast_period", 0), ("inference_delay", -1), ("request_timeout", 0),
     ("max_train_frequency", float("nan")), ("n_step", 2.5), ("max_environment_steps", 1.5), ("run_name", "a b"),
-    ("inference_device", "tpu-ish"), ("replay_ratio", float("inf")), ("replay_ratio", "8"),
+    ("inference_device", "tpu-ish"), ("replay_ratio", float("inf")), ("replay_ratio", "8"), ("request_frames", 1),
+    ("drop_when_full", "yes"),
 ])
 def test_bad_values_raise_config_error_naming_them(name, value):
     with pytest.raises(ConfigError, match=name if name != "run_name" else "run name"):

@@ -1,0 +1,241 @@
+"""SEED's inference requests of frame stacks: whole stacks (what clients sent before 2026-11-28) against the
+frames the server lacks (``rqrl.seed.request_frames``), side by side in one run.
+
+The observations are T envs' 84x84 4-frame stacks stepped together, one request of all T a step, as an actor
+process whose T threads all ask at once sends them: real Pong (``make_atari_env``, random actions; needs
+``pip install "rqrl[atari]"``) and random frames (which do not compress, so only the unique frames count).
+
+1. *Encoding*: each request sealed both ways (signed, zstd where it pays, as clients do); bytes per observation,
+   the client's CPU per observation (find the frames, seal), and the server's (unseal, rebuild the stacks), the
+   least of ``--repeats`` runs, with a check that the server rebuilt every observation bit for bit.
+2. *Round trips*: one inference server process on a private redis-server, T client threads sharing one
+   ``ActorInference`` and asking about the stacks in turn, for ``--seconds``, whole and frames alternating for
+   ``--rounds``. The server's model is a mean over pixels (what is measured is the transport alone) and the
+   Nature DQN's CNN (SEED's Atari setup, on the CPU).
+
+Run from the repository root::
+
+    PYTHONPATH=$PWD python benchmarks/request_frames.py --threads 16 --steps 200 --seconds 5 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import statistics
+import threading
+import time
+import uuid
+
+import numpy as np
+import torch
+
+from rqrl.engine.keys import RunKeys
+from rqrl.engine.local_workers import multiprocessing_context
+from rqrl.engine.memory import keep_freed_memory
+from rqrl.engine.server import EmbeddedRedis
+from rqrl.engine.weights import WeightStore
+from rqrl.seed.inference import ActorInference, InferenceClient, run_server_process
+from rqrl.seed.request_frames import HeldFrames, SentFrames
+from rqrl.seed.store import SeedRecord, SeedRun, seal, unseal
+
+SECRET = "benchmark-secret"
+KEY = b"benchmark key of 32 bytes, fixed"
+DEPTH, SIDE = 4, 84
+
+
+class MeanPixel(torch.nn.Module):
+    """Two Q-values from an image's mean pixel: a forward pass that costs next to nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.flatten(1).mean(1, keepdim=True) * self.weight
+
+
+def nature_q() -> torch.nn.Module:
+    """Q-values of Pong's 6 actions from the Nature DQN's CNN: what ``rqrl train dqn`` serves on Atari."""
+    from rqrl.algorithms.cnn import FEATURES, NatureCNN
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(NatureCNN((DEPTH, SIDE, SIDE)), torch.nn.Linear(FEATURES, 6))
+
+
+MODELS = {"mean-pixel": MeanPixel, "nature-cnn": nature_q}
+
+
+def make_env() -> None:
+    """The run's env factory is never called here: the clients step no env."""
+
+
+class WholeStacksClient(InferenceClient):
+    """A client as before 2026-11-28: every observation whole, onto the shared list."""
+
+    def _request_arrays(self, observations: np.ndarray, number: int) -> tuple[dict[str, np.ndarray], str | None]:
+        return {"obs": observations}, None
+
+
+def pong_stacks(envs: int, steps: int, seed: int) -> np.ndarray:
+    """``[steps, envs, 4, 84, 84]`` observations of ``envs`` Pong envs stepping together with random actions."""
+    from rqrl.algorithms.atari import make_atari_env
+
+    games = [make_atari_env("ALE/Pong-v5") for _ in range(envs)]
+    observations = [game.reset(seed=seed + index)[0] for index, game in enumerate(games)]
+    random = np.random.default_rng(seed)
+    steps_seen = []
+    for _ in range(steps):
+        steps_seen.append(np.stack(observations))
+        for index, game in enumerate(games):
+            obs, _, terminated, truncated, _ = game.step(int(random.integers(game.action_space.n)))
+            observations[index] = game.reset()[0] if terminated or truncated else obs
+    return np.stack(steps_seen)
+
+
+def random_stacks(envs: int, steps: int, seed: int) -> np.ndarray:
+    """``[steps, envs, 4, 84, 84]``: each env's stack shifted by one new frame of uniform noise a step."""
+    frames = np.random.default_rng(seed).integers(0, 256, (envs, steps + DEPTH - 1, SIDE, SIDE), np.uint8)
+    return np.stack([frames[:, t:t + DEPTH] for t in range(steps)])
+
+
+def whole_requests(stacks: np.ndarray) -> tuple[int, float, float]:
+    """(bytes, client seconds, server seconds) of one request of whole stacks a step."""
+    metadata = {"reply": "reply", "id": "0"}
+    started = time.perf_counter()
+    blobs = [seal({"obs": step}, metadata, KEY) for step in stacks]
+    middle = time.perf_counter()
+    rebuilt = [unseal(blob, KEY)[0]["obs"] for blob in blobs]
+    ended = time.perf_counter()
+    assert all((observations == step).all() for observations, step in zip(rebuilt, stacks, strict=True))
+    return sum(map(len, blobs)), middle - started, ended - middle
+
+
+def frame_requests(stacks: np.ndarray) -> tuple[int, float, float]:
+    """(bytes, client seconds, server seconds) of one request of the frames the server lacks a step, each answered
+    before the next is made."""
+    client, server, size, client_seconds, server_seconds = SentFrames(), HeldFrames(), 0, 0.0, 0.0
+    for number, step in enumerate(stacks):
+        started = time.perf_counter()
+        arrays, _ = client.request(step, number)
+        blob = seal(arrays, {"reply": "reply", "id": str(number)}, KEY)
+        middle = time.perf_counter()
+        rebuilt = server.observations("client", number, unseal(blob, KEY)[0])
+        server_seconds += time.perf_counter() - middle
+        client_seconds += middle - started
+        assert (rebuilt == step).all()
+        client.answered("server", number)
+        size += len(blob)
+    return size, client_seconds, server_seconds
+
+
+def encoding_rows(stacks: np.ndarray, repeats: int) -> list[tuple[str, float, float, float]]:
+    """(encoding, bytes per observation, client us per observation, server us per observation) of one request a
+    step, the least time of ``repeats``; checks that the server gets every observation back."""
+    observations = stacks.shape[0] * stacks.shape[1]
+    rows = []
+    for name, encode in (("whole stacks (before)", whole_requests), ("frames the server lacks (now)", frame_requests)):
+        runs = [encode(stacks) for _ in range(repeats)]
+        rows.append((name, runs[0][0] / observations, min(run[1] for run in runs) * 1e6 / observations,
+                     min(run[2] for run in runs) * 1e6 / observations))
+    return rows
+
+
+def round_trip_rate(url: str, stacks: np.ndarray, seconds: float, whole: bool, model: str) -> tuple[float, float]:
+    """(inferences/s, request bytes per inference) of one client thread per env against one server process."""
+    import redis
+
+    connection = redis.Redis.from_url(url)
+    threads = stacks.shape[1]
+    run = SeedRun(connection, RunKeys(f"bench-{uuid.uuid4().hex[:8]}"), SECRET, uuid.uuid4().hex)
+    run.record(SeedRecord(None, 1, threads))
+    run.write({"inference_batchsize": threads, "inference_delay": 0.002, "inference_device": "cpu",
+               "broadcast_period": 60.0, "inference_threads": 1}, MODELS[model], make_env)
+    WeightStore(connection, run.keys, run.weights_key).publish(MODELS[model]().state_dict())
+    server = multiprocessing_context(None).Process(target=run_server_process,
+                                                   args=(url, run.keys.run_name, SECRET, 0, os.getpid()))
+    server.start()
+    client = (WholeStacksClient if whole else InferenceClient)(run, "bench", timeout=30.0)
+    inference = ActorInference(client, threads, 0.002)
+    counts = [0] * threads
+    stop, measuring = threading.Event(), threading.Event()
+
+    def ask(index: int) -> None:
+        with inference.member():
+            for step in range(10**9):
+                if stop.is_set():
+                    return
+                inference.evaluate(stacks[step % len(stacks), index])
+                counts[index] += measuring.is_set()
+
+    workers = [threading.Thread(target=ask, args=(index,), daemon=True) for index in range(threads)]
+    for worker in workers:
+        worker.start()
+    time.sleep(1.0)  # the server is up, holds weights and the clients' frames
+    sent_before, started = client.bytes_sent, time.perf_counter()
+    measuring.set()
+    time.sleep(seconds)
+    measuring.clear()
+    elapsed, sent = time.perf_counter() - started, client.bytes_sent - sent_before
+    stop.set()
+    for worker in workers:
+        worker.join(30)
+    run.stop()
+    server.join(10)
+    if server.is_alive():
+        server.kill()
+    run.delete()
+    connection.close()
+    return sum(counts) / elapsed, sent / max(sum(counts), 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=16, help="Envs (actor threads) asking together.")
+    parser.add_argument("--steps", type=int, default=200, help="Steps of observations per source.")
+    parser.add_argument("--seconds", type=float, default=5.0, help="Measured window of each round-trip run.")
+    parser.add_argument("--rounds", type=int, default=2, help="Round-trip runs of each kind, alternating.")
+    parser.add_argument("--repeats", type=int, default=5, help="Encoding runs of each kind (the least time counts).")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS),
+                        help="The server's model in the round trips: a mean over pixels (the transport alone), the "
+                             "Nature DQN's CNN (SEED's Atari setup).")
+    parser.add_argument("--sources", nargs="+", default=["pong", "random"], choices=["pong", "random"])
+    arguments = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(1)
+    keep_freed_memory()  # as actor processes (on rqrl workers) and servers do: no page faults per request
+    print(f"python {platform.python_version()}, {os.cpu_count()} cores, {arguments.threads} envs asking together, "
+          f"84x84x4 stacks, load average {os.getloadavg()[0]:.1f} at start", flush=True)
+    sources = {"pong": pong_stacks, "random": random_stacks}
+    stacks = {name: sources[name](arguments.threads, arguments.steps, 0) for name in arguments.sources}
+
+    print("\n### Encoding: bytes and CPU per observation\n")
+    print("| frames | request | bytes per observation | client us per observation | server us per observation |")
+    print("|:--|:--|--:|--:|--:|")
+    for name, steps in stacks.items():
+        for encoding, size, client, server in encoding_rows(steps, arguments.repeats):
+            print(f"| {name} | {encoding} | {size:,.0f} | {client:.1f} | {server:.1f} |", flush=True)
+
+    print(f"\n### Round trips: one server process, {arguments.threads} client threads\n")
+    print("| model | frames | request | inferences/s, each round | request bytes per inference | frames / whole |")
+    print("|:--|:--|:--|:--|--:|--:|")
+    with EmbeddedRedis() as redis_server:
+        for model in arguments.models:
+            for name, steps in stacks.items():
+                rates: dict[bool, list[float]] = {True: [], False: []}
+                sizes: dict[bool, float] = {}
+                for _ in range(arguments.rounds):
+                    for whole in (True, False):
+                        rate, sizes[whole] = round_trip_rate(redis_server.url, steps, arguments.seconds, whole, model)
+                        rates[whole].append(rate)
+                ratio = statistics.mean(rates[False]) / statistics.mean(rates[True])
+                for whole, label in ((True, "whole stacks (before)"), (False, "frames the server lacks (now)")):
+                    print(f"| {model} | {name} | {label} | {', '.join(f'{rate:,.0f}' for rate in rates[whole])} | "
+                          f"{sizes[whole]:,.0f} | {'' if whole else f'{ratio:.2f}'} |", flush=True)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Inference requests of images send each frame once: a frame the server already holds for the client goes as
+where it is held.
+
+An actor thread's next observation is its last one shifted by a frame, so of a 4-frame stack's 28 KB only one
+frame is new at each step. The server keeps, for each client (an actor process), the distinct frames of the
+last HELD_REQUESTS requests it answered for it, in the order the request listed them (``HeldFrames``). The
+client finds a request's distinct frames by their digests (``rqrl.engine.unique_frames``), mirrors what that
+server holds (``SentFrames``) and sends only the frames it lacks; for each of the others, the number of the
+earlier request that held it and its position there (two small integers, where a digest would be 16 bytes
+that do not compress), and an index that rebuilds the stacks.
+
+Such a request relies on one server, so it goes onto that server's own list (``seed:requests:{server}``, which
+the server pops before the shared one); a request that carries every frame goes onto the shared list, to
+whichever server is free. Nothing is lost when the two sides disagree (a
+server restarted, or dropped an idle client): the server answers that it lacks frames and the client sends the
+request again, whole, to the shared list. Every REBALANCE_REQUESTS requests a client sends one whole to the
+shared list anyway, so clients that all stuck to the first server up drift to the free ones.
+
+>>> frames = np.arange(5, dtype=np.uint8)[:, None, None] + np.zeros((5, 6, 6), np.uint8)
+>>> stacks = np.stack([frames[t:t + 4] for t in range(2)])  # two steps of one env, a new frame each
+>>> client, server = SentFrames(), HeldFrames()
+>>> first, _ = client.request(stacks[:1], 0)
+>>> len(first["frames"]), bool((server.observations("c", 0, first) == stacks[:1]).all())
+(4, True)
+>>> client.answered("server-0", 0)
+>>> second, to_server = client.request(stacks[1:], 1)
+>>> len(second["frames"]), to_server  # one new frame; the other three are request 0's frames 1 to 3
+(1, 'server-0')
+>>> second["frame_source"].tolist()
+[[0, 1], [0, 2], [0, 3], [-1, -1]]
+>>> bool((server.observations("c", 1, second) == stacks[1:]).all())
+True
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from rqrl.engine.unique_frames import as_frames, rebuild_stacks, unique_frames
+from rqrl.errors import RecordError
+
+HELD_REQUESTS = 4
+"""Requests per client whose frames a server holds: an actor's threads do not all ask in every request (a thread
+still stepping misses one), so a thread's last observation may be a few requests back."""
+REBALANCE_REQUESTS = 64
+"""A client sends every this many-th request whole, to any server (about 1.5% more frame bytes at 4-frame
+stacks)."""
+IDLE_CLIENT_SECONDS = 60.0
+"""A server drops the frames of a client it has not heard from for this long (the client died, or moved)."""
+__all__ = ["HELD_REQUESTS", "REBALANCE_REQUESTS", "FramesMissing", "HeldFrames", "SentFrames", "is_images"]
+
+
+class FramesMissing(Exception):
+    """A request relies on frames this server does not hold (any more) for its client: it must come again whole."""
+
+
+def is_images(observations: np.ndarray) -> bool:
+    """Whether a request's ``observations`` ``[B, *obs]`` travel as frames: uint8 of two or more axes each, as
+    SEED's transition messages decide."""
+    return observations.dtype == np.uint8 and observations.ndim >= 3
+
+
+class SentFrames:
+    """A client's side: which server holds which of its frames, and the arrays of a request that relies on them."""
+
+    def __init__(self) -> None:
+        self.server: str | None = None
+        self._held: deque[tuple[int, list[bytes]]] = deque(maxlen=HELD_REQUESTS)
+        self._where: dict[bytes, tuple[int, int]] = {}  # digest -> (request number, position) of a held frame
+        self._asked: tuple[int, list[bytes]] | None = None  # the last request made, until it is answered
+        self._requests = 0
+
+    def request(self, observations: np.ndarray, number: int) -> tuple[dict[str, np.ndarray], str | None]:
+        """The arrays of request ``number`` (the client's count, kept when it is sent again) of ``observations``
+        (images), and the server whose list it must go onto (None: the shared list; every frame is in it)."""
+        self._requests += 1
+        if self._requests % REBALANCE_REQUESTS == 0:
+            self.forget()
+        found = unique_frames(as_frames(observations))
+        where = self._where
+        source = np.fromiter((part for key in found.keys for part in where.get(key, _SENT)), np.int32,
+                             2 * len(found.keys)).reshape(-1, 2)
+        sent = source[:, 0] < 0
+        self._asked = (number, found.keys)
+        arrays = {"frames": found.frames[sent], "frame_source": source,
+                  "frame_index": found.frame_index.reshape(len(observations), -1)}
+        return arrays, None if sent.all() else self.server
+
+    def answered(self, server: str, number: int) -> None:
+        """``server`` answered request ``number``: it now holds that request's frames."""
+        if self._asked is None or self._asked[0] != number:
+            return
+        if server != self.server:
+            self.forget()
+            self.server = server
+        if len(self._held) == self._held.maxlen:  # the server drops its oldest request's frames: so does this
+            dropped, keys = self._held.popleft()
+            for key in keys:
+                if self._where.get(key, _SENT)[0] == dropped:
+                    del self._where[key]
+        number, keys = self._asked
+        self._held.append(self._asked)
+        self._where.update((key, (number, position)) for position, key in enumerate(keys))
+
+    def forget(self) -> None:
+        """Rely on no server's frames (its answer said it lacks some, or it did not answer in time)."""
+        self.server = None
+        self._held.clear()
+        self._where = {}
+
+
+class HeldFrames:
+    """A server's side: the frames of each client's last HELD_REQUESTS requests, which rebuild its next ones."""
+
+    def __init__(self, idle_seconds: float = IDLE_CLIENT_SECONDS):
+        self.idle_seconds = idle_seconds
+        self._clients: dict[str, tuple[float, deque[tuple[int, np.ndarray]]]] = {}
+        self._swept = time.monotonic()
+
+    @property
+    def clients(self) -> int:
+        return len(self._clients)
+
+    def observations(self, client: str, number: int, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """The observations ``[B, *obs]`` that request ``number`` of ``client`` rebuilds, its frames then held for
+        the client's next ones; FramesMissing if it relies on frames not held, RecordError if its arrays do not
+        fit."""
+        source, frames, index = _checked(arrays)
+        now = time.monotonic()
+        requests = self._clients.get(client, (now, deque(maxlen=HELD_REQUESTS)))[1]
+        unique = np.empty((len(source), *frames.shape[1:]), frames.dtype)
+        sent = source[:, 0] < 0
+        unique[sent] = frames
+        for held_number in np.unique(source[~sent, 0]).tolist():
+            rows = np.flatnonzero(source[:, 0] == held_number)
+            unique[rows] = _held_frames(requests, held_number, frames.shape[1:], source[rows, 1])
+        for stale in [entry for entry in requests if entry[0] == number]:  # the same request sent again
+            requests.remove(stale)
+        requests.append((number, unique))
+        self._clients[client] = (now, requests)
+        self._sweep(now)
+        return rebuild_stacks(unique, index)
+
+    def _sweep(self, now: float) -> None:
+        """Drop the clients not heard from for ``idle_seconds`` (looked at once per ``idle_seconds``)."""
+        if now - self._swept < self.idle_seconds:
+            return
+        self._swept = now
+        for client in [client for client, (seen, _) in self._clients.items() if now - seen > self.idle_seconds]:
+            del self._clients[client]
+
+
+_SENT = (-1, -1)
+"""The source of a frame the request carries itself."""
+
+
+def _checked(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A request's frame sources, its frames and its index; RecordError unless they fit each other."""
+    try:
+        source, frames, index = (arrays[name] for name in ("frame_source", "frames", "frame_index"))
+    except KeyError as error:
+        raise RecordError(f"a request of frames lacks its {error} array; are actors and servers the same rqrl "
+                          f"version?") from None
+    if source.dtype.kind != "i" or source.ndim != 2 or source.shape[1] != 2 or frames.ndim < 2 \
+            or len(frames) != int((source[:, 0] < 0).sum()):
+        raise RecordError(f"a request's frames do not fit their sources: {source.dtype}{list(source.shape)} sources "
+                          f"and {len(frames)} frames; expected [distinct frames, 2] integers, (-1, -1) for each "
+                          f"frame the request carries")
+    return source, frames, index
+
+
+def _held_frames(requests: deque[tuple[int, np.ndarray]], number: int, shape: tuple[int, ...],
+                 positions: np.ndarray) -> np.ndarray:
+    """The frames at ``positions`` of the client's request ``number``, held here; FramesMissing if that request's
+    are not held (any more), RecordError if they do not fit."""
+    for held_number, frames in requests:
+        if held_number == number:
+            if frames.shape[1:] != shape:
+                raise RecordError(f"a request's frames are {list(shape)}, its client's earlier ones "
+                                  f"{list(frames.shape[1:])}")
+            if int(positions.min()) < 0 or int(positions.max()) >= len(frames):
+                raise RecordError(f"a request points outside the {len(frames)} frames of its client's request "
+                                  f"{number}")
+            return frames[positions]
+    raise FramesMissing(f"request {number}")

@@ -1,0 +1,203 @@
+"""Inference requests of images: a client sends only the frames its server lacks, the server rebuilds every
+observation bit for bit from them and the frames it holds, and any disagreement between the two ends in a
+request sent whole, never in a wrong observation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rqrl.errors import RecordError
+from rqrl.seed import request_frames
+from rqrl.seed.request_frames import HELD_REQUESTS, REBALANCE_REQUESTS, FramesMissing, HeldFrames, SentFrames
+
+DEPTH, SIDE = 4, 12
+
+
+def env_stacks(envs: int, steps: int, seed: int = 0, depth: int = DEPTH) -> np.ndarray:
+    """``[steps, envs, depth, SIDE, SIDE]``: each env's frame stack at each step, shifted by one new random frame."""
+    frames = np.random.default_rng(seed).integers(0, 256, (envs, steps + depth - 1, SIDE, SIDE), np.uint8)
+    return np.stack([frames[:, t:t + depth] for t in range(steps)])
+
+
+class Client:
+    """A SentFrames that numbers its requests, as InferenceClient does."""
+
+    def __init__(self) -> None:
+        self.frames, self.number = SentFrames(), -1
+
+    def request(self, observations: np.ndarray) -> tuple[dict[str, np.ndarray], str | None]:
+        self.number += 1
+        return self.frames.request(observations, self.number)
+
+
+def round_trip(client: Client, server: HeldFrames, observations: np.ndarray, name: str = "server-0",
+               client_id: str = "client") -> tuple[dict[str, np.ndarray], str | None]:
+    """One request answered: what the server rebuilt must be what the client asked about."""
+    arrays, to_server = client.request(observations)
+    np.testing.assert_array_equal(server.observations(client_id, client.number, arrays), observations)
+    client.frames.answered(name, client.number)
+    return arrays, to_server
+
+
+def test_after_the_first_request_each_observation_sends_one_frame() -> None:
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=3, steps=6)
+    first, to_server = round_trip(client, server, stacks[0])
+    assert (len(first["frames"]), to_server) == (3 * DEPTH, None)  # all of them, to any server
+    for step in stacks[1:]:
+        arrays, to_server = round_trip(client, server, step)
+        assert (len(arrays["frames"]), to_server) == (3, "server-0")
+
+
+def test_a_thread_that_missed_requests_finds_its_frames_in_the_held_ones() -> None:
+    """Env 1 asks only every HELD_REQUESTS-th step: its last observation is that many requests back, still held,
+    and 2 of its 6 frames are in it."""
+    depth = HELD_REQUESTS + 2
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=2, steps=2 * HELD_REQUESTS + 1, depth=depth)
+    round_trip(client, server, stacks[0])
+    for t in range(1, len(stacks)):
+        asking = [0, 1] if t % HELD_REQUESTS == 0 else [0]
+        arrays, _ = round_trip(client, server, stacks[t, asking])
+        assert len(arrays["frames"]) == (1 + HELD_REQUESTS if len(asking) == 2 else 1)
+
+
+def test_a_server_that_lacks_a_frame_says_so_and_holds_nothing_new() -> None:
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=2, steps=3)
+    round_trip(client, server, stacks[0])
+    arrays, _ = client.request(stacks[1])
+    with pytest.raises(FramesMissing):
+        HeldFrames().observations("client", 1, arrays)  # another server, or this one restarted
+    with pytest.raises(FramesMissing):
+        server.observations("another client", 1, arrays)  # frames are held per client
+    np.testing.assert_array_equal(server.observations("client", 1, arrays), stacks[1])
+
+
+def test_after_forget_a_request_goes_whole_to_any_server() -> None:
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=2, steps=2)
+    round_trip(client, server, stacks[0])
+    client.frames.forget()
+    arrays, to_server = client.request(stacks[1])
+    assert (len(arrays["frames"]), to_server) == (2 * DEPTH, None)
+
+
+def test_an_answer_from_another_server_moves_the_client_to_it() -> None:
+    client, first_server, second_server = Client(), HeldFrames(), HeldFrames()
+    stacks = env_stacks(envs=2, steps=3)
+    round_trip(client, first_server, stacks[0], "server-0")
+    client.frames.forget()
+    round_trip(client, second_server, stacks[1], "server-1")
+    arrays, to_server = round_trip(client, second_server, stacks[2], "server-1")
+    assert (len(arrays["frames"]), to_server) == (2, "server-1")
+
+
+def test_every_rebalance_requests_th_request_goes_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(request_frames, "REBALANCE_REQUESTS", 3)
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=1, steps=7)
+    targets = [round_trip(client, server, step)[1] for step in stacks]
+    assert targets == [None, "server-0", None, "server-0", "server-0", None, "server-0"]
+    assert REBALANCE_REQUESTS > HELD_REQUESTS
+
+
+def test_a_request_of_frames_alike_sends_each_once() -> None:
+    client, server = Client(), HeldFrames()
+    still = np.zeros((5, DEPTH, SIDE, SIDE), np.uint8)  # five envs showing the same blank screen
+    arrays, _ = round_trip(client, server, still)
+    assert len(arrays["frames"]) == 1 and arrays["frame_index"].shape == (5, DEPTH)
+
+
+def test_observations_that_are_one_frame_each_travel_too() -> None:
+    """A channels-last image is one frame: nothing repeats from step to step, and it still arrives whole."""
+    client, server = Client(), HeldFrames()
+    images = np.random.default_rng(1).integers(0, 256, (3, 10, 10, 3), np.uint8)
+    arrays, to_server = round_trip(client, server, images)
+    assert (len(arrays["frames"]), to_server) == (3, None)
+
+
+def test_a_request_that_reaches_the_server_twice_is_held_once() -> None:
+    """Request 1 reaches the server twice (sent again after a timeout, say). The server still holds requests 0 to
+    3, as the client counts them, so request 4 rebuilds env A's frames from request 0."""
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=2, steps=HELD_REQUESTS + 1, depth=HELD_REQUESTS + 2)
+    round_trip(client, server, stacks[0, [0]])  # env A
+    arrays, _ = client.request(stacks[1, [1]])  # env B from here on
+    for _ in range(2):
+        np.testing.assert_array_equal(server.observations("client", 1, arrays), stacks[1, [1]])
+    client.frames.answered("server-0", 1)
+    for step in range(2, HELD_REQUESTS):
+        round_trip(client, server, stacks[step, [1]])
+    arrays, _ = round_trip(client, server, stacks[HELD_REQUESTS, [0]])  # env A again
+    assert 0 in arrays["frame_source"][:, 0].tolist()
+
+
+@pytest.mark.parametrize("damage", ["no sources", "sources of floats", "sources of one column", "a frame less",
+                                    "a position outside", "a request never made"])
+def test_a_request_whose_arrays_do_not_fit_is_refused(damage: str) -> None:
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=2, steps=2)
+    round_trip(client, server, stacks[0])
+    arrays, _ = client.request(stacks[1])
+    held = arrays["frame_source"][:, 0] >= 0
+    if damage == "no sources":
+        del arrays["frame_source"]
+    elif damage == "sources of floats":
+        arrays["frame_source"] = arrays["frame_source"].astype(np.float32)
+    elif damage == "sources of one column":
+        arrays["frame_source"] = arrays["frame_source"][:, :1]
+    elif damage == "a frame less":
+        arrays["frames"] = arrays["frames"][1:]
+    elif damage == "a position outside":
+        arrays["frame_source"][held, 1] = 2 * DEPTH
+    else:
+        arrays["frame_source"][held, 0] = 7
+    with pytest.raises(FramesMissing if damage == "a request never made" else RecordError):
+        server.observations("client", 1, arrays)
+
+
+def test_held_frames_of_another_shape_are_refused() -> None:
+    client, server = Client(), HeldFrames()
+    round_trip(client, server, env_stacks(envs=1, steps=1)[0])
+    arrays, _ = client.request(env_stacks(envs=1, steps=2)[1])
+    arrays["frames"] = np.zeros((len(arrays["frames"]), SIDE, SIDE + 1), np.uint8)
+    with pytest.raises(RecordError, match="frames are"):
+        server.observations("client", 1, arrays)
+
+
+def test_a_client_not_heard_from_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(request_frames.time, "monotonic", lambda: now[0])
+    client, server = Client(), HeldFrames(idle_seconds=60.0)
+    stacks = env_stacks(envs=1, steps=2)
+    round_trip(client, server, stacks[0])
+    now[0] += 61.0
+    round_trip(Client(), server, stacks[0], client_id="another")  # wakes the sweep
+    assert server.clients == 1
+    with pytest.raises(FramesMissing):
+        server.observations("client", 1, client.request(stacks[1])[0])
+
+
+def test_frames_of_a_request_the_server_dropped_are_sent_again() -> None:
+    """Env 1 asks every HELD_REQUESTS + 1 steps: its last request has left the server's (and the client's) held
+    ones by then, so its frames go again rather than as a source the server no longer holds."""
+    depth = HELD_REQUESTS + 3
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=2, steps=2 * HELD_REQUESTS + 3, depth=depth)
+    round_trip(client, server, stacks[0])
+    for t in range(1, len(stacks)):
+        asking = [0, 1] if t % (HELD_REQUESTS + 1) == 0 else [0]
+        arrays, _ = round_trip(client, server, stacks[t, asking])
+        assert len(arrays["frames"]) == (1 + depth if len(asking) == 2 else 1)
+
+
+def test_an_answer_to_an_earlier_request_than_the_last_made_is_not_counted() -> None:
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=1, steps=3)
+    client.request(stacks[0])
+    client.request(stacks[1])
+    client.frames.answered("server-0", 0)  # request 0's frames are not what the client last listed
+    arrays, to_server = round_trip(client, server, stacks[2])
+    assert (len(arrays["frames"]), to_server) == (DEPTH, None)
