@@ -24,6 +24,7 @@ b'not compressed'
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 import numpy as np
@@ -44,8 +45,24 @@ MIN_SAVING = 0.1
 PROBE_BYTES = 32 * 1024
 """How much of a payload is compressed first to see whether the whole is worth it."""
 
-_compressor = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True)
-_decompressor = zstandard.ZstdDecompressor()
+_per_thread = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    """This thread's compressor: a ZstdCompressor is not thread-safe, and it lets go of the GIL while it works, so
+    threads compressing at once through one (a SEED actor's threads) corrupted it and crashed the process."""
+    compressor = getattr(_per_thread, "compressor", None)
+    if compressor is None:
+        compressor = _per_thread.compressor = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True)
+    return compressor
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's decompressor (not thread-safe either)."""
+    decompressor = getattr(_per_thread, "decompressor", None)
+    if decompressor is None:
+        decompressor = _per_thread.decompressor = zstandard.ZstdDecompressor()
+    return decompressor
 
 
 def compress(blob: bytes) -> bytes:
@@ -53,9 +70,10 @@ def compress(blob: bytes) -> bytes:
     middle (where the observations lie) shrink by less than ``MIN_SAVING`` (noise-like images), or the whole does."""
     middle = len(blob) // 2
     probe = blob[max(0, middle - PROBE_BYTES // 2): middle + PROBE_BYTES // 2]
-    if len(_compressor.compress(probe)) > (1 - MIN_SAVING) * len(probe):
+    compressor = _compressor()
+    if len(compressor.compress(probe)) > (1 - MIN_SAVING) * len(probe):
         return blob
-    payload = COMPRESSED_MAGIC + _compressor.compress(blob)
+    payload = COMPRESSED_MAGIC + compressor.compress(blob)
     return payload if len(payload) <= (1 - MIN_SAVING) * len(blob) else blob
 
 
@@ -73,7 +91,7 @@ def decompress(payload: bytes | memoryview, limit: int = MAX_DECOMPRESSED_BYTES)
     if not 0 <= size <= limit:
         raise RecordError(f"compressed payload would decompress to {size} bytes (-1: unknown); the limit is {limit}")
     try:
-        return _decompressor.decompress(body)
+        return _decompressor().decompress(body)
     except zstandard.ZstdError as error:
         raise RecordError(f"compressed payload is corrupt: {error}") from error
 
