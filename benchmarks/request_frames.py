@@ -8,6 +8,9 @@ process whose T threads all ask at once sends them: real Pong (``make_atari_env`
 1. *Encoding*: each request sealed both ways (signed, zstd where it pays, as clients do); bytes per observation,
    the client's CPU per observation (find the frames, seal), and the server's (unseal, rebuild the stacks), the
    least of ``--repeats`` runs, with a check that the server rebuilt every observation bit for bit.
+3. *SEED on Pong*: ``rqrl.seed.Trainer`` with one actor process of T threads stepping Pong, one inference server
+   with the Nature DQN's network on the CPU, epsilon 0 (every step asks the server) and no training: env steps/s
+   with ``request_frames`` on and off, alternating for ``--rounds``.
 2. *Round trips*: one inference server process on a private redis-server, T client threads sharing one
    ``ActorInference`` and asking about the stacks in turn, for ``--seconds``, whole and frames alternating for
    ``--rounds``. The server's model is a mean over pixels (what is measured is the transport alone) and the
@@ -191,6 +194,40 @@ def round_trip_rate(url: str, stacks: np.ndarray, seconds: float, whole: bool, m
     return sum(counts) / elapsed, sent / max(sum(counts), 1)
 
 
+def seed_pong_steps(threads: int, seconds: float, request_frames: bool) -> float:
+    """Env steps/s of SEED on Pong: one actor process of ``threads`` threads, every step asking the server, no
+    training (the replay never reaches its minimum)."""
+    import functools
+
+    from rqrl.algorithms.atari import make_atari_env
+    from rqrl.algorithms.dqn import QNetwork
+    from rqrl.seed import Config, Trainer
+    from rqrl.seed.agent import Agent, AgentConfig
+
+    capacity = 100_000
+    agent = Agent(AgentConfig(state_shape=(DEPTH, SIDE, SIDE), state_dtype="uint8", action_space_size=6,
+                              replay_capacity=capacity, use_distributional=False),
+                  functools.partial(QNetwork, (DEPTH, SIDE, SIDE), 6, 512, None, False))
+    marks: list[tuple[float, int]] = []
+
+    def progress(trainer: Trainer) -> None:
+        received = trainer.stats.transitions_received
+        if received and not marks:
+            marks.append((time.perf_counter(), received))
+        if marks and time.perf_counter() - marks[0][0] >= seconds:
+            marks.append((time.perf_counter(), received))
+            trainer.stop()
+
+    config = Config(actor_threads=threads, inference_batchsize=threads, inference_delay=0.002, epsilon=0.0,
+                    minimum_buffer_size=capacity, broadcast_period=60.0, request_frames=request_frames)
+    Trainer(agent, config, functools.partial(make_atari_env, "ALE/Pong-v5"), on_progress=progress,
+            progress_seconds=0.1).start(seconds + 120)
+    if len(marks) < 2:
+        return float("nan")
+    (start, first), (end, last) = marks[0], marks[-1]
+    return (last - first) / (end - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=16, help="Envs (actor threads) asking together.")
@@ -202,6 +239,8 @@ def main() -> None:
                         help="The server's model in the round trips: a mean over pixels (the transport alone), the "
                              "Nature DQN's CNN (SEED's Atari setup).")
     parser.add_argument("--sources", nargs="+", default=["pong", "random"], choices=["pong", "random"])
+    parser.add_argument("--seed-seconds", type=float, default=10.0,
+                        help="Measured window of each SEED run on Pong (0: skip that table).")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -234,6 +273,21 @@ def main() -> None:
                 for whole, label in ((True, "whole stacks (before)"), (False, "frames the server lacks (now)")):
                     print(f"| {model} | {name} | {label} | {', '.join(f'{rate:,.0f}' for rate in rates[whole])} | "
                           f"{sizes[whole]:,.0f} | {'' if whole else f'{ratio:.2f}'} |", flush=True)
+    if arguments.seed_seconds > 0 and "pong" in arguments.sources:
+        print(f"\n### SEED on Pong: one actor process of {arguments.threads} threads, the Nature DQN's network on "
+              "the CPU, every step asking\n")
+        print("| requests | env steps/s, each round | frames / whole |")
+        print("|:--|:--|--:|")
+        seed_rates: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(arguments.rounds):
+            for request_frames in (False, True):
+                seed_rates[request_frames].append(seed_pong_steps(arguments.threads, arguments.seed_seconds,
+                                                                  request_frames))
+        ratio = statistics.mean(seed_rates[True]) / statistics.mean(seed_rates[False])
+        for request_frames, label in ((False, "whole stacks (request_frames=False)"),
+                                      (True, "frames the server lacks (request_frames=True)")):
+            print(f"| {label} | {', '.join(f'{rate:,.0f}' for rate in seed_rates[request_frames])} | "
+                  f"{f'{ratio:.2f}' if request_frames else ''} |", flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
 
 
