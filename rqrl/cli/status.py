@@ -103,6 +103,7 @@ def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
         except ValueError:
             continue
     queue_name = config.queue_name
+    published = read_published(connection, keys)
     queued, started, failed = ([job_id for job_id in job_ids if job_id.startswith(keys.job_id_prefix)]
                                for job_ids in (rollout_queue(queue_name, connection).get_job_ids(),
                                                started_registry(queue_name, connection).get_job_ids(cleanup=False),
@@ -113,8 +114,8 @@ def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
         n_groups=len(config.actor_groups), learner=learner, stopped=bool(connection.exists(keys.stopped)),
         queued_rollouts=int(connection.llen(keys.trajectories)), jobs_queued=len(queued), jobs_started=len(started),
         jobs_failed=len(failed), failures=[(job_id, _failure(connection, job_id)) for job_id in recent],
-        workers=read_workers(connection, config.queue_name), worker_rates=read_worker_rates(connection, keys),
-        worker_times=read_worker_times(connection, keys),
+        workers=read_workers(connection, config.queue_name), worker_rates=worker_rates(published),
+        worker_times=worker_times(published),
         sidelined={name: report["error"] for name, report in read_sideline_reports(connection, keys).items()})
 
 
@@ -149,7 +150,7 @@ def read_workers(connection: redis.Redis, queue_name: str) -> list[WorkerStatus]
 def read_worker_rates(connection: redis.Redis, keys: RunKeys, now: float | None = None) -> dict[str, float]:
     """Worker name -> env steps/s on the run, as published by its job (rqrl.maze.jobs) within the liveness window
     (ProtocolTimings.liveness); entries that do not parse are left out."""
-    return _read_published(connection, keys, lambda published: float(published["steps_per_second"]), now)
+    return worker_rates(read_published(connection, keys, now))
 
 
 def read_worker_times(connection: redis.Redis, keys: RunKeys, now: float | None = None,
@@ -158,26 +159,45 @@ def read_worker_times(connection: redis.Redis, keys: RunKeys, now: float | None 
     encode, push, room), over its last published window, for workers whose jobs publish them (a Maze actor
     group's); within the liveness window, as ``read_worker_rates``, and published at ``since`` (a time.time()) or
     later if given."""
-    return _read_published(connection, keys,
-                           lambda published: {part: float(published["time"][part]) for part in WORKER_TIME_PARTS},
-                           now, since)
+    return worker_times(read_published(connection, keys, now, since))
 
 
-def _read_published(connection: redis.Redis, keys: RunKeys, read: Callable[[dict[str, Any]], _Read],
-                    now: float | None = None, since: float | None = None) -> dict[str, _Read]:
-    """Worker name -> ``read`` of what its job last published in ``worker_rates``, for entries published within
-    the liveness window (and at ``since`` or later); entries ``read`` cannot parse are left out."""
+def read_published(connection: redis.Redis, keys: RunKeys, now: float | None = None,
+                   since: float | None = None) -> dict[str, dict[str, Any]]:
+    """Worker name -> what its job last published in ``worker_rates`` (its steps/s, and its time shares where it
+    publishes them), for entries published within the liveness window (and at ``since`` or later); one read, so a
+    worker's rate and shares come from the same window. Entries that do not parse are left out."""
     now = time.time() if now is None else now
     liveness = protocol_timings().liveness
     found = {}
     for name, raw in connection.hgetall(keys.worker_rates).items():
         try:
             published = json.loads(raw)
-            value, at = read(published), float(published["at"])
+            at = float(published["at"])
         except (ValueError, TypeError, KeyError, UnicodeDecodeError):
             continue
         if now - at <= liveness and (since is None or at >= since):
-            found[_text(name)] = value
+            found[_text(name)] = published
+    return found
+
+
+def worker_rates(published: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Worker name -> steps/s of ``read_published``'s entries (those without a number are left out)."""
+    return _parsed(published, lambda entry: float(entry["steps_per_second"]))
+
+
+def worker_times(published: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Worker name -> time shares of ``read_published``'s entries (those without all parts are left out)."""
+    return _parsed(published, lambda entry: {part: float(entry["time"][part]) for part in WORKER_TIME_PARTS})
+
+
+def _parsed(published: dict[str, dict[str, Any]], read: Callable[[dict[str, Any]], _Read]) -> dict[str, _Read]:
+    found = {}
+    for name, entry in published.items():
+        try:
+            found[name] = read(entry)
+        except (ValueError, TypeError, KeyError):
+            continue
     return found
 
 

@@ -7,7 +7,7 @@ import json
 import fakeredis
 import pytest
 
-from rqrl.cli.status import read_worker_times
+from rqrl.cli.status import read_published, read_worker_times, worker_rates, worker_times
 from rqrl.engine import jobs
 from rqrl.engine.jobs import worker_label
 from rqrl.engine.keys import RunKeys
@@ -66,6 +66,18 @@ def test_worker_times_older_than_liveness_malformed_or_missing_are_left_out():
         "junk": "not json"})
     # with the tests' timings (RQRL_TIME_SCALE=0.1) the liveness window is 2 s: 1 s old is fresh, 100 s stale
     assert read_worker_times(connection, keys, now=1001.0) == {"fresh": shares}
+
+
+def test_one_read_gives_each_worker_its_rate_and_shares_from_the_same_window():
+    connection, keys = fakeredis.FakeRedis(), RunKeys("r1")
+    shares = dict.fromkeys(WORKER_TIME_PARTS, 0.2)
+    connection.hset(keys.worker_rates, mapping={
+        "both": json.dumps({"steps_per_second": 10.0, "at": 1000.5, "time": shares}),
+        "rate-only": json.dumps({"steps_per_second": 5.0, "at": 1000.5}),
+        "shares-only": json.dumps({"steps_per_second": "fast", "at": 1000.5, "time": shares})})
+    published = read_published(connection, keys, now=1001.0)
+    assert worker_rates(published) == {"both": 10.0, "rate-only": 5.0}
+    assert worker_times(published) == {"both": shares, "shares-only": shares}
 
 
 def test_worker_times_published_before_a_given_time_are_left_out():
