@@ -5,7 +5,9 @@ Several Pong envs (``make_atari_env``: 84x84 grayscale, frame skip 4, 4-frame st
 their steps become 3-step transitions (``NStepCollector``) in messages as SEED's actor threads send them (16
 transitions of one env in a row), which fill two replays side by side, message by message as the trainer adds
 them: one holding every observation whole (``ArrayStore``, the replay
-before 2026-11-27), one holding each frame once (``FrameStore``, the replay now). The table gives the bytes a
+before 2026-11-27), one holding each frame once (``FrameStore``), filled two ways: from the transitions' stacks,
+each frame of each stack looked up (before 2026-11-28), and from the distinct frames their decoded message
+carried (the trainer now). The table gives the bytes a
 stored transition takes, the time to add one, the time to sample a batch of 64 (and check it is the
 same batch, bit for bit, from both), and what a replay of 1M transitions (the DQN papers') would take. The
 messages are also encoded and decoded as actors and trainer do now (``encode_transitions``,
@@ -25,7 +27,7 @@ import numpy as np
 
 from rqrl.algorithms.atari import make_atari_env
 from rqrl.seed.actor import TRANSITIONS_PER_MESSAGE, decode_transitions, encode_transitions
-from rqrl.seed.frame_store import ArrayStore, FrameStore
+from rqrl.seed.frame_store import ArrayStore, FrameStore, TransitionFrames
 from rqrl.seed.nstep import NStepCollector, TransitionBatch, stack
 from rqrl.seed.replay import ReplayBuffer
 from rqrl.seed.store import seal, unseal
@@ -93,15 +95,16 @@ def message_rows(messages: list[TransitionBatch]) -> list[tuple[str, float, floa
     return rows
 
 
-def fill(replay: ReplayBuffer, batches: list[TransitionBatch]) -> tuple[float, int]:
-    """Seconds to add the batches (messages, as the trainer adds them) that came once the replay was full (a long
-    run's steady state: the first ones also pay the page faults of new memory), and how many transitions they
-    held."""
+def fill(replay: ReplayBuffer, batches: list[TransitionBatch],
+         frames: list[TransitionFrames | None] | None = None) -> tuple[float, int]:
+    """Seconds to add the batches (messages, as the trainer adds them, with their decoded ``frames`` if given) that
+    came once the replay was full (a long run's steady state: the first ones also pay the page faults of new
+    memory), and how many transitions they held."""
     seconds, timed = 0.0, 0
-    for batch in batches:
+    for batch, batch_frames in zip(batches, frames or [None] * len(batches), strict=True):
         full = len(replay) == replay.capacity
         started = time.perf_counter()
-        replay.add(batch)
+        replay.add(batch, frames=batch_frames)
         if full:
             seconds, timed = seconds + time.perf_counter() - started, timed + batch.size
     return seconds, timed
@@ -134,17 +137,20 @@ def main() -> None:
     messages = message_rows(batches)
     rows = []
     samples = {}
-    for name, kind in (("whole observations (before)", ArrayStore), ("unique frames (now)", FrameStore)):
+    decoded = [decode_transitions(encode_transitions(batch, KEY), KEY).frames for batch in batches]
+    for name, kind, frames in (("whole observations (before 2026-11-27)", ArrayStore, None),
+                               ("unique frames, found in every stack (before 2026-11-28)", FrameStore, None),
+                               ("unique frames, the message's kept (now)", FrameStore, decoded)):
         replay = ReplayBuffer(args.capacity, (4, 84, 84), 6, prioritized=False, seed=args.seed, obs_dtype=np.uint8)
         replay.observations = kind(args.capacity, (4, 84, 84), np.uint8)
         print(f"filling the replay of {name} ...", flush=True)
-        seconds, timed = fill(replay, batches)
+        seconds, timed = fill(replay, batches, frames)
         per_sample, samples[name] = sample_seconds(replay, args.batch_size, 200, args.seed)
         per_transition = replay.nbytes / len(replay)
         rows.append((name, per_transition, seconds / max(timed, 1) * 1e6, per_sample * 1e3,
                      per_transition * 1e6 / 2**30))
     same = all(np.array_equal(a.obs, b.obs) and np.array_equal(a.next_obs, b.next_obs)
-               for a, b in zip(*samples.values(), strict=True))
+               for drawn in zip(*samples.values(), strict=True) for a, b in zip(drawn, drawn[1:], strict=False))
     print(f"\n{added:,} Pong transitions (3-step) in messages of {TRANSITIONS_PER_MESSAGE}, decoded to the same "
           f"transitions")
     print("| message | bytes per transition | actor: encode, us per transition | trainer: decode, us per transition |")

@@ -30,7 +30,8 @@ MAX_STACK = 32
 deep) and fewer than each of the next two (a frame's height and width); otherwise (a channels-last image, say)
 the whole observation is one frame."""
 
-__all__ = ["MAX_STACK", "UniqueFrames", "as_frames", "frame_shape", "rebuild_stacks", "stack_depth", "unique_frames"]
+__all__ = ["MAX_STACK", "UniqueFrames", "as_frames", "digests", "frame_shape", "rebuild_stacks", "stack_depth",
+           "unique_frames"]
 
 
 class UniqueFrames(NamedTuple):
@@ -61,6 +62,15 @@ def as_frames(observations: np.ndarray) -> np.ndarray:
     """Observations ``[N, *obs]`` as their frames ``[N * stack_depth, *frame]``, C-contiguous (a digest reads a
     frame's bytes)."""
     return np.ascontiguousarray(observations).reshape(-1, *frame_shape(observations.shape[1:]))
+
+
+def digests(frames: np.ndarray) -> list[bytes]:
+    """The digest of each frame of ``frames`` ``[N, *frame]``: the keys ``unique_frames`` gives the same frames."""
+    contiguous = np.ascontiguousarray(frames)
+    size = contiguous[0].nbytes if len(contiguous) else 0
+    raw = contiguous.data.cast("B") if size else memoryview(b"")
+    digest = xxhash.xxh3_128_digest
+    return [digest(raw[row * size:(row + 1) * size]) for row in range(len(contiguous))]
 
 
 def unique_frames(*parts: np.ndarray) -> UniqueFrames:

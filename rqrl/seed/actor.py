@@ -27,6 +27,7 @@ from rqrl.engine.keys import RunKeys
 from rqrl.engine.screen import MAX_ENTRY_BYTES
 from rqrl.engine.unique_frames import as_frames, rebuild_stacks, unique_frames
 from rqrl.errors import EnvError, RecordError, RunStoppedError
+from rqrl.seed.frame_store import TransitionFrames
 from rqrl.seed.inference import ActorInference, InferenceClient
 from rqrl.seed.nstep import NStepCollector, Transition, TransitionBatch, obs_array, stack
 from rqrl.seed.store import SeedRun, seal, unseal
@@ -83,6 +84,8 @@ class TransitionMessage(NamedTuple):
     episode_returns: np.ndarray
     sender: str
     sequence: int
+    frames: TransitionFrames | None = None
+    """The batch's observations as the message carried them (images): its distinct frames and their index."""
 
 
 def transitions_per_message(obs_bytes: int) -> int:
@@ -133,17 +136,19 @@ def decode_transitions(blob: bytes, key: bytes) -> TransitionMessage:
         raise RecordError(f"a transition message lacks its {missing} arrays; are the actors and the trainer the "
                           f"same rqrl version?")
     transitions = len(arrays["actions"])
+    frames = None
     if "frames" in arrays:
         index = arrays.pop("frame_index")
         if index.ndim != 3 or len(index) != 2 or index.shape[1] != transitions:
             raise RecordError(f"a transition message's frame index is {index.dtype}{list(index.shape)}: expected "
                               f"[2, {transitions} transitions, frames per observation]")
         arrays["obs"], arrays["next_obs"] = (rebuild_stacks(arrays["frames"], part) for part in index)
+        frames = TransitionFrames(arrays["frames"], index)
     batch = TransitionBatch(*(arrays[name] for name in TransitionBatch._fields))
     if lengths := batch.uneven_lengths():
         raise RecordError(f"a transition message's arrays differ in length ({lengths})")
     return TransitionMessage(batch, arrays["episode_returns"], metadata.get("sender", ""),
-                             int(metadata.get("sequence", "0")))
+                             int(metadata.get("sequence", "0")), frames)
 
 
 class TransitionSender:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from rqrl.errors import ConfigError
+from rqrl.seed.frame_store import TransitionFrames
 from rqrl.seed.nstep import TransitionBatch
 from rqrl.seed.replay import ReplayBuffer
 
@@ -205,9 +206,11 @@ class Agent:
     def buffer_size(self) -> int:
         return len(self.replay)
 
-    def observe(self, batch: TransitionBatch, errors: np.ndarray | None = None) -> None:
-        """Add transitions; ``errors`` (NaN: unknown) set their priorities, else they get the largest one."""
-        self.replay.add(batch, errors)
+    def observe(self, batch: TransitionBatch, errors: np.ndarray | None = None,
+                frames: TransitionFrames | None = None) -> None:
+        """Add transitions; ``errors`` (NaN: unknown) set their priorities, else they get the largest one;
+        ``frames``: their observations as their message's distinct frames, where it carried them."""
+        self.replay.add(batch, errors, frames)
 
     def beta(self) -> float:
         config = self.config

@@ -22,11 +22,11 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from rqrl.engine.unique_frames import as_frames, frame_shape, stack_depth, unique_frames
+from rqrl.engine.unique_frames import as_frames, digests, frame_shape, stack_depth, unique_frames
 
 MIN_FRAME_BYTES = 1024
 """Smaller frames stay whole arrays: a frame held once costs about 150 bytes of bookkeeping (its holders, its key
@@ -36,7 +36,20 @@ FRAME_OVERHEAD_BYTES = 150
 a dict with its slot (an int object)."""
 _FIRST_POOL_FRAMES = 1024
 
-__all__ = ["ArrayStore", "FrameStore", "ObservationStore", "observation_store"]
+__all__ = ["ArrayStore", "FrameStore", "ObservationStore", "TransitionFrames", "observation_store"]
+
+
+class TransitionFrames(NamedTuple):
+    """Transitions' observations as their distinct frames ``[U, *frame]`` and the index ``[2, N, depth]`` (obs, then
+    next obs) that rebuilds them, as SEED's messages carry them: a FrameStore keeps them without looking for
+    repeats among every frame of every stack again."""
+
+    frames: np.ndarray
+    frame_index: np.ndarray
+
+    def tail(self, start: int) -> TransitionFrames:
+        """The frames of the transitions from ``start`` on."""
+        return TransitionFrames(self.frames, self.frame_index[:, start:])
 
 
 class ObservationStore(Protocol):
@@ -48,8 +61,10 @@ class ObservationStore(Protocol):
     def nbytes(self) -> int:
         """Bytes the stored observations take (what the replay's memory grows with)."""
 
-    def put(self, rows: np.ndarray, obs: np.ndarray, next_obs: np.ndarray) -> None:
-        """Store ``obs[i]`` and ``next_obs[i]`` at row ``rows[i]`` (distinct rows), replacing what was there."""
+    def put(self, rows: np.ndarray, obs: np.ndarray, next_obs: np.ndarray,
+            frames: TransitionFrames | None = None) -> None:
+        """Store ``obs[i]`` and ``next_obs[i]`` at row ``rows[i]`` (distinct rows), replacing what was there;
+        ``frames``, where given, are the same observations as distinct frames (a store may keep those instead)."""
 
     def get(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(obs, next_obs)`` of ``rows`` (rows may repeat), as new arrays."""
@@ -76,7 +91,8 @@ class ArrayStore:
     def nbytes(self) -> int:
         return self.obs.nbytes + self.next_obs.nbytes
 
-    def put(self, rows: np.ndarray, obs: np.ndarray, next_obs: np.ndarray) -> None:
+    def put(self, rows: np.ndarray, obs: np.ndarray, next_obs: np.ndarray,
+            frames: TransitionFrames | None = None) -> None:
         self.obs[rows] = obs
         self.next_obs[rows] = next_obs
 
@@ -117,7 +133,11 @@ class FrameStore:
         frame_bytes = self.pool.itemsize * int(np.prod(self.frame_shape))
         return self.used * (frame_bytes + FRAME_OVERHEAD_BYTES) + self.obs_frames.nbytes + self.next_frames.nbytes
 
-    def put(self, rows: np.ndarray, obs: np.ndarray, next_obs: np.ndarray) -> None:
+    def put(self, rows: np.ndarray, obs: np.ndarray, next_obs: np.ndarray,
+            frames: TransitionFrames | None = None) -> None:
+        """As ObservationStore.put; ``frames`` that fit (this store's frame shape, dtype and depth) are held as they
+        are, only their distinct frames looked up, where ``obs`` and ``next_obs`` would be split and every frame
+        looked up."""
         shapes_fit = obs.shape[1:] == next_obs.shape[1:] == self.obs_shape
         if not (len(rows) == len(obs) == len(next_obs) and shapes_fit):
             raise ValueError(f"expected {len(rows)} observations and next ones of shape {self.obs_shape}, got "
@@ -125,28 +145,40 @@ class FrameStore:
         replaced = np.concatenate([self.obs_frames[rows].ravel(), self.next_frames[rows].ravel()])
         self._release(replaced[replaced >= 0])  # first: the pool then never holds more than max_frames
         count = len(rows)
-        slots = self._hold(as_frames(np.asarray(obs, self.dtype)), as_frames(np.asarray(next_obs, self.dtype)))
+        if frames is not None and self._fits(frames, count):
+            used, index = np.unique(frames.frame_index.ravel(), return_inverse=True)  # a frame none holds is not kept
+            distinct = frames.frames[used]
+            slots = self._hold_distinct(distinct, digests(distinct), index)
+        else:
+            found = unique_frames(as_frames(np.asarray(obs, self.dtype)), as_frames(np.asarray(next_obs, self.dtype)))
+            slots = self._hold_distinct(found.frames, found.keys, found.frame_index)
         self.obs_frames[rows] = slots[:count * self.depth].reshape(count, self.depth)
         self.next_frames[rows] = slots[count * self.depth:].reshape(count, self.depth)
+
+    def _fits(self, frames: TransitionFrames, count: int) -> bool:
+        """Whether ``frames`` are ``count`` transitions' frames of this store's kind, their index within them."""
+        index = frames.frame_index
+        return (frames.frames.dtype == self.dtype and frames.frames.shape[1:] == self.frame_shape
+                and index.shape == (2, count, self.depth) and index.dtype.kind in "iu"
+                and (index.size == 0 or (int(index.min()) >= 0 and int(index.max()) < len(frames.frames))))
 
     def get(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shape = (len(rows), *self.obs_shape)
         return self.pool[self.obs_frames[rows]].reshape(shape), self.pool[self.next_frames[rows]].reshape(shape)
 
-    def _hold(self, *frames: np.ndarray) -> np.ndarray:
-        """The pool slot of each frame, part after part, storing those the pool lacks; each slot gains a holder
-        per frame."""
-        found = unique_frames(*frames)
-        unique_slots = np.empty(len(found.keys), np.int64)
-        for position, digest in enumerate(found.keys):
+    def _hold_distinct(self, frames: np.ndarray, keys: list[bytes], index: np.ndarray) -> np.ndarray:
+        """The pool slot of each frame ``frames[index]``, storing those the pool lacks (found by ``keys``, the
+        frames' digests); each slot gains a holder per entry of ``index``."""
+        unique_slots = np.empty(len(keys), np.int64)
+        for position, digest in enumerate(keys):
             slot = self.slot_of.get(digest)
             if slot is None:
                 slot = self._allocate()
-                self.pool[slot] = found.frames[position]
+                self.pool[slot] = frames[position]
                 self.slot_of[digest] = slot
                 self.digests[slot] = digest
             unique_slots[position] = slot
-        slots = unique_slots[found.frame_index]
+        slots = unique_slots[index]
         np.add.at(self.holders, slots, 1)
         return slots
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rqrl.errors import ConfigError
-from rqrl.seed.frame_store import observation_store
+from rqrl.seed.frame_store import TransitionFrames, observation_store
 from rqrl.seed.nstep import TransitionBatch
 
 
@@ -89,9 +89,12 @@ class ReplayBuffer:
         tree = 0 if self.tree is None else self.tree.nodes.nbytes
         return self.observations.nbytes + sum(array.nbytes for array in arrays) + tree
 
-    def add(self, batch: TransitionBatch, priorities: np.ndarray | None = None) -> None:
+    def add(self, batch: TransitionBatch, priorities: np.ndarray | None = None,
+            frames: TransitionFrames | None = None) -> None:
         """Store ``batch`` (a batch larger than the capacity keeps its last ``capacity`` transitions); without
-        ``priorities`` (or where they are NaN) new transitions get the largest priority seen."""
+        ``priorities`` (or where they are NaN) new transitions get the largest priority seen. ``frames``: the
+        batch's observations as a message's distinct frames (rqrl.seed.frame_store.TransitionFrames), if it has
+        them."""
         size = batch.size
         if lengths := batch.uneven_lengths():
             raise ConfigError(f"a transition batch's fields differ in length ({lengths}): each holds one row per "
@@ -109,7 +112,8 @@ class ReplayBuffer:
                               f"images); set AgentConfig.state_dtype to 'float32' for this env")
         start = max(0, size - self.capacity)
         indices = (self.cursor + np.arange(size - start)) % self.capacity
-        self.observations.put(indices, batch.obs[start:], batch.next_obs[start:])
+        self.observations.put(indices, batch.obs[start:], batch.next_obs[start:],
+                              None if frames is None else frames.tail(start))
         self.actions[indices] = batch.actions[start:]
         self.rewards[indices] = batch.rewards[start:]
         self.discounts[indices] = batch.discounts[start:]

@@ -291,7 +291,7 @@ class Trainer:
                 continue
             self._last_sequence[message.sender] = message.sequence
             batch, returns = message.batch, message.episode_returns
-            self.agent.observe(batch)
+            self.agent.observe(batch, frames=message.frames)
             self.stats.transitions_received += batch.size
             self.stats.episodes += len(returns)
             self.stats.recent_returns.extend(float(value) for value in returns)

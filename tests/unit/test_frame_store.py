@@ -147,3 +147,59 @@ def test_a_put_that_does_not_fit_is_refused_before_anything_changes():
     got_obs, got_next = store.get(np.arange(8))
     np.testing.assert_array_equal(got_obs, obs)
     np.testing.assert_array_equal(got_next, next_obs)
+
+
+def message_frames(obs, next_obs):
+    """The batch as a SEED message carries it: distinct frames and the [2, N, depth] index."""
+    from rqrl.engine.unique_frames import as_frames, unique_frames
+    from rqrl.seed.frame_store import TransitionFrames
+
+    found = unique_frames(as_frames(obs), as_frames(next_obs))
+    return TransitionFrames(found.frames, found.frame_index.reshape(2, len(obs), -1))
+
+
+def test_a_messages_frames_are_held_as_its_stacks_would_be():
+    """Filled from the messages' distinct frames or from their stacks, two stores hold the same frames and give
+    back the same rows, bit for bit, after the ring wraps."""
+    obs, next_obs = atari_like_transitions(steps=200)
+    from_stacks, from_frames = FrameStore(150, obs.shape[1:], np.uint8), FrameStore(150, obs.shape[1:], np.uint8)
+    fill(from_stacks, obs, next_obs, capacity=150)
+    cursor = 0
+    for start in range(0, len(obs), 17):
+        part = slice(start, start + 17)
+        rows = (cursor + np.arange(len(obs[part]))) % 150
+        from_frames.put(rows, obs[part], next_obs[part], message_frames(obs[part], next_obs[part]))
+        cursor = int((cursor + len(rows)) % 150)
+    assert from_frames.frames_held == from_stacks.frames_held
+    rows = np.arange(150)
+    for got, expected in zip(from_frames.get(rows), from_stacks.get(rows), strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_frame_no_transition_holds_is_not_kept():
+    obs, next_obs = (part[:4] for part in atari_like_transitions(steps=4, envs=1))
+    frames = message_frames(obs, next_obs)
+    spare = np.full((1, *frames.frames.shape[1:]), 7, np.uint8)  # listed, pointed at by no index entry
+    store = FrameStore(4, obs.shape[1:], np.uint8)
+    store.put(np.arange(4), obs, next_obs, frames._replace(frames=np.concatenate([frames.frames, spare])))
+    held = store.frames_held
+    assert held == len(frames.frames)
+    store.put(np.arange(4), np.zeros_like(obs), np.zeros_like(next_obs))  # replaced: every frame freed
+    assert store.frames_held == 1  # the blank one
+
+
+@pytest.mark.parametrize("damage", ["index too short", "index outside", "another frame shape"])
+def test_frames_that_do_not_fit_are_ignored_and_the_stacks_held(damage):
+    obs, next_obs = (part[:4] for part in atari_like_transitions(steps=4, envs=1))
+    frames = message_frames(obs, next_obs)
+    if damage == "index too short":
+        frames = frames._replace(frame_index=frames.frame_index[:, 1:])
+    elif damage == "index outside":
+        frames = frames._replace(frame_index=frames.frame_index + len(frames.frames))
+    else:
+        frames = frames._replace(frames=frames.frames[:, :, :-1])
+    store = FrameStore(4, obs.shape[1:], np.uint8)
+    store.put(np.arange(4), obs, next_obs, frames)
+    got_obs, got_next = store.get(np.arange(4))
+    np.testing.assert_array_equal(got_obs, obs)
+    np.testing.assert_array_equal(got_next, next_obs)

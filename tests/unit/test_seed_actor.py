@@ -62,6 +62,10 @@ def test_a_message_of_frame_stacks_carries_each_frame_once_and_decodes_bit_for_b
     for name in TransitionBatch._fields:
         np.testing.assert_array_equal(getattr(message.batch, name), getattr(batch, name))
     assert message.batch.obs.dtype == np.uint8 and message.sequence == 7 and message.episode_returns.tolist() == [1.5]
+    assert message.frames is not None and len(message.frames.frames) == 18  # what the replay keeps as they are
+    np.testing.assert_array_equal(message.frames.frames[message.frames.frame_index[1]], batch.next_obs)
+    vectors = batch._replace(obs=np.zeros((12, 4), np.float32), next_obs=np.ones((12, 4), np.float32))
+    assert decode_transitions(encode_transitions(vectors, KEY), KEY).frames is None
 
 
 @pytest.mark.parametrize("obs_shape", [(6, 5), (6, 5, 3)])
