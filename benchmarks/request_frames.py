@@ -8,13 +8,13 @@ process whose T threads all ask at once sends them: real Pong (``make_atari_env`
 1. *Encoding*: each request sealed both ways (signed, zstd where it pays, as clients do); bytes per observation,
    the client's CPU per observation (find the frames, seal), and the server's (unseal, rebuild the stacks), the
    least of ``--repeats`` runs, with a check that the server rebuilt every observation bit for bit.
-3. *SEED on Pong*: ``rqrl.seed.Trainer`` with one actor process of T threads stepping Pong, one inference server
-   with the Nature DQN's network on the CPU, epsilon 0 (every step asks the server) and no training: env steps/s
-   with ``request_frames`` on and off, alternating for ``--rounds``.
 2. *Round trips*: one inference server process on a private redis-server, T client threads sharing one
    ``ActorInference`` and asking about the stacks in turn, for ``--seconds``, whole and frames alternating for
    ``--rounds``. The server's model is a mean over pixels (what is measured is the transport alone) and the
    Nature DQN's CNN (SEED's Atari setup, on the CPU).
+3. *SEED on Pong*: ``rqrl.seed.Trainer`` with one actor process of T threads stepping Pong, one inference server
+   with the Nature DQN's network on the CPU, epsilon 0 (every step asks the server) and no training: env steps/s
+   with ``request_frames`` on and off, alternating for ``--rounds``.
 
 Run from the repository root::
 

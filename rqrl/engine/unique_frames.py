@@ -100,9 +100,11 @@ def unique_frames(*parts: np.ndarray) -> UniqueFrames:
 def rebuild_stacks(frames: np.ndarray, index: np.ndarray) -> np.ndarray:
     """The observations ``index`` ``[B, K]`` makes of ``frames`` ``[U, *frame]``: ``[B, K, *frame]`` stacks, or
     ``[B, *frame]`` where K is 1. RecordError if the index does not fit the frames (they came from the wire)."""
-    if index.dtype.kind not in "iu" or index.ndim != 2 or frames.ndim < 2:
+    if index.dtype.kind not in "iu" or index.ndim != 2 or index.shape[1] < 1 or frames.ndim < 2 \
+            or 0 in frames.shape[1:]:
         raise RecordError(f"a frame index {index.dtype}{list(index.shape)} over frames {frames.dtype}"
-                          f"{list(frames.shape)} makes no observations: expected an integer [observations, depth]")
+                          f"{list(frames.shape)} makes no observations: expected an integer [observations, depth >= 1] "
+                          f"over frames of one or more pixels")
     if index.size and (int(index.min()) < 0 or int(index.max()) >= len(frames)):
         raise RecordError(f"a frame index points outside its {len(frames)} frames")
     rebuilt = index.size * (frames.nbytes // max(len(frames), 1))

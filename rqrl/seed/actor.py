@@ -318,7 +318,7 @@ class Actor:
         self.replaced = 0
         client = InferenceClient(run, f"a{actor_index}.{os.getpid()}.{uuid.uuid4().hex[:8]}",
                                  self.settings["request_timeout"], stopped=lambda: self.stop.is_set() or run.stopped(),
-                                 frames=self.settings.get("request_frames", True))
+                                 send_frames=self.settings.get("request_frames", True))
         self.inference = ActorInference(client, self.settings["inference_batchsize"], self.settings["inference_delay"])
 
     def _start_thread(self, thread_index: int, incarnation: int) -> ActorThread:

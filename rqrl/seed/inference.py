@@ -11,7 +11,7 @@ DELAY_POLL_SECONDS) until it holds ``inference_batchsize`` observations or ``inf
 passed since the first, runs forward passes of up to ``inference_batchsize`` observations on
 ``inference_device`` and pushes each answer to its client. Servers share the list, so a request goes to
 whichever server is free, and a client whose server died re-sends after ``request_timeout``, whole, to any
-live one (a stale answer that arrives later is told apart by its request id and dropped). Servers load
+live one (an answer to an earlier request that arrives later is told apart by its request id and dropped). Servers load
 weights from the run's WeightStore before their first batch and look for a newer version every
 ``broadcast_period``.
 """
@@ -23,12 +23,14 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import redis
 import torch
 from torch import nn
 
@@ -78,9 +80,10 @@ class InferenceClient:
     process's threads share one through ActorInference)."""
 
     def __init__(self, run: SeedRun, client_id: str, timeout: float, stopped: Callable[[], bool] | None = None,
-                 frames: bool = True):
+                 send_frames: bool = True):
         self.run, self.client_id, self.timeout = run, client_id, timeout
-        self.send_frames = frames  # requests of images as the frames their server lacks (rqrl.seed.request_frames)
+        self.send_frames = send_frames  # requests of images as the frames their server lacks (rqrl.seed.request_frames)
+        self.instance = f"{client_id}.{uuid.uuid4().hex[:12]}"  # what servers hold frames under: ids may repeat
         self.stopped = stopped or run.stopped
         self.reply_key = run.keys.seed(f"reply:{client_id}")
         self._ids = itertools.count()
@@ -88,7 +91,7 @@ class InferenceClient:
         self.resent = 0  # requests sent again after request_timeout
         self.missed = 0  # requests sent again whole: their server no longer held frames they relied on
         self.bytes_sent = 0  # bytes of the requests sent, re-sent ones included
-        self.frames = SentFrames()
+        self.sent_frames = SentFrames()
 
     def evaluate(self, obs: np.ndarray) -> Answer:
         """The Q-values of ``obs``; blocks until a server answers, re-sending every ``timeout`` s; RunStoppedError
@@ -104,15 +107,16 @@ class InferenceClient:
         number = next(self._ids)
         request_id = f"{number}"
         self.requests += 1
+        metadata = {"reply": self.reply_key, "id": request_id, "client": self.instance}
         while True:
             arrays, server = self._request_arrays(observations, number)
-            self._send(seal(arrays, {"reply": self.reply_key, "id": request_id}, self.run.message_key), server)
-            answers = self._wait_for_answers(request_id, len(observations))
+            self._send(seal(arrays, metadata, self.run.message_key), server)
+            answers = self._wait_for_answers(request_id, len(observations), whole=server is None)
             if isinstance(answers, list):
                 if "frame_source" in arrays:
-                    self.frames.answered(answers[0].server, number)
+                    self.sent_frames.answered(answers[0].server, number)
                 return answers
-            self.frames.forget()  # whole again, to any server
+            self.sent_frames.forget()  # whole again, to any server
             if answers is _MISSING:
                 self.missed += 1
                 continue
@@ -123,7 +127,7 @@ class InferenceClient:
     def _request_arrays(self, observations: np.ndarray, number: int) -> tuple[dict[str, np.ndarray], str | None]:
         """Request ``number``'s arrays, and the server whose own list it must go onto (None: the shared list)."""
         if self.send_frames and is_images(observations):
-            return self.frames.request(observations, number)
+            return self.sent_frames.request(observations, number)
         return {"obs": observations}, None
 
     def _send(self, blob: bytes, server: str | None) -> None:
@@ -137,9 +141,10 @@ class InferenceClient:
             pipe.expire(own_list, REPLY_TTL_SECONDS)  # a server that died leaves no list behind for long
             pipe.execute()
 
-    def _wait_for_answers(self, request_id: str, rows: int) -> list[Answer] | _Missing | None:
+    def _wait_for_answers(self, request_id: str, rows: int, whole: bool) -> list[Answer] | _Missing | None:
         """The answers to request ``request_id``, _MISSING if its server lacked frames it relied on, None if no
-        answer came within ``timeout``; RunStoppedError once the run is stopped."""
+        answer came within ``timeout``; RunStoppedError once the run is stopped. A ``whole`` request relies on
+        no frames: a "missing" answer then is to an earlier copy sent to one server, and it waits on."""
         deadline = time.monotonic() + self.timeout
         while (remaining := deadline - time.monotonic()) > 0:
             popped = self.run.connection.blpop([self.reply_key], timeout=max(0.01, min(remaining, IDLE_POLL_SECONDS)))
@@ -149,7 +154,7 @@ class InferenceClient:
                                           f"for inference")
                 continue
             answers = self._answers(_as_bytes(popped[1]), request_id, rows)
-            if answers is not None:
+            if answers is not None and not (whole and answers is _MISSING):
                 return answers
         return None
 
@@ -321,13 +326,35 @@ class InferenceServer:
             if not self.load_weights():
                 time.sleep(0.05)
         next_weights = time.monotonic() + self.broadcast_period
-        while not stopping():
-            if time.monotonic() >= next_weights:
-                self.load_weights()
-                next_weights = time.monotonic() + self.broadcast_period
-            self.serve_once(IDLE_POLL_SECONDS)
-            if tick is not None:
-                tick()
+        try:
+            while not stopping():
+                if time.monotonic() >= next_weights:
+                    self.load_weights()
+                    next_weights = time.monotonic() + self.broadcast_period
+                self.serve_once(IDLE_POLL_SECONDS)
+                if tick is not None:
+                    tick()
+        finally:
+            try:
+                self.hand_back()
+            except redis.RedisError as error:  # stopping because Redis is gone, say: the clients re-send in time
+                log.debug("%s: could not hand back the requests on its own list: %s", self.server_id, error)
+
+    def hand_back(self) -> int:
+        """Answer each request waiting on this server's own list that its frames are not held here, so that its
+        client sends it again, whole, to a server that goes on (a server that stops strands nobody for
+        ``request_timeout``); returns how many it handed back."""
+        handed = 0
+        while blobs := self._pop_more([self.own_requests], 64):
+            for blob in blobs:
+                try:
+                    _, metadata = unseal(blob, self.run.message_key)
+                    self._answer_missing(metadata["reply"], metadata["id"])
+                    handed += 1
+                except (SignatureError, RecordError, KeyError) as error:
+                    self.run.refuse(f"{self.server_id}: dropping a request that is not a signed observation: "
+                                    f"{error}")
+        return handed
 
     def serve_once(self, wait: float) -> int:
         """Wait up to ``wait`` s for a request, add those that come within ``delay`` until ``batch_size``
@@ -377,7 +404,7 @@ class InferenceServer:
                 self.run.refuse(f"{self.server_id}: dropping a request that is not a signed observation: {error}")
                 continue
             shape = requests[0].obs.shape[1:] if requests else None
-            if request.obs.ndim < 1 or len(request.obs) == 0 or (shape is not None and request.obs.shape[1:] != shape):
+            if request.obs.ndim < 1 or request.obs.size == 0 or (shape is not None and request.obs.shape[1:] != shape):
                 self.run.refuse(f"{self.server_id}: dropping a request of observations shaped {request.obs.shape}, "
                                 f"expected (N, {', '.join(map(str, shape or ('...',)))})")
                 continue
@@ -389,7 +416,7 @@ class InferenceServer:
         """A request's observations: as sent, or rebuilt from its frames and those held for its client (the
         client's requests are numbered)."""
         if "frame_source" in arrays:
-            return self.held_frames.observations(metadata["reply"], int(metadata["id"]), arrays)
+            return self.held_frames.observations(metadata["client"], int(metadata["id"]), arrays)
         return arrays["obs"]
 
     def _answer_missing(self, reply: str, request_id: str) -> None:

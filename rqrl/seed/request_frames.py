@@ -11,10 +11,11 @@ that do not compress), and an index that rebuilds the stacks.
 
 Such a request relies on one server, so it goes onto that server's own list (``seed:requests:{server}``, which
 the server pops before the shared one); a request that carries every frame goes onto the shared list, to
-whichever server is free. Nothing is lost when the two sides disagree (a
-server restarted, or dropped an idle client): the server answers that it lacks frames and the client sends the
-request again, whole, to the shared list. Every REBALANCE_REQUESTS requests a client sends one whole to the
-shared list anyway, so clients that all stuck to the first server up drift to the free ones.
+whichever server is free. Nothing is lost when the two sides disagree (a server restarted, or dropped an idle
+client): the server answers that it lacks frames and the client sends the request again, whole, to the shared
+list (a server that stops answers what waits on its own list that way). Every REBALANCE_REQUESTS requests a
+client sends one whole to the shared list anyway, so clients that all stuck to the first server up drift to the
+free ones.
 
 >>> frames = np.arange(5, dtype=np.uint8)[:, None, None] + np.zeros((5, 6, 6), np.uint8)
 >>> stacks = np.stack([frames[t:t + 4] for t in range(2)])  # two steps of one env, a new frame each
@@ -34,11 +35,13 @@ True
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 
 import numpy as np
 
+from rqrl.engine.compression import MAX_DECOMPRESSED_BYTES
 from rqrl.engine.unique_frames import as_frames, rebuild_stacks, unique_frames
 from rqrl.errors import RecordError
 
@@ -47,8 +50,8 @@ HELD_REQUESTS = 4
 still stepping misses one), so a thread's last observation may be a few requests back. A server's memory for a
 client is that many requests' distinct frames: 1.8 MB for 16 threads of Atari stacks."""
 REBALANCE_REQUESTS = 64
-"""A client sends every this many-th request whole, to any server (about 1.5% more frame bytes at 4-frame
-stacks)."""
+"""A client sends every this many-th request (of those it sends, re-sends counted) whole, to any server (about
+1.5% more frame bytes at 4-frame stacks)."""
 IDLE_CLIENT_SECONDS = 60.0
 """A server drops the frames of a client it has not heard from for this long (the client died, or moved)."""
 __all__ = ["HELD_REQUESTS", "REBALANCE_REQUESTS", "FramesMissing", "HeldFrames", "SentFrames", "is_images"]
@@ -128,7 +131,7 @@ class HeldFrames:
     def observations(self, client: str, number: int, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """The observations ``[B, *obs]`` that request ``number`` of ``client`` rebuilds, its frames then held for
         the client's next ones; FramesMissing if it relies on frames not held, RecordError if its arrays do not
-        fit."""
+        fit (then nothing is held)."""
         source, frames, index = _checked(arrays)
         now = time.monotonic()
         requests = self._clients.get(client, (now, deque(maxlen=HELD_REQUESTS)))[1]
@@ -137,13 +140,12 @@ class HeldFrames:
         unique[sent] = frames
         for held_number in np.unique(source[~sent, 0]).tolist():
             rows = np.flatnonzero(source[:, 0] == held_number)
-            unique[rows] = _held_frames(requests, held_number, frames.shape[1:], source[rows, 1])
-        for stale in [entry for entry in requests if entry[0] == number]:  # the same request sent again
-            requests.remove(stale)
-        requests.append((number, unique))
+            unique[rows] = _held_frames(requests, held_number, frames, source[rows, 1])
+        stacks = rebuild_stacks(unique, index)  # first: frames of a request that does not fit are not held
+        _hold(requests, number, unique)
         self._clients[client] = (now, requests)
         self._sweep(now)
-        return rebuild_stacks(unique, index)
+        return stacks
 
     def _sweep(self, now: float) -> None:
         """Drop the clients not heard from for ``idle_seconds`` (looked at once per ``idle_seconds``)."""
@@ -158,6 +160,16 @@ _SENT = (-1, -1)
 """The source of a frame the request carries itself."""
 
 
+def _hold(requests: deque[tuple[int, np.ndarray]], number: int, unique: np.ndarray) -> None:
+    """Hold request ``number``'s frames: in its place if it came before (sent again), so the requests held stay
+    the ones its client counts on, else as the newest."""
+    for position, (held_number, _) in enumerate(requests):
+        if held_number == number:
+            requests[position] = (number, unique)
+            return
+    requests.append((number, unique))
+
+
 def _checked(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A request's frame sources, its frames and its index; RecordError unless they fit each other."""
     try:
@@ -166,21 +178,25 @@ def _checked(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.
         raise RecordError(f"a request of frames lacks its {error} array; are actors and servers the same rqrl "
                           f"version?") from None
     if source.dtype.kind != "i" or source.ndim != 2 or source.shape[1] != 2 or frames.ndim < 2 \
-            or len(frames) != int((source[:, 0] < 0).sum()):
+            or frames.dtype != np.uint8 or len(frames) != int((source[:, 0] < 0).sum()):
         raise RecordError(f"a request's frames do not fit their sources: {source.dtype}{list(source.shape)} sources "
-                          f"and {len(frames)} frames; expected [distinct frames, 2] integers, (-1, -1) for each "
-                          f"frame the request carries")
+                          f"and {frames.dtype}{list(frames.shape)} frames; expected [distinct frames, 2] integers, "
+                          f"(-1, -1) for each uint8 frame the request carries")
+    distinct_bytes = len(source) * math.prod(frames.shape[1:])
+    if len(source) > index.size or distinct_bytes > MAX_DECOMPRESSED_BYTES:
+        raise RecordError(f"a request lists {len(source)} distinct frames ({distinct_bytes / 2**20:.0f} MB) for an "
+                          f"index of {index.size}: more than its observations hold, or than a message may")
     return source, frames, index
 
 
-def _held_frames(requests: deque[tuple[int, np.ndarray]], number: int, shape: tuple[int, ...],
+def _held_frames(requests: deque[tuple[int, np.ndarray]], number: int, sent: np.ndarray,
                  positions: np.ndarray) -> np.ndarray:
     """The frames at ``positions`` of the client's request ``number``, held here; FramesMissing if that request's
-    are not held (any more), RecordError if they do not fit."""
+    are not held (any more), RecordError if they are not of the kind ``sent`` (the request's own frames) are."""
     for held_number, frames in requests:
         if held_number == number:
-            if frames.shape[1:] != shape:
-                raise RecordError(f"a request's frames are {list(shape)}, its client's earlier ones "
+            if frames.shape[1:] != sent.shape[1:]:
+                raise RecordError(f"a request's frames are {list(sent.shape[1:])}, its client's earlier ones "
                                   f"{list(frames.shape[1:])}")
             if int(positions.min()) < 0 or int(positions.max()) >= len(frames):
                 raise RecordError(f"a request points outside the {len(frames)} frames of its client's request "

@@ -333,7 +333,7 @@ def test_image_requests_after_the_first_send_one_frame_per_observation_to_their_
             before = client.bytes_sent
             assert_answers_are_the_models(client.evaluate_batch(step), model, step)
             sizes.append(client.bytes_sent - before)
-    assert client.frames.server == "server-t" and server.missing == 0 and client.resent == client.missed == 0
+    assert client.sent_frames.server == "server-t" and server.missing == 0 and client.resent == client.missed == 0
     frame_bytes = 16 * 16
     assert sizes[0] > 3 * 4 * frame_bytes  # every frame of the three stacks
     assert all(size < 3 * 2 * frame_bytes for size in sizes[1:]), sizes  # about one frame each
@@ -362,7 +362,7 @@ def test_a_request_for_a_server_that_died_goes_whole_to_another(run):
     with ServerThread(run, model, batch_size=3, delay=0.0):
         client.evaluate_batch(stacks[0])
     answers = []
-    asking = threading.Thread(target=lambda: answers.extend(client.evaluate_batch(stacks[1])))
+    asking = threading.Thread(target=lambda: answers.extend(client.evaluate_batch(stacks[1])), daemon=True)
     asking.start()
     own_list = server_requests_key(run.keys, "server-t")
     wait_until(lambda: run.connection.llen(own_list) == 1, 10, message="the request on the dead server's list")
@@ -370,18 +370,18 @@ def test_a_request_for_a_server_that_died_goes_whole_to_another(run):
     with ServerThread(run, model, batch_size=3, delay=0.0, name="server-u"):
         asking.join(20)
     assert_answers_are_the_models(answers, model, stacks[1])
-    assert client.resent >= 1 and client.frames.server == "server-u"
+    assert client.resent >= 1 and client.sent_frames.server == "server-u"
 
 
 def test_a_client_told_not_to_send_frames_sends_whole_observations(run, connection):
     model = MeanPixel()
     publish(run, model)
     stacks = moving_stacks(steps=2)
-    client = InferenceClient(run, "whole", 10.0, frames=False)
+    client = InferenceClient(run, "whole", 10.0, send_frames=False)
     with ServerThread(run, model, batch_size=3, delay=0.0) as server:
         client.evaluate_batch(stacks[0])
         answers = []
-        asking = threading.Thread(target=lambda: answers.extend(client.evaluate_batch(stacks[1])))
+        asking = threading.Thread(target=lambda: answers.extend(client.evaluate_batch(stacks[1])), daemon=True)
     asking.start()  # the server stopped: the second request waits in Redis, where the test reads it
     wait_until(lambda: connection.llen(run.keys.seed("requests")) == 1, 10, message="the request in Redis")
     arrays, _ = unseal(connection.lindex(run.keys.seed("requests"), 0), run.message_key)
@@ -390,3 +390,42 @@ def test_a_client_told_not_to_send_frames_sends_whole_observations(run, connecti
         asking.join(20)
     assert_answers_are_the_models(answers, model, stacks[1])
     assert server.held_frames.clients == 0
+
+
+def test_a_server_that_stops_hands_back_the_requests_on_its_own_list(run):
+    """A request waiting on a stopping server's own list is answered "missing": its client sends it again, whole,
+    to the server that goes on at once, not after request_timeout (30 s here)."""
+    model = MeanPixel()
+    publish(run, model)
+    stacks = moving_stacks(steps=2)
+    client = InferenceClient(run, "handed", timeout=30.0)
+    with ServerThread(run, model, batch_size=3, delay=0.0):
+        client.evaluate_batch(stacks[0])
+    answers = []
+    asking = threading.Thread(target=lambda: answers.extend(client.evaluate_batch(stacks[1])), daemon=True)
+    asking.start()
+    own_list = server_requests_key(run.keys, "server-t")
+    wait_until(lambda: run.connection.llen(own_list) == 1, 10, message="the request on the stopped server's list")
+    stopping = InferenceServer(run, model, "server-t", 3, 0.0)  # as the server was, its loop about to end
+    assert stopping.load_weights()
+    stopped = threading.Event()
+    stopped.set()
+    stopping.run_forever(stopped)
+    assert stopping.missing == 1 and not run.connection.exists(own_list)
+    with ServerThread(run, model, batch_size=3, delay=0.0, name="server-u"):
+        asking.join(20)
+    assert not asking.is_alive()
+    assert_answers_are_the_models(answers, model, stacks[1])
+    assert (client.missed, client.resent) == (1, 0) and client.sent_frames.server == "server-u"
+
+
+def test_a_missing_answer_to_an_earlier_copy_does_not_send_a_whole_request_again(run):
+    client = InferenceClient(run, "late", timeout=5.0)
+    late = seal({}, {"id": "7", "missing": "1", "server": "server-t"}, run.message_key)
+    real = seal({"q": np.zeros((1, 2), np.float32), "batch_size": np.ones(1, np.int32)},
+                {"id": "7", "version": "1", "reason": "full", "server": "server-u"}, run.message_key)
+    run.connection.rpush(client.reply_key, late, real)
+    answers = client._wait_for_answers("7", 1, whole=True)
+    assert isinstance(answers, list) and answers[0].server == "server-u"
+    run.connection.rpush(client.reply_key, late)
+    assert not isinstance(client._wait_for_answers("7", 1, whole=False), list)  # a copy that relied on frames

@@ -201,3 +201,97 @@ def test_an_answer_to_an_earlier_request_than_the_last_made_is_not_counted() -> 
     client.frames.answered("server-0", 0)  # request 0's frames are not what the client last listed
     arrays, to_server = round_trip(client, server, stacks[2])
     assert (len(arrays["frames"]), to_server) == (DEPTH, None)
+
+
+@pytest.mark.parametrize("hostile", ["more distinct frames than the index holds", "a huge frame shape",
+                                     "an index of depth 0", "frames of floats"])
+def test_a_signed_request_that_would_blow_memory_or_make_nothing_is_refused(hostile: str) -> None:
+    arrays, _ = Client().request(env_stacks(envs=1, steps=1)[0])
+    if hostile == "more distinct frames than the index holds":
+        arrays["frame_source"] = np.full((10**6, 2), -1, np.int32)
+        arrays["frames"] = np.zeros((10**6, 1, 1), np.uint8)
+    elif hostile == "a huge frame shape":
+        arrays["frames"] = np.zeros((0, 10**6, 10**6), np.uint8)
+        arrays["frame_source"] = np.zeros((4, 2), np.int32)
+    elif hostile == "an index of depth 0":
+        arrays["frame_index"] = np.zeros((10**9, 0), np.int32)
+    else:
+        arrays["frames"] = arrays["frames"].astype(np.float64)
+    with pytest.raises(RecordError):
+        HeldFrames().observations("client", 0, arrays)
+
+
+def test_a_request_whose_index_does_not_fit_leaves_nothing_held() -> None:
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=1, steps=2)
+    arrays, _ = client.request(stacks[0])
+    arrays["frame_index"] = arrays["frame_index"] + 100
+    with pytest.raises(RecordError):
+        server.observations("client", 0, arrays)
+    assert server.clients == 0
+
+
+def test_a_late_copy_of_an_earlier_request_keeps_the_order_the_client_counts_on() -> None:
+    """Envs A, B, C, D ask in turn (requests 0-3), a copy of request 1 arrives late, then A, B and C ask again.
+    Held in its place, request 1's copy leaves the server holding requests 2-5 when C's request 6 relies on
+    request 2, as the client counts them; held as the newest, it would have pushed request 2 out first."""
+    assert HELD_REQUESTS == 4
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=4, steps=7, depth=HELD_REQUESTS + 2)
+    copies = [round_trip(client, server, stacks[step, [step]])[0] for step in range(4)]
+    server.observations("client", 1, copies[1])  # the late copy
+    for step, env in ((4, 0), (5, 1)):
+        round_trip(client, server, stacks[step, [env]])
+    arrays, _ = round_trip(client, server, stacks[6, [2]])  # raises FramesMissing if request 2 was dropped
+    assert 2 in arrays["frame_source"][:, 0].tolist()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_whatever_is_lost_delayed_or_restarted_no_observation_is_rebuilt_wrong(seed: int) -> None:
+    """Two servers that restart now and then, copies of requests that arrive late, answers that are lost, envs
+    that ask at random and frames that repeat across envs: every rebuild the servers make is the observations
+    asked about, and most requests still rely on held frames."""
+    import random
+
+    draw, numbers = random.Random(seed), np.random.default_rng(seed)
+    envs, steps = 4, 150
+    palette = numbers.integers(0, 256, (6, SIDE, SIDE), np.uint8)
+    frames = palette[numbers.integers(0, 6, (envs, steps + DEPTH))]
+    position = [0] * envs
+    servers = {"A": HeldFrames(), "B": HeldFrames()}
+    client, late, rebuilt, relied = SentFrames(), [], 0, 0
+
+    def rebuild(name: str, number: int, arrays: dict, observations: np.ndarray) -> bool:
+        nonlocal rebuilt
+        try:
+            np.testing.assert_array_equal(servers[name].observations("c", number, arrays), observations)
+        except FramesMissing:
+            return False
+        rebuilt += 1
+        return True
+
+    for number in range(steps):
+        asking = [env for env in range(envs) if draw.random() < 0.7] or [0]
+        for env in asking:
+            position[env] += 1
+        observations = np.stack([frames[env, position[env]:position[env] + DEPTH] for env in asking])
+        while True:
+            arrays, to_server = client.request(observations, number)
+            relied += to_server is not None
+            name = to_server or draw.choice("AB")
+            if draw.random() < 0.05:
+                servers[name] = HeldFrames()  # restarted
+            arriving = [draw.random() < 0.3 for _ in late]
+            for copy in [copy for copy, now in zip(late, arriving, strict=True) if now]:
+                rebuild(*copy)
+            late = [copy for copy, now in zip(late, arriving, strict=True) if not now]
+            if draw.random() < 0.1:  # it waits in Redis: the client times out
+                late.append((name, number, arrays, observations))
+                client.forget()
+                continue
+            if not rebuild(name, number, arrays, observations) or draw.random() < 0.05:  # missing, or answer lost
+                client.forget()
+                continue
+            client.answered(name, number)
+            break
+    assert rebuilt >= steps and relied > steps // 3
