@@ -19,6 +19,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import multiprocessing
@@ -27,6 +28,8 @@ import platform
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -61,20 +64,43 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def round_trips(url: str, batch_size: int, threads: int, seconds: float, hidden: int, delay: float,
-                device: str = "cpu") -> dict[str, float]:
-    """Latencies and throughput of ``threads`` clients against one server process."""
+@contextlib.contextmanager
+def served_run(url: str, threads: int, settings: dict[str, Any],
+               model_factory: Callable[[], torch.nn.Module]) -> Iterator[SeedRun]:
+    """A SEED run on ``url`` whose one inference server process holds ``model_factory``'s model (its weights
+    published), for ``threads`` client threads; stopped and deleted at the end."""
     import redis
 
     connection = redis.Redis.from_url(url)
-    run = SeedRun(connection, RunKeys(f"bench-b{batch_size}-t{threads}"), SECRET, uuid.uuid4().hex)
+    run = SeedRun(connection, RunKeys(f"bench-{uuid.uuid4().hex[:8]}"), SECRET, uuid.uuid4().hex)
     run.record(SeedRecord(None, 1, threads))  # the server process joins the run through its record
-    run.write({"inference_batchsize": batch_size, "inference_delay": delay, "inference_device": device,
-               "broadcast_period": 60.0, "inference_threads": 1}, functools.partial(mlp, hidden), make_env)
-    WeightStore(connection, run.keys, run.weights_key).publish(mlp(hidden).state_dict())
+    run.write({"inference_device": "cpu", "broadcast_period": 60.0, "inference_threads": 1, **settings},
+              model_factory, make_env)
+    WeightStore(connection, run.keys, run.weights_key).publish(model_factory().state_dict())
     server = multiprocessing_context(None).Process(target=run_server_process,
                                                    args=(url, run.keys.run_name, SECRET, 0, os.getpid()))
     server.start()
+    try:
+        yield run
+    finally:
+        run.stop()
+        server.join(10)
+        if server.is_alive():
+            server.kill()
+        run.delete()
+        connection.close()
+
+
+def round_trips(url: str, batch_size: int, threads: int, seconds: float, hidden: int, delay: float,
+                device: str = "cpu") -> dict[str, float]:
+    """Latencies and throughput of ``threads`` clients against one server process."""
+    settings = {"inference_batchsize": batch_size, "inference_delay": delay, "inference_device": device}
+    with served_run(url, threads, settings, functools.partial(mlp, hidden)) as run:
+        return client_latencies(run, batch_size, threads, seconds, delay)
+
+
+def client_latencies(run: SeedRun, batch_size: int, threads: int, seconds: float, delay: float) -> dict[str, float]:
+    """Latencies and throughput of ``threads`` client threads sharing one ActorInference on ``run``."""
     latencies: list[list[float]] = [[] for _ in range(threads)]
     stop = threading.Event()
     obs = np.zeros(4, np.float32)
@@ -104,12 +130,6 @@ def round_trips(url: str, batch_size: int, threads: int, seconds: float, hidden:
     counters = run.counters()
     for worker in workers:
         worker.join(30)
-    run.stop()
-    server.join(10)
-    if server.is_alive():
-        server.kill()
-    run.delete()
-    connection.close()
     flat = [value for values in latencies for value in values]
     batches = sum(counters.get(key, 0) - counters_before.get(key, 0) for key in ("batches_full", "batches_delay"))
     inferences = counters.get("inferences", 0) - counters_before.get("inferences", 0)
@@ -124,6 +144,18 @@ def seed_steps(envs: int, hidden: int, seconds: float, device: str = "cpu") -> t
     request (how many of the actor process's threads asked together)."""
     agent = Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False,
                               replay_capacity=10_000_000), functools.partial(mlp, hidden))
+    config = Config(actor_threads=envs, inference_batchsize=envs, inference_delay=0.002, epsilon=0.0,
+                    minimum_buffer_size=10_000_000, broadcast_period=60.0,
+                    inference_device=torch.device(device))
+    rate, counters = trainer_steps(agent, config, make_env, seconds)
+    per_request = counters.get("inferences", 0) / counters["requests"] if counters.get("requests") else float("nan")
+    return rate, per_request
+
+
+def trainer_steps(agent: Agent, config: Config, env_factory: Callable[[], gymnasium.Env],
+                  seconds: float) -> tuple[float, dict[str, int]]:
+    """Env steps/s of a SEED ``Trainer`` over ``seconds`` from its first transition (NaN if it never got two
+    readings), and its run's counters."""
     marks: list[tuple[float, int]] = []
 
     def progress(trainer: Trainer) -> None:
@@ -134,17 +166,12 @@ def seed_steps(envs: int, hidden: int, seconds: float, device: str = "cpu") -> t
             marks.append((time.perf_counter(), received))
             trainer.stop()
 
-    config = Config(actor_threads=envs, inference_batchsize=envs, inference_delay=0.002, epsilon=0.0,
-                    minimum_buffer_size=10_000_000, broadcast_period=60.0,
-                    inference_device=torch.device(device))
-    trainer = Trainer(agent, config, make_env, on_progress=progress, progress_seconds=0.1)
+    trainer = Trainer(agent, config, env_factory, on_progress=progress, progress_seconds=0.1)
     trainer.start(seconds + 120)
-    counters = trainer.stats.counters
-    per_request = counters.get("inferences", 0) / counters["requests"] if counters.get("requests") else float("nan")
     if len(marks) < 2:
-        return float("nan"), per_request
+        return float("nan"), trainer.stats.counters
     (start, first), (end, last) = marks[0], marks[-1]
-    return (last - first) / (end - start), per_request
+    return (last - first) / (end - start), trainer.stats.counters
 
 
 def per_actor_steps(envs: int, hidden: int, seconds: float) -> float:

@@ -30,21 +30,17 @@ import platform
 import statistics
 import threading
 import time
-import uuid
 
 import numpy as np
 import torch
 
-from rqrl.engine.keys import RunKeys
-from rqrl.engine.local_workers import multiprocessing_context
+from benchmarks.inference import served_run, trainer_steps
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.server import EmbeddedRedis
-from rqrl.engine.weights import WeightStore
-from rqrl.seed.inference import ActorInference, InferenceClient, run_server_process
+from rqrl.seed.inference import ActorInference, InferenceClient
 from rqrl.seed.request_frames import HeldFrames, SentFrames
-from rqrl.seed.store import SeedRecord, SeedRun, seal, unseal
+from rqrl.seed.store import seal, unseal
 
-SECRET = "benchmark-secret"
 KEY = b"benchmark key of 32 bytes, fixed"
 DEPTH, SIDE = 4, 84
 
@@ -69,10 +65,6 @@ def nature_q() -> torch.nn.Module:
 
 
 MODELS = {"mean-pixel": MeanPixel, "nature-cnn": nature_q}
-
-
-def make_env() -> None:
-    """The run's env factory is never called here: the clients step no env."""
 
 
 class WholeStacksClient(InferenceClient):
@@ -148,20 +140,17 @@ def encoding_rows(stacks: np.ndarray, repeats: int) -> list[tuple[str, float, fl
 
 def round_trip_rate(url: str, stacks: np.ndarray, seconds: float, whole: bool, model: str) -> tuple[float, float]:
     """(inferences/s, request bytes per inference) of one client thread per env against one server process."""
-    import redis
-
-    connection = redis.Redis.from_url(url)
     threads = stacks.shape[1]
-    run = SeedRun(connection, RunKeys(f"bench-{uuid.uuid4().hex[:8]}"), SECRET, uuid.uuid4().hex)
-    run.record(SeedRecord(None, 1, threads))
-    run.write({"inference_batchsize": threads, "inference_delay": 0.002, "inference_device": "cpu",
-               "broadcast_period": 60.0, "inference_threads": 1}, MODELS[model], make_env)
-    WeightStore(connection, run.keys, run.weights_key).publish(MODELS[model]().state_dict())
-    server = multiprocessing_context(None).Process(target=run_server_process,
-                                                   args=(url, run.keys.run_name, SECRET, 0, os.getpid()))
-    server.start()
-    client = (WholeStacksClient if whole else InferenceClient)(run, "bench", timeout=30.0)
-    inference = ActorInference(client, threads, 0.002)
+    settings = {"inference_batchsize": threads, "inference_delay": 0.002}
+    with served_run(url, threads, settings, MODELS[model]) as run:
+        client = (WholeStacksClient if whole else InferenceClient)(run, "bench", timeout=30.0)
+        return client_rate(ActorInference(client, threads, 0.002), stacks, seconds)
+
+
+def client_rate(inference: ActorInference, stacks: np.ndarray, seconds: float) -> tuple[float, float]:
+    """(inferences/s, request bytes per inference) of one thread per env of ``stacks`` asking through
+    ``inference`` in turn about its env's stacks."""
+    threads, client = stacks.shape[1], inference.client
     counts = [0] * threads
     stop, measuring = threading.Event(), threading.Event()
 
@@ -185,12 +174,6 @@ def round_trip_rate(url: str, stacks: np.ndarray, seconds: float, whole: bool, m
     stop.set()
     for worker in workers:
         worker.join(30)
-    run.stop()
-    server.join(10)
-    if server.is_alive():
-        server.kill()
-    run.delete()
-    connection.close()
     return sum(counts) / elapsed, sent / max(sum(counts), 1)
 
 
@@ -201,31 +184,16 @@ def seed_pong_steps(threads: int, seconds: float, request_frames: bool) -> float
 
     from rqrl.algorithms.atari import make_atari_env
     from rqrl.algorithms.dqn import QNetwork
-    from rqrl.seed import Config, Trainer
+    from rqrl.seed import Config
     from rqrl.seed.agent import Agent, AgentConfig
 
     capacity = 100_000
     agent = Agent(AgentConfig(state_shape=(DEPTH, SIDE, SIDE), state_dtype="uint8", action_space_size=6,
                               replay_capacity=capacity, use_distributional=False),
                   functools.partial(QNetwork, (DEPTH, SIDE, SIDE), 6, 512, None, False))
-    marks: list[tuple[float, int]] = []
-
-    def progress(trainer: Trainer) -> None:
-        received = trainer.stats.transitions_received
-        if received and not marks:
-            marks.append((time.perf_counter(), received))
-        if marks and time.perf_counter() - marks[0][0] >= seconds:
-            marks.append((time.perf_counter(), received))
-            trainer.stop()
-
     config = Config(actor_threads=threads, inference_batchsize=threads, inference_delay=0.002, epsilon=0.0,
                     minimum_buffer_size=capacity, broadcast_period=60.0, request_frames=request_frames)
-    Trainer(agent, config, functools.partial(make_atari_env, "ALE/Pong-v5"), on_progress=progress,
-            progress_seconds=0.1).start(seconds + 120)
-    if len(marks) < 2:
-        return float("nan")
-    (start, first), (end, last) = marks[0], marks[-1]
-    return (last - first) / (end - start)
+    return trainer_steps(agent, config, functools.partial(make_atari_env, "ALE/Pong-v5"), seconds)[0]
 
 
 def main() -> None:

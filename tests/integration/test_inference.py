@@ -354,18 +354,25 @@ def test_a_server_that_lost_a_clients_frames_gets_its_request_again_whole(run):
     assert run.counters()["requests_missing"] == 1
 
 
-def test_a_request_for_a_server_that_died_goes_whole_to_another(run):
-    model = MeanPixel()
-    publish(run, model)
+def second_request_on_the_first_servers_list(run, model, client):
+    """The client's first request answered by server-t, which then stops; its second sent, from a thread, onto
+    server-t's own list: (the stacks, the thread, the answers it gets, that list)."""
     stacks = moving_stacks(steps=2)
-    client = InferenceClient(run, "moved", timeout=0.5)
     with ServerThread(run, model, batch_size=3, delay=0.0):
         client.evaluate_batch(stacks[0])
     answers = []
     asking = threading.Thread(target=lambda: answers.extend(client.evaluate_batch(stacks[1])), daemon=True)
     asking.start()
     own_list = server_requests_key(run.keys, "server-t")
-    wait_until(lambda: run.connection.llen(own_list) == 1, 10, message="the request on the dead server's list")
+    wait_until(lambda: run.connection.llen(own_list) == 1, 10, message="the request on the first server's list")
+    return stacks, asking, answers, own_list
+
+
+def test_a_request_for_a_server_that_died_goes_whole_to_another(run):
+    model = MeanPixel()
+    publish(run, model)
+    client = InferenceClient(run, "moved", timeout=0.5)
+    stacks, asking, answers, own_list = second_request_on_the_first_servers_list(run, model, client)
     assert 0 < run.connection.ttl(own_list) <= REPLY_TTL_SECONDS  # left behind, it expires
     with ServerThread(run, model, batch_size=3, delay=0.0, name="server-u"):
         asking.join(20)
@@ -397,15 +404,8 @@ def test_a_server_that_stops_hands_back_the_requests_on_its_own_list(run):
     to the server that goes on at once, not after request_timeout (30 s here)."""
     model = MeanPixel()
     publish(run, model)
-    stacks = moving_stacks(steps=2)
     client = InferenceClient(run, "handed", timeout=30.0)
-    with ServerThread(run, model, batch_size=3, delay=0.0):
-        client.evaluate_batch(stacks[0])
-    answers = []
-    asking = threading.Thread(target=lambda: answers.extend(client.evaluate_batch(stacks[1])), daemon=True)
-    asking.start()
-    own_list = server_requests_key(run.keys, "server-t")
-    wait_until(lambda: run.connection.llen(own_list) == 1, 10, message="the request on the stopped server's list")
+    stacks, asking, answers, own_list = second_request_on_the_first_servers_list(run, model, client)
     stopping = InferenceServer(run, model, "server-t", 3, 0.0)  # as the server was, its loop about to end
     assert stopping.load_weights()
     stopped = threading.Event()
