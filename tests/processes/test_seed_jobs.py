@@ -28,6 +28,11 @@ def config(redis_url, run_name, **overrides):
 
 def assert_no_job_or_key(connection, run_name):
     assert list(connection.scan_iter(match=f"rqrl:{run_name}:*")) == []
+    # a worker that finishes its job's RQ bookkeeping after the stop writes the job's hash a moment longer (it
+    # deletes it itself: result_ttl=0); a job that stays for 5 s was left behind
+    deadline = time.monotonic() + 5
+    while list(connection.scan_iter(match=f"rq:job:rqrl_{run_name}_*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert list(connection.scan_iter(match=f"rq:job:rqrl_{run_name}_*")) == []
     assert connection.llen(f"rq:queue:{QUEUE}") == 0
 
@@ -79,11 +84,6 @@ def test_a_killed_workers_job_goes_to_another_worker(redis_url, connection, run_
         thread.join(60)
     assert not thread.is_alive()
     assert any("stopped beating" in line for line in trainer.stats.restarts), trainer.stats.restarts
-    # a worker that finishes its job's RQ bookkeeping after the stop writes the job's hash a moment longer (it
-    # deletes it itself: result_ttl=0); a job or key that stays for 5 s was left behind
-    deadline = time.monotonic() + 5
-    while list(connection.scan_iter(match=f"rq:job:rqrl_{run_name}_*")) and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert_no_job_or_key(connection, run_name)
 
 
