@@ -11,9 +11,9 @@ process whose T threads all ask at once sends them: real Pong (``make_atari_env`
 2. *Round trips*: one inference server process on a private redis-server, T client threads sharing one
    ``ActorInference`` and asking about the stacks in turn, for ``--seconds``, whole and frames alternating for
    ``--rounds``. The server's model is a mean over pixels (what is measured is the transport alone) and the
-   Nature DQN's CNN (SEED's Atari setup, on the CPU).
+   Nature DQN's CNN (SEED's Atari setup), on ``--device``.
 3. *SEED on Pong*: ``rqrl.seed.Trainer`` with one actor process of T threads stepping Pong, one inference server
-   with the Nature DQN's network on the CPU, epsilon 0 (every step asks the server) and no training: env steps/s
+   with the Nature DQN's network on ``--device``, epsilon 0 (every step asks the server) and no training: env steps/s
    with ``request_frames`` on and off, alternating for ``--rounds``.
 
 Run from the repository root::
@@ -138,10 +138,12 @@ def encoding_rows(stacks: np.ndarray, repeats: int) -> list[tuple[str, float, fl
     return rows
 
 
-def round_trip_rate(url: str, stacks: np.ndarray, seconds: float, whole: bool, model: str) -> tuple[float, float]:
-    """(inferences/s, request bytes per inference) of one client thread per env against one server process."""
+def round_trip_rate(url: str, stacks: np.ndarray, seconds: float, whole: bool, model: str,
+                    device: str = "cpu") -> tuple[float, float]:
+    """(inferences/s, request bytes per inference) of one client thread per env against one server process on
+    ``device``."""
     threads = stacks.shape[1]
-    settings = {"inference_batchsize": threads, "inference_delay": 0.002}
+    settings = {"inference_batchsize": threads, "inference_delay": 0.002, "inference_device": device}
     with served_run(url, threads, settings, MODELS[model]) as run:
         client = (WholeStacksClient if whole else InferenceClient)(run, "bench", timeout=30.0)
         return client_rate(ActorInference(client, threads, 0.002), stacks, seconds)
@@ -177,7 +179,7 @@ def client_rate(inference: ActorInference, stacks: np.ndarray, seconds: float) -
     return sum(counts) / elapsed, sent / max(sum(counts), 1)
 
 
-def seed_pong_steps(threads: int, seconds: float, request_frames: bool) -> float:
+def seed_pong_steps(threads: int, seconds: float, request_frames: bool, device: str = "cpu") -> float:
     """Env steps/s of SEED on Pong: one actor process of ``threads`` threads, every step asking the server, no
     training (the replay never reaches its minimum)."""
     import functools
@@ -192,7 +194,8 @@ def seed_pong_steps(threads: int, seconds: float, request_frames: bool) -> float
                               replay_capacity=capacity, use_distributional=False),
                   functools.partial(QNetwork, (DEPTH, SIDE, SIDE), 6, 512, None, False))
     config = Config(actor_threads=threads, inference_batchsize=threads, inference_delay=0.002, epsilon=0.0,
-                    minimum_buffer_size=capacity, broadcast_period=60.0, request_frames=request_frames)
+                    minimum_buffer_size=capacity, broadcast_period=60.0, request_frames=request_frames,
+                    inference_device=device)
     return trainer_steps(agent, config, functools.partial(make_atari_env, "ALE/Pong-v5"), seconds)[0]
 
 
@@ -207,6 +210,7 @@ def main() -> None:
                         help="The server's model in the round trips: a mean over pixels (the transport alone), the "
                              "Nature DQN's CNN (SEED's Atari setup).")
     parser.add_argument("--sources", nargs="+", default=["pong", "random"], choices=["pong", "random"])
+    parser.add_argument("--device", default="cpu", help="The inference server's device (cpu, cuda).")
     parser.add_argument("--seed-seconds", type=float, default=10.0,
                         help="Measured window of each SEED run on Pong (0: skip that table).")
     arguments = parser.parse_args()
@@ -225,7 +229,7 @@ def main() -> None:
         for encoding, size, client, server in encoding_rows(steps, arguments.repeats):
             print(f"| {name} | {encoding} | {size:,.0f} | {client:.1f} | {server:.1f} |", flush=True)
 
-    print(f"\n### Round trips: one server process, {arguments.threads} client threads\n")
+    print(f"\n### Round trips: one server process on {arguments.device}, {arguments.threads} client threads\n")
     print("| model | frames | request | inferences/s, each round | request bytes per inference | frames / whole |")
     print("|:--|:--|:--|:--|--:|--:|")
     with EmbeddedRedis() as redis_server:
@@ -235,7 +239,8 @@ def main() -> None:
                 sizes: dict[bool, float] = {}
                 for _ in range(arguments.rounds):
                     for whole in (True, False):
-                        rate, sizes[whole] = round_trip_rate(redis_server.url, steps, arguments.seconds, whole, model)
+                        rate, sizes[whole] = round_trip_rate(redis_server.url, steps, arguments.seconds, whole, model,
+                                                             arguments.device)
                         rates[whole].append(rate)
                 ratio = statistics.mean(rates[False]) / statistics.mean(rates[True])
                 for whole, label in ((True, "whole stacks (before)"), (False, "frames the server lacks (now)")):
@@ -243,14 +248,14 @@ def main() -> None:
                           f"{sizes[whole]:,.0f} | {'' if whole else f'{ratio:.2f}'} |", flush=True)
     if arguments.seed_seconds > 0 and "pong" in arguments.sources:
         print(f"\n### SEED on Pong: one actor process of {arguments.threads} threads, the Nature DQN's network on "
-              "the CPU, every step asking\n")
+              f"{arguments.device}, every step asking\n")
         print("| requests | env steps/s, each round | frames / whole |")
         print("|:--|:--|--:|")
         seed_rates: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(arguments.rounds):
             for request_frames in (False, True):
                 seed_rates[request_frames].append(seed_pong_steps(arguments.threads, arguments.seed_seconds,
-                                                                  request_frames))
+                                                                  request_frames, arguments.device))
         ratio = statistics.mean(seed_rates[True]) / statistics.mean(seed_rates[False])
         for request_frames, label in ((False, "whole stacks (request_frames=False)"),
                                       (True, "frames the server lacks (request_frames=True)")):

@@ -9,7 +9,9 @@
 #   4. IMPALA on ALE/Pong-v5 with --learner-device cuda for PONG_SECONDS, then its learning curve; py-spy, where
 #      installed, records the learner for 20 s of it (Python frames, $OUT/pong-learner.txt) and then its busiest
 #      worker ($OUT/pong-worker.txt). PONG_ACTORS (224) and PONG_BATCH (32) set its envs and rollouts per batch.
-# STEPS picks the steps by name (default: all of them).
+#   5. (seed-frames, only when named in STEPS) benchmarks/request_frames.py with SEED's inference server on the
+#      GPU: requests of whole stacks against the frames the server lacks, round trips and SEED on Pong.
+# STEPS picks the steps by name (default: all but seed-frames).
 # Run from the repository root. Where the machine has none of rqrl's dependencies, put their wheels in .whl/ (and a
 # redis-server in .whl/redis/) first, with scripts/device-wheels.sh on a machine that reaches PyPI: this installs
 # them into /tmp/site. QUICK=1 runs every step briefly on 2 workers
@@ -78,6 +80,8 @@ TAIL=18 step image-obs-cuda 200 "$PY" benchmarks/image_obs.py --workers "$worker
 TAIL=16 step pop-ahead 120 "$PY" benchmarks/pop_ahead.py --workers "$workers" --train "$train" \
     --seconds "$seconds" --warmup 2 --rounds "$rounds"
 TAIL=5 step weights 60 "$PY" benchmarks/weights_broadcast.py --readers "$workers" --seconds "$seconds"
+TAIL=30 step seed-frames 300 "$PY" benchmarks/request_frames.py --threads 32 --steps 100 --seconds "$seconds" \
+    --rounds "$rounds" --repeats 3 --device "$device" --seed-seconds $(( seconds * 2 ))
 rm -rf /tmp/device-runs
 profile pong "^$PY -m rqrl train impala" 60 20 worker  # the learner's profile a minute in, then a worker's
 # stopped by SIGINT after PONG_SECONDS: the learner stops the workers, writes its last checkpoint and metrics
