@@ -67,13 +67,6 @@ def nature_q() -> torch.nn.Module:
 MODELS = {"mean-pixel": MeanPixel, "nature-cnn": nature_q}
 
 
-class WholeStacksClient(InferenceClient):
-    """A client as before 2026-11-28: every observation whole, onto the shared list."""
-
-    def _request_arrays(self, observations: np.ndarray, number: int) -> tuple[dict[str, np.ndarray], str | None]:
-        return {"obs": observations}, None
-
-
 def pong_stacks(envs: int, steps: int, seed: int) -> np.ndarray:
     """``[steps, envs, 4, 84, 84]`` observations of ``envs`` Pong envs stepping together with random actions."""
     from rqrl.algorithms.atari import make_atari_env
@@ -145,7 +138,7 @@ def round_trip_rate(url: str, stacks: np.ndarray, seconds: float, whole: bool, m
     threads = stacks.shape[1]
     settings = {"inference_batchsize": threads, "inference_delay": 0.002, "inference_device": device}
     with served_run(url, threads, settings, MODELS[model]) as run:
-        client = (WholeStacksClient if whole else InferenceClient)(run, "bench", timeout=30.0)
+        client = InferenceClient(run, "bench", timeout=30.0, send_frames=not whole)  # whole: as before 2026-11-28
         return client_rate(ActorInference(client, threads, 0.002), stacks, seconds)
 
 

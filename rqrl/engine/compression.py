@@ -38,7 +38,7 @@ LEVEL = 1
 MAX_DECOMPRESSED_BYTES = 512 * 2**20
 """The largest payload a reader decompresses (Redis's own limit on one value)."""
 
-__all__ = ["COMPRESSED_MAGIC", "compress", "decompress", "worth_compressing"]
+__all__ = ["COMPRESSED_MAGIC", "compress", "decompress", "holds_images", "worth_compressing"]
 
 MIN_SAVING = 0.1
 """A payload is sent compressed only if that makes it at least this much smaller."""
@@ -96,7 +96,13 @@ def decompress(payload: bytes | memoryview, limit: int = MAX_DECOMPRESSED_BYTES)
         raise RecordError(f"compressed payload is corrupt: {error}") from error
 
 
+def holds_images(array: np.ndarray, leading_axes: int = 1) -> bool:
+    """Whether ``array`` holds images: uint8 observations of two or more axes after its ``leading_axes`` (what is
+    worth compressing, and what SEED sends as frames)."""
+    return array.dtype == np.uint8 and array.ndim - leading_axes >= 2
+
+
 def worth_compressing(observations: Iterable[np.ndarray], leading_axes: int) -> bool:
     """Whether a payload holding these observation arrays (``leading_axes`` before each observation) is worth
-    compressing: it holds images, uint8 observations of two or more axes."""
-    return any(array.dtype == np.uint8 and array.ndim - leading_axes >= 2 for array in observations)
+    compressing: it holds images."""
+    return any(holds_images(array, leading_axes) for array in observations)

@@ -26,7 +26,7 @@ from rqrl.engine.enqueue import ERROR_TTL_SECONDS
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.run_config import RunConfig
 from rqrl.engine.timings import protocol_timings
-from rqrl.engine.worker_times import WORKER_TIME_PARTS, WorkerTimes
+from rqrl.engine.worker_times import WorkerTimes
 from rqrl.errors import RunStoppedError, SignatureError, WorkerUnfitError
 
 log = logging.getLogger(__name__)
@@ -174,8 +174,8 @@ class JobSlice:
             _heartbeat_hook()
 
 
-_RATES: dict[str, tuple[float, int, WorkerTimes]] = {}  # run name -> (when this worker last published, env steps
-# since, and where its time went since)
+_RATES: dict[str, tuple[float, int, WorkerTimes]] = {}
+"""Run name -> when this worker last published, the env steps since, and where its time went since."""
 
 
 def _publish_rate(connection: redis.Redis, config: RunConfig, env_steps: int, now: float,
@@ -197,9 +197,7 @@ def _publish_rate(connection: redis.Redis, config: RunConfig, env_steps: int, no
     keys = RunKeys(run_name)
     published: dict[str, Any] = {"steps_per_second": round(steps / (now - since), 1), "at": time.time()}
     if times is not None:
-        # a rollout that began before the window counts whole in it: never more than all of the time
-        counted = max(now - since, sum(getattr(spent, part) for part in WORKER_TIME_PARTS))
-        published["time"] = {part: round(getattr(spent, part) / counted, 4) for part in WORKER_TIME_PARTS}
+        published["time"] = spent.shares(now - since)
     try:
         with connection.pipeline(transaction=False) as pipe:
             pipe.hset(keys.worker_rates, worker_label(), json.dumps(published))

@@ -68,7 +68,7 @@ def digests(frames: np.ndarray) -> list[bytes]:
     """The digest of each frame of ``frames`` ``[N, *frame]``: the keys ``unique_frames`` gives the same frames."""
     contiguous = np.ascontiguousarray(frames)
     size = contiguous[0].nbytes if len(contiguous) else 0
-    raw = contiguous.data.cast("B") if size else memoryview(b"")
+    raw = contiguous.data.cast("B") if size else memoryview(b"")  # 1-D slices: cheaper than a view per row
     digest = xxhash.xxh3_128_digest
     return [digest(raw[row * size:(row + 1) * size]) for row in range(len(contiguous))]
 
@@ -79,14 +79,10 @@ def unique_frames(*parts: np.ndarray) -> UniqueFrames:
     first_of: dict[bytes, int] = {}
     index = np.empty(sum(len(part) for part in parts), np.int32)
     firsts: list[np.ndarray] = []  # per part, the rows whose frame no earlier row had
-    digest, position = xxhash.xxh3_128_digest, 0
-    contiguous = [np.ascontiguousarray(part) for part in parts]
-    for part in contiguous:
-        size = part[0].nbytes if len(part) else 0
-        raw = part.data.cast("B") if size else memoryview(b"")  # 1-D slices: cheaper than a view per row
+    position = 0
+    for part in parts:
         rows: list[int] = []
-        for row in range(len(part)):
-            key = digest(raw[row * size:(row + 1) * size])
+        for row, key in enumerate(digests(part)):
             found = first_of.get(key)
             if found is None:
                 found = first_of[key] = len(first_of)

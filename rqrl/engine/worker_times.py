@@ -24,6 +24,12 @@ class WorkerTimes:
     room: float = 0.0
     """Waiting for room in a full queue: the learner sets the pace."""
 
+    def shares(self, seconds: float) -> dict[str, float]:
+        """Each part's share of ``seconds`` (of all the parts' seconds, where they are more: a rollout that began
+        before the window counts whole in it), rounded for publishing."""
+        counted = max(seconds, sum(getattr(self, part) for part in WORKER_TIME_PARTS))
+        return {part: round(getattr(self, part) / counted, 4) for part in WORKER_TIME_PARTS}
+
     def add(self, other: WorkerTimes) -> None:
         """Count ``other``'s seconds in too."""
         for part in WORKER_TIME_PARTS:

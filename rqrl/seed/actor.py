@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import gymnasium
 import numpy as np
 
+from rqrl.engine.compression import holds_images
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.screen import MAX_ENTRY_BYTES
 from rqrl.engine.unique_frames import as_frames, rebuild_stacks, unique_frames
@@ -118,7 +119,7 @@ def encode_transitions(batch: TransitionBatch, key: bytes, episode_returns: list
     distinct frames and an index: an Atari transition's 8 frames (two stacks) hold about one new one."""
     arrays: dict[str, np.ndarray] = dict(batch._asdict())
     arrays["episode_returns"] = np.asarray(episode_returns or [], np.float64)
-    images = batch.obs.dtype == batch.next_obs.dtype == np.uint8 and batch.obs.ndim >= 3
+    images = holds_images(batch.obs) and holds_images(batch.next_obs)
     if images and batch.obs.shape == batch.next_obs.shape:
         found = unique_frames(as_frames(batch.obs), as_frames(batch.next_obs))
         del arrays["obs"], arrays["next_obs"]

@@ -34,11 +34,12 @@ import redis
 import torch
 from torch import nn
 
+from rqrl.engine.compression import holds_images
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.weights import WeightStore
 from rqrl.errors import RecordError, RunStoppedError, SignatureError
 from rqrl.seed.nstep import obs_array
-from rqrl.seed.request_frames import FramesMissing, HeldFrames, SentFrames, is_images
+from rqrl.seed.request_frames import FramesMissing, HeldFrames, SentFrames
 from rqrl.seed.store import SeedRun, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ class InferenceClient:
 
     def _request_arrays(self, observations: np.ndarray, number: int) -> tuple[dict[str, np.ndarray], str | None]:
         """Request ``number``'s arrays, and the server whose own list it must go onto (None: the shared list)."""
-        if self.send_frames and is_images(observations):
+        if self.send_frames and holds_images(observations):
             return self.sent_frames.request(observations, number)
         return {"obs": observations}, None
 

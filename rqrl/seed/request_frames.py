@@ -54,17 +54,11 @@ REBALANCE_REQUESTS = 64
 1.5% more frame bytes at 4-frame stacks)."""
 IDLE_CLIENT_SECONDS = 60.0
 """A server drops the frames of a client it has not heard from for this long (the client died, or moved)."""
-__all__ = ["HELD_REQUESTS", "REBALANCE_REQUESTS", "FramesMissing", "HeldFrames", "SentFrames", "is_images"]
+__all__ = ["HELD_REQUESTS", "REBALANCE_REQUESTS", "FramesMissing", "HeldFrames", "SentFrames"]
 
 
 class FramesMissing(Exception):
     """A request relies on frames this server does not hold (any more) for its client: it must come again whole."""
-
-
-def is_images(observations: np.ndarray) -> bool:
-    """Whether a request's ``observations`` ``[B, *obs]`` travel as frames: uint8 of two or more axes each, as
-    SEED's transition messages decide."""
-    return observations.dtype == np.uint8 and observations.ndim >= 3
 
 
 class SentFrames:
@@ -134,7 +128,8 @@ class HeldFrames:
         fit (then nothing is held)."""
         source, frames, index = _checked(arrays)
         now = time.monotonic()
-        requests = self._clients.get(client, (now, deque(maxlen=HELD_REQUESTS)))[1]
+        seen = self._clients.get(client)
+        requests = seen[1] if seen is not None else deque(maxlen=HELD_REQUESTS)
         unique = np.empty((len(source), *frames.shape[1:]), frames.dtype)
         sent = source[:, 0] < 0
         unique[sent] = frames
