@@ -5,9 +5,11 @@ The observations are T envs' 84x84 4-frame stacks stepped together, one request 
 process whose T threads all ask at once sends them: real Pong (``make_atari_env``, random actions; needs
 ``pip install "rqrl[atari]"``) and random frames (which do not compress, so only the unique frames count).
 
-1. *Encoding*: each request sealed both ways (signed, zstd where it pays, as clients do); bytes per observation,
-   the client's CPU per observation (find the frames, seal), and the server's (unseal, rebuild the stacks), the
-   least of ``--repeats`` runs, with a check that the server rebuilt every observation bit for bit.
+1. *Encoding*: ``--clients`` actor processes (each its own T envs) make a request a step, sealed both ways
+   (signed, zstd where it pays, as clients do); bytes per observation, the clients' CPU per observation (find the
+   frames, seal), and the server's (unseal each step's requests of every client and write their observations into
+   one batch, as a server's batch holds several actor processes' requests), the least of ``--repeats`` runs, with a
+   check that the server rebuilt every observation bit for bit.
 2. *Round trips*: one inference server process on a private redis-server, T client threads sharing one
    ``ActorInference`` and asking about the stacks in turn, for ``--seconds``, whole and frames alternating for
    ``--rounds``. The server's model is a mean over pixels (what is measured is the transport alone) and the
@@ -37,7 +39,7 @@ import torch
 from benchmarks.inference import served_run, trainer_steps
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.server import EmbeddedRedis
-from rqrl.seed.inference import ActorInference, InferenceClient
+from rqrl.seed.inference import ActorInference, InferenceClient, ObservationBatch
 from rqrl.seed.request_frames import HeldFrames, SentFrames
 from rqrl.seed.store import seal, unseal
 
@@ -89,45 +91,47 @@ def random_stacks(envs: int, steps: int, seed: int) -> np.ndarray:
     return np.stack([frames[:, t:t + DEPTH] for t in range(steps)])
 
 
-def whole_requests(stacks: np.ndarray) -> tuple[int, float, float]:
-    """(bytes, client seconds, server seconds) of one request of whole stacks a step."""
-    metadata = {"reply": "reply", "id": "0"}
-    started = time.perf_counter()
-    blobs = [seal({"obs": step}, metadata, KEY) for step in stacks]
-    middle = time.perf_counter()
-    rebuilt = [unseal(blob, KEY)[0]["obs"] for blob in blobs]
-    ended = time.perf_counter()
-    assert all((observations == step).all() for observations, step in zip(rebuilt, stacks, strict=True))
-    return sum(map(len, blobs)), middle - started, ended - middle
-
-
-def frame_requests(stacks: np.ndarray) -> tuple[int, float, float]:
-    """(bytes, client seconds, server seconds) of one request of the frames the server lacks a step, each answered
-    before the next is made."""
-    client, server, size, client_seconds, server_seconds = SentFrames(), HeldFrames(), 0, 0.0, 0.0
+def client_requests(stacks: np.ndarray, client_number: int, frames: bool) -> tuple[list[bytes], float]:
+    """(sealed requests, client seconds) of one client's request a step: whole stacks, or the frames the server
+    lacks (each answered before the next is made)."""
+    client, blobs, started = SentFrames(), [], time.perf_counter()
     for number, step in enumerate(stacks):
-        started = time.perf_counter()
-        arrays, _ = client.request(step, number)
-        blob = seal(arrays, {"reply": "reply", "id": str(number)}, KEY)
-        middle = time.perf_counter()
-        rebuilt = server.observations("client", number, unseal(blob, KEY)[0])
-        server_seconds += time.perf_counter() - middle
-        client_seconds += middle - started
-        assert (rebuilt == step).all()
+        arrays = client.request(step, number)[0] if frames else {"obs": step}
+        blobs.append(seal(arrays, {"reply": "reply", "id": str(number), "client": f"c{client_number}"}, KEY))
         client.answered("server", number)
-        size += len(blob)
-    return size, client_seconds, server_seconds
+    return blobs, time.perf_counter() - started
 
 
-def encoding_rows(stacks: np.ndarray, repeats: int) -> list[tuple[str, float, float, float]]:
+def server_batches(requests: list[list[bytes]], stacks: list[np.ndarray]) -> float:
+    """Server seconds to unseal each step's requests of every client and write their observations into one batch,
+    as an inference server does; checks each client's observations."""
+    held, batch, seconds = HeldFrames(), ObservationBatch(), 0.0
+    for number in range(len(requests[0])):
+        started = time.perf_counter()
+        batch.clear()
+        for blobs in requests:
+            arrays, metadata = unseal(blobs[number], KEY)
+            batch.add(held.rebuild(metadata["client"], number, arrays) if "frames" in arrays else arrays["obs"])
+        seconds += time.perf_counter() - started
+        rows = batch.view().reshape(len(stacks), *stacks[0].shape[1:])
+        assert all((rows[client] == client_stacks[number]).all() for client, client_stacks in enumerate(stacks))
+    return seconds
+
+
+def encoding_rows(stacks: list[np.ndarray], repeats: int) -> list[tuple[str, float, float, float]]:
     """(encoding, bytes per observation, client us per observation, server us per observation) of one request a
-    step, the least time of ``repeats``; checks that the server gets every observation back."""
-    observations = stacks.shape[0] * stacks.shape[1]
+    step from each client (``stacks``: one ``[steps, envs, ...]`` per client), the least time of ``repeats``."""
+    observations = sum(client_stacks.shape[0] * client_stacks.shape[1] for client_stacks in stacks)
     rows = []
-    for name, encode in (("whole stacks (before)", whole_requests), ("frames the server lacks (now)", frame_requests)):
-        runs = [encode(stacks) for _ in range(repeats)]
-        rows.append((name, runs[0][0] / observations, min(run[1] for run in runs) * 1e6 / observations,
-                     min(run[2] for run in runs) * 1e6 / observations))
+    for name, frames in (("whole stacks (before)", False), ("frames the server lacks (now)", True)):
+        client_runs, server_runs = [], []
+        for _ in range(repeats):
+            made = [client_requests(client_stacks, client, frames) for client, client_stacks in enumerate(stacks)]
+            client_runs.append(sum(seconds for _, seconds in made))
+            server_runs.append(server_batches([blobs for blobs, _ in made], stacks))
+        size = sum(len(blob) for blobs, _ in made for blob in blobs)
+        rows.append((name, size / observations, min(client_runs) * 1e6 / observations,
+                     min(server_runs) * 1e6 / observations))
     return rows
 
 
@@ -199,6 +203,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="Measured window of each round-trip run.")
     parser.add_argument("--rounds", type=int, default=2, help="Round-trip runs of each kind, alternating.")
     parser.add_argument("--repeats", type=int, default=5, help="Encoding runs of each kind (the least time counts).")
+    parser.add_argument("--clients", type=int, default=8,
+                        help="Actor processes whose requests a server batch holds, in the encoding table.")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS),
                         help="The server's model in the round trips: a mean over pixels (the transport alone), the "
                              "Nature DQN's CNN (SEED's Atari setup).")
@@ -215,11 +221,13 @@ def main() -> None:
     sources = {"pong": pong_stacks, "random": random_stacks}
     stacks = {name: sources[name](arguments.threads, arguments.steps, 0) for name in arguments.sources}
 
-    print("\n### Encoding: bytes and CPU per observation\n")
+    print(f"\n### Encoding: bytes and CPU per observation, {arguments.clients} clients' requests a batch\n")
     print("| frames | request | bytes per observation | client us per observation | server us per observation |")
     print("|:--|:--|--:|--:|--:|")
     for name, steps in stacks.items():
-        for encoding, size, client, server in encoding_rows(steps, arguments.repeats):
+        clients = [steps, *(sources[name](arguments.threads, arguments.steps, seed)
+                            for seed in range(1, arguments.clients))]
+        for encoding, size, client, server in encoding_rows(clients, arguments.repeats):
             print(f"| {name} | {encoding} | {size:,.0f} | {client:.1f} | {server:.1f} |", flush=True)
 
     print(f"\n### Round trips: one server process on {arguments.device}, {arguments.threads} client threads\n")

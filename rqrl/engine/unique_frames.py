@@ -17,6 +17,7 @@ is the hasher's own.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -30,8 +31,8 @@ MAX_STACK = 32
 deep) and fewer than each of the next two (a frame's height and width); otherwise (a channels-last image, say)
 the whole observation is one frame."""
 
-__all__ = ["MAX_STACK", "UniqueFrames", "as_frames", "digests", "frame_shape", "rebuild_stacks", "stack_depth",
-           "unique_frames"]
+__all__ = ["MAX_STACK", "UniqueFrames", "as_frames", "check_frame_index", "digests", "frame_shape", "rebuild_stacks",
+           "stack_depth", "unique_frames"]
 
 
 class UniqueFrames(NamedTuple):
@@ -96,16 +97,23 @@ def unique_frames(*parts: np.ndarray) -> UniqueFrames:
 def rebuild_stacks(frames: np.ndarray, index: np.ndarray) -> np.ndarray:
     """The observations ``index`` ``[B, K]`` makes of ``frames`` ``[U, *frame]``: ``[B, K, *frame]`` stacks, or
     ``[B, *frame]`` where K is 1. RecordError if the index does not fit the frames (they came from the wire)."""
+    check_frame_index(index, frames)
+    stacks = frames[index]
+    return stacks[:, 0] if index.shape[1] == 1 else stacks
+
+
+def check_frame_index(index: np.ndarray, frames: np.ndarray, count: int | None = None) -> None:
+    """RecordError unless ``index`` ``[B, K]`` makes observations of ``count`` frames shaped like ``frames``' rows
+    (``count``: ``len(frames)`` by default) within a message's size; checked before anything is built from it."""
+    count = len(frames) if count is None else count
     if index.dtype.kind not in "iu" or index.ndim != 2 or index.shape[1] < 1 or frames.ndim < 2 \
             or 0 in frames.shape[1:]:
         raise RecordError(f"a frame index {index.dtype}{list(index.shape)} over frames {frames.dtype}"
                           f"{list(frames.shape)} makes no observations: expected an integer [observations, depth >= 1] "
                           f"over frames of one or more pixels")
-    if index.size and (int(index.min()) < 0 or int(index.max()) >= len(frames)):
-        raise RecordError(f"a frame index points outside its {len(frames)} frames")
-    rebuilt = index.size * (frames.nbytes // max(len(frames), 1))
+    if index.size and (int(index.min()) < 0 or int(index.max()) >= count):
+        raise RecordError(f"a frame index points outside its {count} frames")
+    rebuilt = index.size * math.prod(frames.shape[1:]) * frames.itemsize
     if rebuilt > MAX_DECOMPRESSED_BYTES:
         raise RecordError(f"a frame index would rebuild {rebuilt / 2**20:.0f} MB of observations, over the "
                           f"{MAX_DECOMPRESSED_BYTES / 2**20:.0f} MB a message may hold")
-    stacks = frames[index]
-    return stacks[:, 0] if index.shape[1] == 1 else stacks

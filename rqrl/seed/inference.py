@@ -39,7 +39,7 @@ from rqrl.engine.keys import RunKeys
 from rqrl.engine.weights import WeightStore
 from rqrl.errors import RecordError, RunStoppedError, SignatureError
 from rqrl.seed.nstep import obs_array
-from rqrl.seed.request_frames import FramesMissing, HeldFrames, SentFrames
+from rqrl.seed.request_frames import FramesMissing, HeldFrames, RebuiltObservations, SentFrames
 from rqrl.seed.store import SeedRun, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -295,6 +295,7 @@ class InferenceServer:
         self.batches = {"full": 0, "delay": 0}
         self.own_requests = server_requests_key(run.keys, server_id)
         self.held_frames = HeldFrames()
+        self.batch = ObservationBatch()
         self.missing = 0  # requests answered "send it whole": they relied on frames not held here
 
     def load_weights(self) -> bool:
@@ -365,6 +366,7 @@ class InferenceServer:
         if first is None:
             return 0
         requests: list[_Request] = []
+        self.batch.clear()
         held = self._take([_as_bytes(first[1])], requests)
         deadline = time.monotonic() + self.delay
         while held < self.batch_size:
@@ -391,33 +393,37 @@ class InferenceServer:
         return []
 
     def _take(self, blobs: list[bytes], requests: list[_Request]) -> int:
-        """Add to ``requests`` the signed requests among ``blobs`` whose observations are shaped like the first
-        request's; returns how many observations it added."""
+        """Add to ``requests``, and their observations to the batch, the signed requests among ``blobs`` whose
+        observations are shaped like the first request's; returns how many observations it added."""
         added = 0
         for blob in blobs:
             try:
                 arrays, metadata = unseal(blob, self.run.message_key)
-                request = _Request(metadata["reply"], metadata["id"], self._observations(arrays, metadata))
+                reply, request_id = metadata["reply"], metadata["id"]
+                observations = self._observations(arrays, metadata)
             except FramesMissing:
-                self._answer_missing(metadata["reply"], metadata["id"])
+                self._answer_missing(reply, request_id)
                 continue
             except (SignatureError, RecordError, KeyError, ValueError, TypeError) as error:
                 self.run.refuse(f"{self.server_id}: dropping a request that is not a signed observation: {error}")
                 continue
-            shape = requests[0].obs.shape[1:] if requests else None
-            if request.obs.ndim < 1 or request.obs.size == 0 or (shape is not None and request.obs.shape[1:] != shape):
-                self.run.refuse(f"{self.server_id}: dropping a request of observations shaped {request.obs.shape}, "
+            shape = self.batch.observation_shape
+            if len(observations.shape) < 1 or 0 in observations.shape or (
+                    shape is not None and observations.shape[1:] != shape):
+                self.run.refuse(f"{self.server_id}: dropping a request of observations shaped {observations.shape}, "
                                 f"expected (N, {', '.join(map(str, shape or ('...',)))})")
                 continue
-            requests.append(request)
-            added += len(request.obs)
+            self.batch.add(observations)  # gathered now: the client's next request may reuse its frames' slots
+            requests.append(_Request(reply, request_id, len(observations)))
+            added += len(observations)
         return added
 
-    def _observations(self, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> np.ndarray:
+    def _observations(self, arrays: dict[str, np.ndarray],
+                      metadata: dict[str, str]) -> np.ndarray | RebuiltObservations:
         """A request's observations: as sent, or rebuilt from its frames and those held for its client (the
         client's requests are numbered)."""
         if "frame_source" in arrays:
-            return self.held_frames.observations(metadata["client"], int(metadata["id"]), arrays)
+            return self.held_frames.rebuild(metadata["client"], int(metadata["id"]), arrays)
         return arrays["obs"]
 
     def _answer_missing(self, reply: str, request_id: str) -> None:
@@ -432,7 +438,7 @@ class InferenceServer:
 
     def _answer(self, requests: list[_Request], reason: str) -> int:
         """Forward passes of up to ``batch_size`` observations over all of ``requests``, one reply to each."""
-        obs = np.concatenate([request.obs for request in requests])
+        obs = self.batch.view()
         chunks = range(0, len(obs), self.batch_size)
         with torch.no_grad():
             # float32 whatever came (uint8 images travel as they are): what the network is given everywhere
@@ -446,7 +452,7 @@ class InferenceServer:
         with self.run.connection.pipeline(transaction=False) as pipe:
             row = 0
             for request in requests:
-                rows = slice(row, row + len(request.obs))
+                rows = slice(row, row + request.rows)
                 row = rows.stop
                 pipe.rpush(request.reply, seal({"q": q_values[rows], "batch_size": row_batch[rows]},
                                                {**answer, "id": request.request_id}, self.run.message_key))
@@ -460,11 +466,50 @@ class InferenceServer:
 
 @dataclass(frozen=True)
 class _Request:
-    """One decoded request: where to reply, its id, its observations ``(N, *obs_shape)``."""
+    """One decoded request: where to reply, its id, how many observations (rows of the batch) it asked about."""
 
     reply: str
     request_id: str
-    obs: np.ndarray
+    rows: int
+
+
+class ObservationBatch:
+    """The observations of the batch a server gathers: each request's are written once, into one array kept from
+    batch to batch (concatenating them at the end made a copy more, into an array more per batch)."""
+
+    def __init__(self) -> None:
+        self._array: np.ndarray = np.empty(0, np.uint8)
+        self.rows = 0
+
+    @property
+    def observation_shape(self) -> tuple[int, ...] | None:
+        """The shape of one observation of the batch; None while it is empty."""
+        return tuple(self._array.shape[1:]) if self.rows else None
+
+    def add(self, observations: np.ndarray | RebuiltObservations) -> None:
+        """Append ``observations`` ``(N, *obs_shape)`` (of the batch's shape once it holds any), widening the
+        batch's dtype where they need it, as ``np.concatenate`` would."""
+        end = self.rows + len(observations)
+        dtype = np.result_type(self._array.dtype, observations.dtype) if self.rows else observations.dtype
+        if len(self._array) < end or self._array.dtype != dtype or self._array.shape[1:] != observations.shape[1:]:
+            same_kind = self._array.shape[1:] == observations.shape[1:] and self._array.dtype == dtype
+            grown = np.empty((max(end, 2 * len(self._array)) if same_kind else end, *observations.shape[1:]), dtype)
+            if self.rows:
+                grown[:self.rows] = self._array[:self.rows]
+            self._array = grown
+        target = self._array[self.rows:end]
+        if isinstance(observations, RebuiltObservations):
+            observations.write(target)
+        else:
+            target[...] = observations
+        self.rows = end
+
+    def view(self) -> np.ndarray:
+        """The batch's observations ``(rows, *obs_shape)``: a view, valid until the next ``clear``."""
+        return self._array[:self.rows]
+
+    def clear(self) -> None:
+        self.rows = 0
 
 
 def _as_bytes(value: object) -> bytes:

@@ -42,7 +42,7 @@ from collections import deque
 import numpy as np
 
 from rqrl.engine.compression import MAX_DECOMPRESSED_BYTES
-from rqrl.engine.unique_frames import as_frames, rebuild_stacks, unique_frames
+from rqrl.engine.unique_frames import as_frames, check_frame_index, unique_frames
 from rqrl.errors import RecordError
 
 HELD_REQUESTS = 4
@@ -54,7 +54,7 @@ REBALANCE_REQUESTS = 64
 1.5% more frame bytes at 4-frame stacks)."""
 IDLE_CLIENT_SECONDS = 60.0
 """A server drops the frames of a client it has not heard from for this long (the client died, or moved)."""
-__all__ = ["HELD_REQUESTS", "REBALANCE_REQUESTS", "FramesMissing", "HeldFrames", "SentFrames"]
+__all__ = ["HELD_REQUESTS", "REBALANCE_REQUESTS", "FramesMissing", "HeldFrames", "RebuiltObservations", "SentFrames"]
 
 
 class FramesMissing(Exception):
@@ -110,59 +110,171 @@ class SentFrames:
         self._where = {}
 
 
+class RebuiltObservations:
+    """A request's observations as they lie in its client's frame pool on the server, gathered once: into the
+    server's batch (``write``) or a new array (``array``), before the client's next request is rebuilt (which may
+    reuse the slots of frames no held request lists any more)."""
+
+    def __init__(self, pool: np.ndarray, slots: np.ndarray):
+        self._pool = pool
+        self._slots = slots[:, 0] if slots.shape[1] == 1 else slots  # one frame per observation: no stack axis
+        self.shape = (*self._slots.shape, *pool.shape[1:])
+        self.dtype = pool.dtype
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def write(self, out: np.ndarray) -> None:
+        """Gather the observations into ``out`` (shaped ``self.shape``, of ``self.dtype``): one copy of each."""
+        if out.dtype != self.dtype:  # a batch of wider observations (requests of another kind in it)
+            out[...] = self.array()
+            return
+        np.take(self._pool, self._slots, axis=0, out=out, mode="clip")  # "clip": the slots were checked; unbuffered
+
+    def array(self) -> np.ndarray:
+        return np.take(self._pool, self._slots, axis=0)
+
+
 class HeldFrames:
-    """A server's side: the frames of each client's last HELD_REQUESTS requests, which rebuild its next ones."""
+    """A server's side: the frames of each client's last HELD_REQUESTS requests, which rebuild its next ones. Each
+    client's frames lie in a pool of its own, each written once when it arrives, and its observations are gathered
+    from the pool straight into the server's batch: one copy per observation, where rebuilding the request's
+    distinct frames and then its stacks made two."""
 
     def __init__(self, idle_seconds: float = IDLE_CLIENT_SECONDS):
         self.idle_seconds = idle_seconds
-        self._clients: dict[str, tuple[float, deque[tuple[int, np.ndarray]]]] = {}
+        self._clients: dict[str, _ClientFrames] = {}
         self._swept = time.monotonic()
 
     @property
     def clients(self) -> int:
         return len(self._clients)
 
+    @property
+    def pool_bytes(self) -> int:
+        """The bytes of the clients' frame pools, free slots included."""
+        return sum(held.pool.nbytes for held in self._clients.values())
+
     def observations(self, client: str, number: int, arrays: dict[str, np.ndarray]) -> np.ndarray:
-        """The observations ``[B, *obs]`` that request ``number`` of ``client`` rebuilds, its frames then held for
-        the client's next ones; FramesMissing if it relies on frames not held, RecordError if its arrays do not
-        fit (then nothing is held)."""
+        """The observations ``[B, *obs]`` that request ``number`` of ``client`` rebuilds, as a new array; as
+        ``rebuild``."""
+        return self.rebuild(client, number, arrays).array()
+
+    def rebuild(self, client: str, number: int, arrays: dict[str, np.ndarray]) -> RebuiltObservations:
+        """The observations that request ``number`` of ``client`` rebuilds, its frames then held for the client's
+        next ones; FramesMissing if it relies on frames not held, RecordError if its arrays do not fit (then
+        nothing is held or changed)."""
         source, frames, index = _checked(arrays)
+        check_frame_index(index, frames, len(source))
         now = time.monotonic()
-        seen = self._clients.get(client)
-        requests = seen[1] if seen is not None else deque(maxlen=HELD_REQUESTS)
-        unique = np.empty((len(source), *frames.shape[1:]), frames.dtype)
         sent = source[:, 0] < 0
-        unique[sent] = frames
-        for held_number in np.unique(source[~sent, 0]).tolist():
-            rows = np.flatnonzero(source[:, 0] == held_number)
-            unique[rows] = _held_frames(requests, held_number, frames, source[rows, 1])
-        stacks = rebuild_stacks(unique, index)  # first: frames of a request that does not fit are not held
-        _hold(requests, number, unique)
-        self._clients[client] = (now, requests)
+        held = self._clients.get(client)
+        if held is None or not held.fits(frames):  # a first request, or one of frames of another kind
+            if sent.all():
+                held = _ClientFrames(frames)
+            elif held is None:
+                raise FramesMissing(f"request {int(source[~sent, 0].min())}")
+            else:
+                raise RecordError(f"a request's frames are {frames.dtype}{list(frames.shape[1:])}, its client's "
+                                  f"earlier ones {held.pool.dtype}{list(held.pool.shape[1:])}")
+        slots = held.slots_of(source, sent)  # checked before anything changes
+        slots[sent] = held.store(frames)
+        held.hold(number, slots)
+        held.seen = now
+        self._clients[client] = held
         self._sweep(now)
-        return stacks
+        return RebuiltObservations(held.pool, slots[index])
 
     def _sweep(self, now: float) -> None:
         """Drop the clients not heard from for ``idle_seconds`` (looked at once per ``idle_seconds``)."""
         if now - self._swept < self.idle_seconds:
             return
         self._swept = now
-        for client in [client for client, (seen, _) in self._clients.items() if now - seen > self.idle_seconds]:
+        for client in [client for client, held in self._clients.items() if now - held.seen > self.idle_seconds]:
             del self._clients[client]
+
+
+class _ClientFrames:
+    """One client's frames on a server: a pool of slots, how many held requests list each slot, and for each held
+    request (up to HELD_REQUESTS, in the order the client counts them) the slots of its distinct frames, a row of
+    a table each. A slot no held request lists is free for the next frame that arrives."""
+
+    def __init__(self, like: np.ndarray):
+        self.pool = np.empty((0, *like.shape[1:]), like.dtype)
+        self.uses = np.zeros(0, np.intp)
+        self.free = np.zeros(0, np.intp)
+        self.requests: deque[tuple[int, int]] = deque()  # (request number, its row), oldest first
+        self.seen = 0.0
+        self._table = np.zeros((HELD_REQUESTS + 1, 0), np.intp)  # a row per held request: its frames' slots
+        self._numbers = np.full(HELD_REQUESTS + 1, -1, np.int64)  # each row's request number (-1: none)
+        self._lengths = np.zeros(HELD_REQUESTS + 1, np.intp)
+
+    def fits(self, frames: np.ndarray) -> bool:
+        return frames.shape[1:] == self.pool.shape[1:] and frames.dtype == self.pool.dtype
+
+    def slots_of(self, source: np.ndarray, sent: np.ndarray) -> np.ndarray:
+        """The slots of a request's frames held here (-1 for those it carries); FramesMissing if one of the
+        requests it relies on is not held (any more), RecordError if it points outside one."""
+        slots = np.full(len(source), -1, np.intp)
+        if sent.all():
+            return slots
+        numbers, positions = source[~sent, 0], source[~sent, 1]
+        match = numbers[:, None] == self._numbers
+        rows = match.argmax(1)
+        if not match[np.arange(len(rows)), rows].all():
+            raise FramesMissing(f"request {int(numbers[~match.any(1)][0])}")
+        if int(positions.min()) < 0 or (positions >= self._lengths[rows]).any():
+            raise RecordError(f"a request points outside the frames of its client's requests "
+                              f"{sorted(set(numbers.tolist()))}")
+        slots[~sent] = self._table[rows, positions]
+        return slots
+
+    def store(self, frames: np.ndarray) -> np.ndarray:
+        """Write ``frames`` into free slots, growing the pool if too few are free; their slots."""
+        if len(self.free) < len(frames):
+            self._grow(len(frames) - len(self.free))
+        slots, self.free = self.free[:len(frames)], self.free[len(frames):]
+        self.pool[slots] = frames
+        return slots
+
+    def hold(self, number: int, slots: np.ndarray) -> None:
+        """Hold request ``number``'s frames: in its place if it came before (sent again), so the requests held stay
+        the ones its client counts on, else as the newest, dropping the oldest past HELD_REQUESTS."""
+        self.uses += np.bincount(slots, minlength=len(self.uses))  # first: frames shared with a dropped one stay
+        copy_of = np.flatnonzero(self._numbers == number)
+        if len(copy_of):  # a copy: its row takes the new slots, and the old ones are let go
+            row = int(copy_of[0])
+            self._release(row)
+        else:
+            row = int(np.flatnonzero(self._numbers < 0)[0])  # one row is always spare
+            self.requests.append((number, row))
+        if len(slots) > self._table.shape[1]:
+            self._table = np.concatenate([self._table, np.zeros((len(self._table), len(slots) - self._table.shape[1]),
+                                                                np.intp)], axis=1)
+        self._table[row, :len(slots)] = slots
+        self._numbers[row], self._lengths[row] = number, len(slots)
+        if len(self.requests) > HELD_REQUESTS:
+            _, oldest = self.requests.popleft()
+            self._release(oldest)
+            self._numbers[oldest] = -1
+
+    def _release(self, row: int) -> None:
+        """The held request in ``row`` no longer lists its slots: those no other held request lists are free."""
+        listed = np.bincount(self._table[row, :self._lengths[row]], minlength=len(self.uses))
+        self.uses -= listed
+        self.free = np.concatenate([self.free, np.flatnonzero((self.uses == 0) & (listed > 0))])
+
+    def _grow(self, needed: int) -> None:
+        size = len(self.pool)
+        grown = np.empty((max(2 * size, size + needed, 16), *self.pool.shape[1:]), self.pool.dtype)
+        grown[:size] = self.pool
+        self.pool = grown
+        self.uses = np.concatenate([self.uses, np.zeros(len(grown) - size, np.intp)])
+        self.free = np.concatenate([self.free, np.arange(size, len(grown))])
 
 
 _SENT = (-1, -1)
 """The source of a frame the request carries itself."""
-
-
-def _hold(requests: deque[tuple[int, np.ndarray]], number: int, unique: np.ndarray) -> None:
-    """Hold request ``number``'s frames: in its place if it came before (sent again), so the requests held stay
-    the ones its client counts on, else as the newest."""
-    for position, (held_number, _) in enumerate(requests):
-        if held_number == number:
-            requests[position] = (number, unique)
-            return
-    requests.append((number, unique))
 
 
 def _checked(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -182,19 +294,3 @@ def _checked(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.
         raise RecordError(f"a request lists {len(source)} distinct frames ({distinct_bytes / 2**20:.0f} MB) for an "
                           f"index of {index.size}: more than its observations hold, or than a message may")
     return source, frames, index
-
-
-def _held_frames(requests: deque[tuple[int, np.ndarray]], number: int, sent: np.ndarray,
-                 positions: np.ndarray) -> np.ndarray:
-    """The frames at ``positions`` of the client's request ``number``, held here; FramesMissing if that request's
-    are not held (any more), RecordError if they are not of the kind ``sent`` (the request's own frames) are."""
-    for held_number, frames in requests:
-        if held_number == number:
-            if frames.shape[1:] != sent.shape[1:]:
-                raise RecordError(f"a request's frames are {list(sent.shape[1:])}, its client's earlier ones "
-                                  f"{list(frames.shape[1:])}")
-            if int(positions.min()) < 0 or int(positions.max()) >= len(frames):
-                raise RecordError(f"a request points outside the {len(frames)} frames of its client's request "
-                                  f"{number}")
-            return frames[positions]
-    raise FramesMissing(f"request {number}")

@@ -340,6 +340,32 @@ def test_image_requests_after_the_first_send_one_frame_per_observation_to_their_
     assert server.held_frames.clients == 1
 
 
+def test_requests_of_frames_and_whole_ones_share_a_batch_and_each_gets_its_own_answers(run):
+    """Two clients relying on held frames and one sending whole stacks, at once: one full batch of nine answers
+    them all, each with the model's Q-values of its own observations."""
+    model = MeanPixel()
+    publish(run, model)
+    stacks = [moving_stacks(steps=2, seed=seed) for seed in range(3)]
+    clients = [InferenceClient(run, "a", 10.0), InferenceClient(run, "b", 10.0),
+               InferenceClient(run, "c", 10.0, send_frames=False)]
+    def ask(index: int, step: int, answers: dict[int, list]) -> None:
+        answers[index] = clients[index].evaluate_batch(stacks[index][step])
+
+    with ServerThread(run, model, batch_size=9, delay=10.0) as server:
+        for step in range(2):
+            answers: dict[int, list] = {}
+            asking = [threading.Thread(target=ask, args=(index, step, answers)) for index in range(3)]
+            for thread in asking:
+                thread.start()
+            for thread in asking:
+                thread.join(30)
+            for index in range(3):
+                assert_answers_are_the_models(answers[index], model, stacks[index][step])
+                assert {answer.batch_size for answer in answers[index]} == {9}
+    assert [client.sent_frames.server for client in clients] == ["server-t", "server-t", None]
+    assert server.missing == 0 and server.held_frames.clients == 2
+
+
 def test_a_server_that_lost_a_clients_frames_gets_its_request_again_whole(run):
     model = MeanPixel()
     publish(run, model)

@@ -1,5 +1,5 @@
 """ActorInference's grouping of an actor process's threads, against a stand-in for the Redis round trip (the
-round trip itself is tested in tests/integration/test_inference.py)."""
+round trip itself is tested in tests/integration/test_inference.py), and the batch a server gathers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 import numpy as np
 
 from rqrl.errors import RunStoppedError
-from rqrl.seed.inference import ActorInference, Answer
+from rqrl.seed.inference import ActorInference, Answer, ObservationBatch
+from rqrl.seed.request_frames import HeldFrames, SentFrames
 
 
 class SlowServer:
@@ -97,3 +98,22 @@ def test_an_answer_missing_from_a_reply_fails_every_thread_instead_of_stranding_
     errors = ask_once_each(ActorInference(SlowServer(0.0, short=True), batch_size=4, delay=0.05))
     assert len(errors) == 4, errors
 
+
+
+def test_a_servers_batch_holds_what_concatenating_its_requests_would() -> None:
+    """Requests sent whole and rebuilt from frames, uint8 then float32: the batch is np.concatenate's, grown and
+    widened as it fills; after clear it takes observations of another shape."""
+    rng = np.random.default_rng(0)
+    stacks = rng.integers(0, 256, (3, 4, 6, 6), np.uint8)
+    rebuilt = HeldFrames().rebuild("client", 0, SentFrames().request(stacks, 0)[0])
+    parts = [rng.integers(0, 256, (1, 4, 6, 6), np.uint8), stacks, rng.normal(size=(2, 4, 6, 6)).astype(np.float32)]
+    batch = ObservationBatch()
+    assert batch.observation_shape is None
+    for part in (parts[0], rebuilt, parts[2]):
+        batch.add(part)
+    expected = np.concatenate(parts)
+    assert batch.view().dtype == expected.dtype and batch.observation_shape == (4, 6, 6)
+    np.testing.assert_array_equal(batch.view(), expected)
+    batch.clear()
+    batch.add(np.ones((2, 3), np.int64))
+    np.testing.assert_array_equal(batch.view(), np.ones((2, 3), np.int64))

@@ -295,3 +295,43 @@ def test_whatever_is_lost_delayed_or_restarted_no_observation_is_rebuilt_wrong(s
             client.answered(name, number)
             break
     assert rebuilt >= steps and relied > steps // 3
+
+
+def test_a_clients_pool_reuses_the_slots_of_frames_no_held_request_lists() -> None:
+    """Each frame is written into the client's pool once; the pool stops growing (once a whole request, every
+    REBALANCE_REQUESTS, has come on top of the held frames): the slots of frames that left the held requests take
+    the new ones."""
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=3, steps=300)
+    sizes = []
+    for step in stacks:
+        round_trip(client, server, step)
+        sizes.append(server.pool_bytes)
+    frame_bytes = SIDE * SIDE
+    assert sizes[REBALANCE_REQUESTS] == sizes[-1] <= 2 * (HELD_REQUESTS + 1) * 3 * DEPTH * frame_bytes
+
+
+def test_a_whole_request_of_frames_of_another_shape_starts_its_client_over() -> None:
+    client, server = Client(), HeldFrames()
+    round_trip(client, server, env_stacks(envs=2, steps=1)[0])
+    client.frames.forget()
+    wider = np.random.default_rng(3).integers(0, 256, (2, DEPTH, SIDE, SIDE + 2), np.uint8)
+    round_trip(client, server, wider)
+    stacks = np.concatenate([wider[:, 1:], np.zeros((2, 1, SIDE, SIDE + 2), np.uint8)], axis=1)
+    arrays, to_server = round_trip(client, server, stacks)  # relies on the wider frames, held now
+    assert (len(arrays["frames"]), to_server) == (1, "server-0")
+
+
+def test_rebuilt_observations_are_gathered_into_an_array_of_any_dtype() -> None:
+    """A server's batch of wider observations (float32, say, from requests of another kind in it) takes them too."""
+    stacks = env_stacks(envs=2, steps=1)[0]
+    rebuilt = HeldFrames().rebuild("client", 0, Client().request(stacks)[0])
+    assert (rebuilt.shape, rebuilt.dtype, len(rebuilt)) == (stacks.shape, np.uint8, 2)
+    into = np.empty(stacks.shape, np.float32)
+    rebuilt.write(into)
+    np.testing.assert_array_equal(into, stacks)
+    one_frame = np.random.default_rng(4).integers(0, 256, (2, SIDE, SIDE, 3), np.uint8)  # channels-last images
+    rebuilt = HeldFrames().rebuild("client", 0, Client().request(one_frame)[0])
+    into = np.empty(one_frame.shape, np.uint8)
+    rebuilt.write(into)
+    np.testing.assert_array_equal(into, one_frame)
