@@ -3,7 +3,8 @@
     ```text
     RqrlError
     ├── ConfigError (also ValueError)      bad constructor or CLI arguments
-    │   └── MissingExtraError              ... or an optional package (an rqrl extra) is not installed
+    │   ├── MissingExtraError              ... or an optional package (an rqrl extra) is not installed
+    │   └── RunFolderError                 ... or a run folder holds another run, or another learner writes it
     ├── ServerError (also RuntimeError)    the embedded redis-server did not start or is not running
     │   └── RedisServerNotFoundError       ... because there is no usable redis-server binary
     ├── PolicyError                        a policy that does not follow the protocol
@@ -20,7 +21,7 @@
     ├── CollectTimeoutError                nothing arrived within the timeout
     │   └── NoWorkersError                 ... because no worker is alive
     ├── RunStoppedError                    the run was stopped while waiting
-    ├── ProcessesDiedError                 a trainer's actor or server processes kept dying at start
+    ├── ProcessesDiedError                 a trainer's actor processes, threads or servers kept dying at start
     ├── LeaseLostError                     another job took over a job's actor group (workers only)
     ├── CheckpointError                    a checkpoint or weights file is missing, corrupted or foreign
     ├── RedisUnavailableError              Redis stayed unreachable past the outage deadline
@@ -47,6 +48,11 @@ class MissingExtraError(ConfigError):
     def __init__(self, message: str, *, extra: str):
         super().__init__(f'{message}: pip install "rqrl[{extra}]"')
         self.extra = extra
+
+
+class RunFolderError(ConfigError):
+    """A learner's run folder holds another run (a new run would write over it), or another learner on this machine
+    writes it now; the message says how to resume the run or name this one."""
 
 
 class ServerError(RqrlError, RuntimeError):
@@ -138,8 +144,9 @@ class RunStoppedError(RqrlError):
 
 
 class ProcessesDiedError(RqrlError):
-    """The SEED trainer's actor or server processes (or jobs) kept dying before the first transition arrived: the
-    run cannot start, and the message names the process, how it ended, and the usual causes."""
+    """The SEED trainer's actor or server processes (or jobs), or one of its actor threads, kept dying before the
+    first transition arrived: the run cannot start, and the message names which, how it ended, and the usual
+    causes."""
 
 
 class RedisUnavailableError(RqrlError):

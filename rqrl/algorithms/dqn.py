@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from rqrl.algorithms.common import (
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.algorithms.run_folder import RunFolder
 from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
@@ -184,16 +186,21 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     check_device("--inference-device", config.inference_device)
     check_resume(config, "dqn")
     run = _DqnRun(config)
+    with closing(run.folder):
+        return _train(run, config, secret, redis_server)
+
+
+def _train(run: _DqnRun, config: DqnConfig, secret: str | bytes | None, redis_server: str | None) -> TrainResult:
     trainer = Trainer(run.agent, run.seed_config(secret, redis_server), env_factory(config), on_progress=run.tick)
     stopped_by: str | None = None
     try:
         trainer.start(config.seconds)
         if trainer.stopped_from_outside:
             stopped_by = "rqrl stop"
-            log.warning("stopped by rqrl stop: writing a checkpoint; resume with --resume %s", run.run_dir)
+            log.warning(run.folder.stopping("stopped by rqrl stop"))
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
-        log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, run.run_dir)
+        log.warning(run.folder.stopping(f"interrupted ({stopped_by})"))
     finally:
         run.close(trainer)
     final = run.counters(trainer)
@@ -221,6 +228,7 @@ class _DqnRun:
             config.run_name, config.run_dir = Path(config.resume).name, str(Path(config.resume).parent)
         self.run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / self.run_name
+        self.folder = RunFolder(self.run_dir, config.resume)
         self.agent_config = AgentConfig(
             state_shape=obs_shape, state_dtype="uint8" if len(obs_shape) == 3 else "float32",
             action_space_size=n_actions, replay_capacity=config.replay_capacity,
@@ -316,7 +324,7 @@ class _DqnRun:
 
     def open_run_folder(self) -> None:
         """The run folder, its config.json and metrics, once the trainer runs."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.folder.open()
         recorded = dataclasses.replace(self.config, run_name=self.run_name)
         write_config(self.run_dir, recorded, "dqn")
         self.metrics = MetricsWriter(self.run_dir, METRIC_FIELDS,

@@ -23,6 +23,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from rqrl.algorithms.common import (
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
+from rqrl.algorithms.run_folder import RunFolder
 from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.observations import TensorObs, map_tree
 from rqrl.engine.process import Terminated
@@ -383,10 +385,11 @@ class Learner:
         if config.run_name is None:
             config.run_name = f"impala-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / config.run_name
+        self.folder = RunFolder(self.run_dir, config.resume)
 
     def open_run_folder(self) -> None:
         """The run folder and its config.json, once the run has started: a launch that fails leaves none."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.folder.open()
         write_config(self.run_dir, self.config, "impala")
 
     def _resume(self, path: Path) -> None:
@@ -458,6 +461,12 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
     """Train until solved, the step budget ends, or Ctrl-C; always leaves a checkpoint behind. ``secret``
     and ``redis_server`` go to the default actors (see make_actors)."""
     learner = Learner(config)
+    with closing(learner.folder):
+        return _train(learner, config, actors, secret, redis_server)
+
+
+def _train(learner: Learner, config: ImpalaConfig, actors: DistributedActors | None, secret: str | bytes | None,
+           redis_server: str | None) -> TrainResult:
     actors = actors if actors is not None else make_actors(config, learner.model, secret=secret,
                                                            redis_server=redis_server)
     loop = _TrainingLoop(learner, actors)
@@ -467,10 +476,10 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
             loop.run()
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
-        log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)
+        log.warning(learner.folder.stopping(f"interrupted ({stopped_by})"))
     except RunStoppedError as error:
         stopped_by = "rqrl stop"
-        log.warning("%s: writing a checkpoint; resume with --resume %s", error, learner.run_dir)
+        log.warning(learner.folder.stopping(str(error)))
     finally:
         seconds = loop.close()
     result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=stopped_by is not None,

@@ -23,6 +23,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from rqrl.algorithms.common import (
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.impala import ActorCritic
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.algorithms.run_folder import RunFolder
 from rqrl.algorithms.sample_ahead import SampleAhead
 from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.process import Terminated
@@ -257,10 +259,11 @@ class PpoLearner:
         if config.run_name is None:
             config.run_name = f"ppo-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / config.run_name
+        self.folder = RunFolder(self.run_dir, config.resume)
 
     def open_run_folder(self) -> None:
         """The run folder and its config.json, once the run has started: a launch that fails leaves none."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.folder.open()
         write_config(self.run_dir, self.config, "ppo")
 
     def _resume(self, path: Path) -> None:
@@ -339,6 +342,12 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     """Train until solved, the step budget ends, or Ctrl-C/SIGTERM; always leaves a checkpoint behind. ``sampler`` is
     any object with garage's ``obtain_samples`` (default: ``make_sampler``)."""
     learner = PpoLearner(config)
+    with closing(learner.folder):
+        return _train(learner, config, sampler, secret, redis_server)
+
+
+def _train(learner: PpoLearner, config: PpoConfig, sampler: Any, secret: str | bytes | None,
+           redis_server: str | None) -> TrainResult:
     sampler = sampler if sampler is not None else make_sampler(config, learner.model, secret=secret,
                                                                redis_server=redis_server)
     metrics: MetricsWriter | None = None  # made once the sampler has started
@@ -365,10 +374,10 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
                     ahead.close()
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
-        log.warning("interrupted (%s): writing a checkpoint; resume with --resume %s", stopped_by, learner.run_dir)
+        log.warning(learner.folder.stopping(f"interrupted ({stopped_by})"))
     except RunStoppedError as error:
         stopped_by = "rqrl stop"
-        log.warning("%s: writing a checkpoint; resume with --resume %s", error, learner.run_dir)
+        log.warning(learner.folder.stopping(str(error)))
     finally:
         progress.close()
         evaluation.close()

@@ -184,7 +184,8 @@ def report(result: TrainResult) -> None:
                f"episodes {mean} over {result.episodes:,} episodes")
     if result.bottleneck_detail:
         click.echo(result.bottleneck_detail)
-    click.echo(f"run folder: {result.run_dir}")
+    click.echo(f"run folder: {result.run_dir}" if result.run_dir.is_dir()
+               else "no run folder: the run stopped before it started")
     if result.stopped_by in INTERRUPTED_EXIT_CODES:
         raise SystemExit(INTERRUPTED_EXIT_CODES[result.stopped_by])
 

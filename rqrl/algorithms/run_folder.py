@@ -1,0 +1,85 @@
+"""The folder a learner writes (weights, checkpoint, config.json, metrics): a new run never writes over an earlier
+run's folder, and two learners never write one folder at once.
+
+A learner takes its folder when it is made: a folder that holds a run (its config.json) is refused unless the
+learner resumes that very run, and a folder another learner on this machine holds is refused too. The hold is
+a POSIX lock on ``LOCK_NAME`` in the folder, the learner process's own (processes it forks do not take it along),
+released by ``close`` or when the process ends however it ends, so a killed learner's run can be resumed at once.
+A folder shared between machines (NFS) may not carry the lock: there only the refusal of a new run stands.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from pathlib import Path
+from typing import BinaryIO
+
+from rqrl.errors import RunFolderError
+
+LOCK_NAME = ".learner.lock"
+"""The file in a run folder that its learner holds a lock on, and that names that learner."""
+
+__all__ = ["LOCK_NAME", "RunFolder"]
+
+
+class RunFolder:
+    """A learner's hold on its run folder ``path``; ``resumed``: the run folder (or a file in it) the learner
+    resumes, None for a new run. RunFolderError if the folder holds another run or another learner holds it."""
+
+    def __init__(self, path: str | Path, resumed: str | Path | None = None):
+        self.path = Path(path)
+        self.opened = False
+        self._lock: BinaryIO | None = None
+        if (self.path / "config.json").is_file() and not _resumes(resumed, self.path):
+            raise RunFolderError(
+                f"{self.path} holds a run already: resume it with `rqrl train --resume {self.path}` (in Python: "
+                f"resume={str(self.path)!r}), or give this run another name (--run-name), or delete the folder "
+                f"to start it over")
+        if self.path.is_dir():
+            self._hold()
+
+    def open(self) -> None:
+        """Make the folder, once the run has started (a launch that fails leaves none), and hold it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self._lock is None:
+            self._hold()
+        self.opened = True
+
+    def close(self) -> None:
+        """Let the folder go: another learner may resume the run now."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def stopping(self, reason: str) -> str:
+        """The line a learner logs as it stops early for ``reason`` ("interrupted (SIGINT)", say)."""
+        if self.opened:
+            return f"{reason}: writing a checkpoint; resume with --resume {self.path}"
+        return f"{reason} before the run started: nothing written, no run folder"
+
+    def _hold(self) -> None:
+        lock = open(self.path / LOCK_NAME, "a+b")  # noqa: SIM115 - held open until close()
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read(200).decode(errors="replace").strip() or "a process"
+            lock.close()
+            raise RunFolderError(
+                f"{self.path} is being written by another learner ({holder}): stop it first (Ctrl-C where it runs, "
+                f"or `rqrl stop RUN_NAME`), then resume the run with `rqrl train --resume {self.path}`") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()} on {socket.gethostname()}".encode())
+        lock.flush()
+        self._lock = lock
+
+
+def _resumes(resumed: str | Path | None, path: Path) -> bool:
+    """Whether the run ``resumed`` names (a run folder, or a file in one) is the run in ``path``."""
+    if resumed is None:
+        return False
+    folder = Path(resumed) if Path(resumed).is_dir() else Path(resumed).parent
+    return folder.resolve() == path.resolve()
