@@ -56,6 +56,11 @@ def make_cartpole() -> gymnasium.Env:
     return gymnasium.make("CartPole-v1")
 
 
+def make_misspelt_env() -> gymnasium.Env:
+    """An env id with a typo: every actor thread that makes it dies at once."""
+    return gymnasium.make("CartPol-v1")
+
+
 def make_exploding_env() -> gymnasium.Env:
     return ExplodingEnv()
 

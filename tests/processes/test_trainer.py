@@ -24,7 +24,7 @@ from tests.children import alive
 from tests.conftest import TEST_SECRET
 from tests.integration.test_trainer import config  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
-from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole, mlp_failing_in_children
+from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole, make_misspelt_env, mlp_failing_in_children
 
 
 def pushed(connection, run_name) -> int:
@@ -196,6 +196,17 @@ def test_servers_that_keep_dying_at_start_make_start_raise_with_the_cause(redis_
         trainer.start(120)
     assert time.monotonic() - started < 60, "start() waited out its duration instead of giving up"
     assert "if __name__ == '__main__':" in str(raised.value)
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
+def test_actor_threads_that_keep_dying_at_start_make_start_raise_with_the_cause(redis_url, connection, run_name):
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_misspelt_env)
+    started = time.monotonic()
+    with pytest.raises(ProcessesDiedError, match=r"actor 0's thread \d+ died 5 times before the first transition "
+                                                 r"arrived, the last time with .*NameNotFound") as raised:
+        trainer.start(120)
+    assert time.monotonic() - started < 60, "start() waited out its duration instead of giving up"
+    assert "Check the environment factory" in str(raised.value)
     assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
 
 
