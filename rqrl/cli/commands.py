@@ -72,6 +72,15 @@ class _RqrlGroup(click.Group):
             self.add_command(train_group())
         return super().get_command(ctx, cmd_name)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """The command; a Ctrl-C that reaches here (while a command starts, before it handles its own) exits 130,
+        as Ctrl-C later does, where click's default says "Aborted!" and exits 1."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted (SIGINT) while the command started", err=True)
+            raise SystemExit(INTERRUPTED_EXIT_CODES["SIGINT"]) from None
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """click's command list, with the lazy commands' one-line help given here instead of built."""
         names = [name for name in self.list_commands(ctx)
@@ -159,11 +168,18 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
         connection.set(keys.stopped, 1)
         click.echo(f"run {run_name}: stop requested; waiting up to {wait:g} s for its learner to finish")
         deadline_at = time.monotonic() + wait
-        while connection.exists(keys.config):
-            if time.monotonic() > deadline_at:
-                raise click.ClickException(f"run {run_name}: its learner has not finished within {wait:g} s; it "
-                                           f"stops at its next collect (raise --wait to wait longer)")
-            time.sleep(0.2)
+        try:
+            while connection.exists(keys.config):
+                if time.monotonic() > deadline_at:
+                    raise click.ClickException(f"run {run_name}: its learner has not finished within {wait:g} s; "
+                                               f"it stops at its next collect (raise --wait to wait longer)")
+                time.sleep(0.2)
+        except redis.exceptions.ConnectionError:
+            if not _socket_gone(connection):
+                raise
+            click.echo(f"run {run_name}: stopped; its learner shut down its own Redis as it ended (it writes its "
+                       f"checkpoint and summary as it exits)")
+            return
     except redis.exceptions.OutOfMemoryError as error:
         raise click.ClickException(
             f"cannot stop run {run_name!r}: Redis at {redact_url(redis_url)} is at its maxmemory and refused the "
@@ -172,6 +188,13 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
     except (redis.RedisError, RqrlError) as error:
         raise click.ClickException(f"cannot stop run {run_name!r}: {error}") from error
     click.echo(f"run {run_name}: stopped by its learner (checkpoint written, keys removed)")
+
+
+def _socket_gone(connection: Any) -> bool:
+    """Whether ``connection`` is to a Unix socket that is gone: an embedded Redis that shut down (a learner's own
+    ends with it)."""
+    path = connection.connection_pool.connection_kwargs.get("path")
+    return bool(path) and not os.path.exists(path)
 
 
 @main.command()
@@ -293,10 +316,32 @@ def status(redis_url: str, run_name: str | None, watch: float | None) -> None:
         return
 
 
+def _weights_to_evaluate(run_dir: str | None, checkpoint: str | None) -> str:
+    """What ``rqrl evaluate`` loads: RUN_DIR (its best weights, else its final ones), a file of RUN_DIR named by
+    --checkpoint, or --checkpoint's file."""
+    if checkpoint is None:
+        if run_dir is None:
+            raise click.UsageError("give RUN_DIR (a run folder), --checkpoint FILE (a weights file), or both")
+        return run_dir
+    if run_dir is None:
+        if not os.path.isfile(checkpoint):
+            raise click.BadParameter(f"no weights file {checkpoint!r}; with RUN_DIR, name one of its files (best, "
+                                     f"final or checkpoint)", param_hint="--checkpoint")
+        return checkpoint
+    name = checkpoint if checkpoint.endswith(".safetensors") else f"{checkpoint}.safetensors"
+    for candidate in (os.path.join(run_dir, name), checkpoint):
+        if os.path.isfile(candidate):
+            return candidate
+    held = sorted(entry.removesuffix(".safetensors") for entry in os.listdir(run_dir) if entry.endswith(".safetensors"))
+    raise click.BadParameter(f"{run_dir} holds no {name}; its weights files: {', '.join(held) or 'none'}",
+                             param_hint="--checkpoint")
+
+
 @main.command()
 @click.argument("run_dir", required=False, type=click.Path(exists=True, file_okay=False))
-@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False),
-              help="A weights file (best/final/checkpoint .safetensors) instead of RUN_DIR's best weights.")
+@click.option("--checkpoint", default=None,
+              help="Another weights file: with RUN_DIR, one of its files by name (best, final or checkpoint, "
+                   ".safetensors optional); alone, the path of a weights file.")
 @click.option("--episodes", default=10, show_default=True, type=click.IntRange(min=1), help="Episodes to run.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the first episode's reset.")
 @click.option("--sample", is_flag=True, help="Sample actions instead of taking the most likely one.")
@@ -321,9 +366,7 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     from rqrl.algorithms.impala import load_policy
     from rqrl.errors import RqrlError
 
-    sources = [source for source in (run_dir, checkpoint) if source is not None]
-    if len(sources) != 1:
-        raise click.UsageError("give either RUN_DIR or --checkpoint")
+    source = _weights_to_evaluate(run_dir, checkpoint)
     try:
         if video:
             check_video_support()  # before loading anything: one line naming the extra
@@ -332,10 +375,10 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     try:
         from rqrl.algorithms.dqn import is_dqn_weights, load_q_model
 
-        path = weights_file(sources[0])
+        path = weights_file(source)
         model, metadata = load_q_model(path) if is_dqn_weights(path) else load_policy(path)
     except (RqrlError, KeyError) as error:
-        raise click.ClickException(f"cannot load a policy from {sources[0]}: {error}") from error
+        raise click.ClickException(f"cannot load a policy from {source}: {error}") from error
     click.echo(f"weights: {path} ({describe_weights(metadata)})")
     folder = (video_dir or path.parent / "videos") if video else None
     try:
@@ -388,6 +431,7 @@ def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batc
     """Collect rollouts with a random-init policy and print throughput and episode stats."""
     import gymnasium
 
+    from rqrl.algorithms.common import make_env
     from rqrl.engine.process import terminate_like_ctrl_c
     from rqrl.engine.progress import Progress
     from rqrl.errors import RqrlError
@@ -396,7 +440,10 @@ def demo(env_id: str, actors: int, workers: int | None, rollout_steps: int, batc
     logging.basicConfig(level=logging.WARNING)
     logging.captureWarnings(True)
     env_factory = functools.partial(gymnasium.make, env_id)
-    probe = env_factory()
+    try:
+        probe = make_env(env_id)  # an unknown id or a missing package in one line, with the fix
+    except RqrlError as error:
+        raise click.ClickException(str(error)) from error
     observation_space, action_space = probe.observation_space, probe.action_space
     probe.close()
     if not (isinstance(observation_space, gymnasium.spaces.Box) and len(observation_space.shape) == 1

@@ -136,8 +136,9 @@ def run_secret(options: RunOptions, embedded: bool, redis_from_environment: bool
     if not secret:
         raise ConfigError(
             "an external Redis needs a shared secret to sign the env factory and policy that workers unpickle: "
-            "pass secret=... (e.g. secret=os.environ[\"RQRL_SECRET\"]), or, with Redis from REDIS_URL, set "
-            "RQRL_SECRET; start the workers with the same RQRL_SECRET"
+            "set RQRL_SECRET (for `rqrl train`, and for a script that takes Redis from REDIS_URL), or pass "
+            "secret=... in Python (e.g. secret=os.environ[\"RQRL_SECRET\"]); start the workers with the same "
+            "RQRL_SECRET"
         )
     return secret
 

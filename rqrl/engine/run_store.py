@@ -44,8 +44,10 @@ class RunStore:
             return config, True
         if not resume:
             raise ConfigError(
-                f"run {self.keys.run_name!r} already exists in this Redis; pick another run_name, stop that run "
-                f"(its keys start with 'rqrl:{self.keys.run_name}:'), or pass resume=True to take it over"
+                f"run {self.keys.run_name!r} already exists in this Redis (its keys start with "
+                f"'rqrl:{self.keys.run_name}:'): its learner runs, or died before it cleaned up. Stop it, or clean "
+                f"up after it, with `rqrl stop {self.keys.run_name}`; or give this run another name (--run-name, "
+                f"run_name= in Python); or take the run over (`rqrl train --resume RUN_DIR`, resume=True in Python)"
             )
         adopted = adopt(RunConfig.from_json(existing), config)
         self.connection.delete(self.keys.stopped)

@@ -15,6 +15,7 @@ import pytest
 from rqrl.algorithms.checkpoint import load_checkpoint
 from tests.children import (
     REPO_ROOT,
+    _command_line,
     alive,
     communicate_or_show_stacks,
     descendants,
@@ -266,6 +267,37 @@ def test_rqrl_stop_ends_a_ppo_run(tmp_path, connection, redis_url):
     assert summary["interrupted"] and summary["stopped_by"] == "rqrl stop", summary
     assert load_checkpoint(run / "checkpoint.safetensors").counters["env_steps"] == summary["env_steps"]
     assert connection.keys("rqrl:ppo-stopped:*") == []
+
+
+def embedded_redis_url(learner: subprocess.Popen) -> str | None:
+    """The URL of ``learner``'s own redis-server (its Unix socket), once it runs."""
+    for pid in descendants(learner.pid):
+        words = _command_line(pid).split()
+        if words and words[0].endswith("redis-server") and len(words) > 1 and words[1].startswith("unixsocket:"):
+            return f"unix://{words[1].removeprefix('unixsocket:')}?db=0"
+    return None
+
+
+def test_rqrl_stop_ends_a_run_on_the_learners_own_redis(tmp_path):
+    """The learner shuts its embedded Redis down as it stops: `rqrl stop` says the run stopped, and exits 0."""
+    command = [sys.executable, "-m", "rqrl", "train", "--env", TRIVIAL_ENV, "--n-actors", "2", "--batch-size", "2",
+               "--n-rollout-steps", "20", "--workers", "1", "--run-dir", str(tmp_path), "--run-name", "embedded",
+               "--target-return", "1000", "--total-env-steps", "100000000"]
+    learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "embedded"
+    try:
+        wait_until(lambda: rows_written(run, learner) >= 2, 120, interval=0.2, message="2 rows of metrics.csv")
+        url = embedded_redis_url(learner)
+        assert url is not None, "no redis-server among the learner's processes"
+    except BaseException:
+        stop_process(learner)
+        raise
+    stop, _, stderr = stop_from_outside(learner, "embedded", url, lambda: True, "nothing")
+    assert stop.returncode == 0 and "run embedded: stopped" in stop.stdout, stop.stdout + stop.stderr
+    assert learner.returncode == 0, stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped_by"] == "rqrl stop", summary
 
 
 def start_learner(tmp_path, redis_url: str, run_name: str, *extra: str) -> subprocess.Popen:

@@ -99,5 +99,5 @@ def test_a_garage_script_is_configured_by_redis_url_and_rqrl_secret_alone(connec
     monkeypatch.delenv("RQRL_SECRET")
     with RQSampler(fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2, max_episode_length=100,
                    n_local_workers=0, progress=False) as sampler:
-        with pytest.raises(ConfigError, match="with Redis from REDIS_URL, set RQRL_SECRET"):
+        with pytest.raises(ConfigError, match="a script that takes Redis from REDIS_URL"):
             sampler.obtain_exact_episodes(1, None)

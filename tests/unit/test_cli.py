@@ -70,6 +70,12 @@ def test_dashboard_help_documents_its_options():
     assert "default: 127.0.0.1" in " ".join(result.stdout.split())
 
 
+def test_demo_names_an_unknown_env_id_in_one_line_with_the_nearest():
+    result = invoke("demo", "--seconds", "1", "--env", "CartPol-v1")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "unknown env id 'CartPol-v1'" in result.stderr and "did you mean CartPole-v1" in result.stderr
+
+
 def test_demo_refuses_an_env_its_policy_cannot_act_in():
     result = invoke("demo", "--seconds", "1", "--env", "Pendulum-v1")  # a Box action space
     assert result.exit_code == 1, result.stderr
@@ -109,3 +115,34 @@ def test_evaluate_video_without_moviepy_names_the_extra(weights_run, monkeypatch
         "Error: --video needs moviepy (gymnasium's RecordVideo writes mp4 files with it), which is not installed: "
         "pip install 'rqrl[video]'"]
     assert not (weights_run / "videos").exists()
+
+
+def test_ctrl_c_while_a_command_starts_exits_130_not_click_s_aborted(monkeypatch):
+    """A Ctrl-C before a command handles its own (`rqrl train` importing torch, say) exits as one later does."""
+    import redis
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(redis.Redis, "from_url", interrupted)
+    result = invoke("stop", "some-run", "--redis-url", "redis://127.0.0.1:1")
+    assert result.exit_code == 130 and "Aborted!" not in result.stderr, result.stderr
+    assert "interrupted (SIGINT) while the command started" in result.stderr
+
+
+def test_evaluate_takes_a_file_of_the_run_by_name_or_a_weights_file_alone(weights_run):
+    import shutil
+
+    shutil.copy(weights_run / "best.safetensors", weights_run / "final.safetensors")
+    for arguments in (("--checkpoint", "final"), ("--checkpoint", "final.safetensors"),
+                      ("--checkpoint", str(weights_run / "final.safetensors"))):
+        result = invoke("evaluate", str(weights_run), *arguments, "--episodes", "1")
+        assert result.exit_code == 0, result.stderr
+        assert f"weights: {weights_run / 'final.safetensors'}" in result.stdout, arguments
+    result = invoke("evaluate", "--checkpoint", str(weights_run / "final.safetensors"), "--episodes", "1")
+    assert result.exit_code == 0 and f"weights: {weights_run / 'final.safetensors'}" in result.stdout
+    result = invoke("evaluate", str(weights_run), "--checkpoint", "checkpoint")
+    assert result.exit_code == 2 and "holds no checkpoint.safetensors; its weights files: best, final" in result.stderr
+    result = invoke("evaluate", "--checkpoint", "final")
+    assert result.exit_code == 2 and "no weights file 'final'; with RUN_DIR, name one" in result.stderr
+    assert invoke("evaluate").exit_code == 2

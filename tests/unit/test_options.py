@@ -112,5 +112,5 @@ def test_the_secret_comes_from_rqrl_secret_only_when_redis_came_from_redis_url(m
     with pytest.raises(ConfigError, match="an external Redis needs a shared secret"):
         run_secret(RunOptions(redis_url="redis://elsewhere:6379/0"), embedded=False)  # a URL given: no guessing
     monkeypatch.delenv("RQRL_SECRET")
-    with pytest.raises(ConfigError, match=r"pass secret=.*or, with Redis from REDIS_URL, set RQRL_SECRET"):
+    with pytest.raises(ConfigError, match=r"set RQRL_SECRET \(for `rqrl train`, and for a script that takes Redis"):
         run_secret(RunOptions(), embedded=False, redis_from_environment=True)
