@@ -75,11 +75,22 @@ class EmbeddedRedis:
         return f"unix://{self.socket_path}?db=0"
 
     def start(self) -> EmbeddedRedis:
+        """Start redis-server and wait until it answers; whatever ends the start early (a failure, a Ctrl-C) leaves
+        no process and no folder behind."""
         self.directory = Path(tempfile.mkdtemp(prefix="rqrl-redis-"))
+        try:
+            self._launch(self.directory)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("embedded redis-server on %s", self.socket_path)
+        return self
+
+    def _launch(self, directory: Path) -> None:
         command = [
             self.executable, "--port", "0", "--unixsocket", self.socket_path, "--unixsocketperm", "700",
-            "--save", "", "--appendonly", "no", "--dir", str(self.directory), "--daemonize", "no",
-            "--loglevel", "warning", "--logfile", str(self.directory / "redis.log"),
+            "--save", "", "--appendonly", "no", "--dir", str(directory), "--daemonize", "no",
+            "--loglevel", "warning", "--logfile", str(directory / "redis.log"),
         ]
         # started from the main thread, the kernel stops redis-server if the learner dies; from other
         # threads that would fire when the thread ends, so there only stop() and atexit clean up
@@ -89,7 +100,6 @@ class EmbeddedRedis:
                                             stderr=subprocess.PIPE, start_new_session=True,  # Ctrl-C: the learner's
                                             preexec_fn=die_with_parent_thread if in_main_thread else None)
         except OSError as error:  # removed or made unusable since it was found
-            self.stop()
             raise RedisServerNotFoundError(
                 f"cannot run {self.executable} ({error}); point redis_server= (RQRL_REDIS_SERVER on the command "
                 f"line) to a redis-server binary. To get one: {INSTALL_HINT}"
@@ -98,16 +108,13 @@ class EmbeddedRedis:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 message = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                self.stop()
                 raise RedisServerNotFoundError(
                     f"{self.executable} exited at start: {message.strip()}; point redis_server= (RQRL_REDIS_SERVER "
                     f"on the command line) to a working redis-server binary. To get one: {INSTALL_HINT}"
                 )
             if self._answers():
-                log.info("embedded redis-server on %s", self.socket_path)
-                return self
+                return
             time.sleep(0.02)
-        self.stop()
         raise ServerError(f"{self.executable} did not answer within {self.startup_timeout} s; check that it is a "
                           f"redis-server, or raise startup_timeout on a slow machine")
 

@@ -47,6 +47,22 @@ def test_embedded_redis_answers_ping_and_leaves_nothing_after_stop():
 
 
 @needs_redis_server
+def test_a_start_cut_short_by_ctrl_c_leaves_no_server_and_no_folder(monkeypatch):
+    server = EmbeddedRedis()
+    started = {}
+
+    def interrupted(self):
+        started.update(pid=self.process.pid, directory=Path(self.directory))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(EmbeddedRedis, "_answers", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    assert not alive(started["pid"]) and not started["directory"].exists()
+    assert server.process is None and server.directory is None
+
+
+@needs_redis_server
 def test_embedded_redis_listens_on_no_tcp_port():
     with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
         assert client.config_get("port") == {"port": "0"}
