@@ -74,6 +74,15 @@ def test_request_frames_prints_bytes_cpu_and_round_trips_of_both_requests() -> N
 
 
 @pytest.mark.timeout(300)
+def test_server_batch_prints_the_servers_cpu_for_both_requests() -> None:
+    out = run_benchmark("server_batch.py", "--clients", "2", "--threads", "2", "--steps", "4", "--repeats", "1",
+                        "--sources", "random")
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| random | . |")]
+    assert len(rows) == 1 and float(rows[0][2]) > 0 and float(rows[0][3]) > 0, out
+
+
+@pytest.mark.timeout(300)
 def test_inference_prints_round_trips_and_the_seed_comparison() -> None:
     out = run_benchmark("inference.py", "--seconds", "0.3", "--batch-sizes", "2", "--threads", "2", "--envs", "2",
                         "--hidden", "8")
