@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import gymnasium
@@ -59,6 +60,17 @@ def make_cartpole() -> gymnasium.Env:
 def make_misspelt_env() -> gymnasium.Env:
     """An env id with a typo: every actor thread that makes it dies at once."""
     return gymnasium.make("CartPol-v1")
+
+
+_made = itertools.count()
+
+
+def make_flaky_env() -> gymnasium.Env:
+    """CartPole, but two of every three makes in a process fail (a flaky simulator): the threads that get one go
+    on, the others die and are replaced until they get one too."""
+    if next(_made) % 3:
+        raise RuntimeError("the simulator did not start this time")
+    return gymnasium.make("CartPole-v1")
 
 
 def make_exploding_env() -> gymnasium.Env:

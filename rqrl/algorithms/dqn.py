@@ -187,7 +187,7 @@ def train(config: DqnConfig, *, secret: str | bytes | None = None, redis_server:
     check_resume(config, "dqn")
     run = _DqnRun(config)
     with closing(run.folder):
-        return _train(run, config, secret, redis_server)
+        return _train(run, run.config, secret, redis_server)
 
 
 def _train(run: _DqnRun, config: DqnConfig, secret: str | bytes | None, redis_server: str | None) -> TrainResult:
@@ -219,7 +219,7 @@ class _DqnRun:
     once a second): a metrics row, the progress line, best weights, checkpoints, and the stop once solved."""
 
     def __init__(self, config: DqnConfig):
-        self.config = config
+        self.config = config = dataclasses.replace(config)  # its own copy: the caller's config stays as given
         obs_shape, n_actions, threshold = env_spaces(config.env_id)
         self.target_return = config.target_return if config.target_return is not None else threshold
         torch.manual_seed(config.seed)
@@ -228,7 +228,6 @@ class _DqnRun:
             config.run_name, config.run_dir = Path(config.resume).name, str(Path(config.resume).parent)
         self.run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / self.run_name
-        self.folder = RunFolder(self.run_dir, config.resume)
         self.agent_config = AgentConfig(
             state_shape=obs_shape, state_dtype="uint8" if len(obs_shape) == 3 else "float32",
             action_space_size=n_actions, replay_capacity=config.replay_capacity,
@@ -247,7 +246,8 @@ class _DqnRun:
                         config.resume, self.before["env_steps"], config.minimum_buffer_size)
         self.best: float | None = self.before["best_mean_return"]
         self.metrics: MetricsWriter | None = None
-        """Made with the run folder at the first tick: a launch that fails leaves no folder."""
+        """Made with the run folder at the first tick after the first transition: a launch that fails leaves none."""
+        self.announced = False
         self.shown = Progress(f"DQN {config.env_id}", total=config.total_env_steps,
                               initial=int(self.before["env_steps"]), enabled=config.progress,
                               interval=config.progress_seconds)
@@ -257,6 +257,7 @@ class _DqnRun:
             repeat_action_probability=config.repeat_action_probability)
         # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
         self.last_row = (self.before["env_steps"], self.before["train_steps"]) if config.resume else None
+        self.folder = RunFolder(self.run_dir, config.resume)  # last: a constructor that fails holds no folder
 
     def seed_config(self, secret: str | bytes | None, redis_server: str | None) -> Config:
         """The SEED trainer's settings for this run."""
@@ -304,10 +305,15 @@ class _DqnRun:
                 "mean_return": self.mean_return(trainer)}
 
     def tick(self, trainer: Trainer) -> None:
-        """The trainer's progress callback: write what changed, save, and stop once solved or out of steps."""
-        if self.metrics is None:
-            self.open_run_folder()
+        """The trainer's progress callback: write what changed, save, and stop once solved or out of steps. The
+        run folder is made at the first transition: a launch that fails (processes that keep dying) leaves none."""
+        if not self.announced:
+            self.announced = True
             self.shown.announce_redis(self.run_name, trainer.redis_url)
+        if self.metrics is None:
+            if not trainer.stats.transitions_received:
+                return
+            self.open_run_folder()
         now = self.counters(trainer)
         self.write_row(trainer, now)
         self.shown.update(now["env_steps"], mean_return=self.mean_return(trainer))
@@ -348,11 +354,11 @@ class _DqnRun:
 
     def close(self, trainer: Trainer) -> None:
         """The run's end state on disk: the last row, final weights, checkpoint, metrics and plot."""
-        if self.metrics is None and not trainer.stats.weights_version:  # the trainer never started: no folder,
-            self.shown.close()  # no untrained weights for evaluate or --resume
+        self.tick(trainer)  # the last row (and the folder, if the first transition came after the last tick)
+        if self.metrics is None:  # the run never started: no folder, no untrained weights for evaluate or --resume
+            self.shown.close()
             self.evaluation.close()
             return
-        self.tick(trainer)  # the last row (and the folder, if it ended before its first tick)
         self.evaluation.close()
         self.shown.close()
         save_weights(self.run_dir / "final.safetensors", self.agent.model_instance.network.state_dict(),

@@ -15,6 +15,7 @@ Actor-Learner Architectures" (V-trace: section 4, equations 1-2 and the policy g
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -365,7 +366,7 @@ class Learner:
     def __init__(self, config: ImpalaConfig):
         check_device("--learner-device", config.learner_device)
         check_resume(config, "impala")
-        self.config = config
+        self.config = config = dataclasses.replace(config)  # its own copy: the caller's config stays as given
         obs_shape, n_actions, threshold = env_spaces(config.env_id)
         self.target_return = config.target_return if config.target_return is not None else threshold
         if self.target_return is None:
@@ -462,7 +463,7 @@ def train(config: ImpalaConfig, actors: DistributedActors | None = None, *, secr
     and ``redis_server`` go to the default actors (see make_actors)."""
     learner = Learner(config)
     with closing(learner.folder):
-        return _train(learner, config, actors, secret, redis_server)
+        return _train(learner, learner.config, actors, secret, redis_server)
 
 
 def _train(learner: Learner, config: ImpalaConfig, actors: DistributedActors | None, secret: str | bytes | None,

@@ -18,6 +18,7 @@ et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Es
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import time
@@ -241,7 +242,7 @@ class PpoLearner:
     def __init__(self, config: PpoConfig):
         check_device("--learner-device", config.learner_device)
         check_resume(config, "ppo")
-        self.config = config
+        self.config = config = dataclasses.replace(config)  # its own copy: the caller's config stays as given
         obs_shape, n_actions, threshold = env_spaces(config.env_id)
         self.target_return = config.target_return if config.target_return is not None else threshold
         torch.manual_seed(config.seed)
@@ -343,7 +344,7 @@ def train(config: PpoConfig, sampler: Any = None, *, secret: str | bytes | None 
     any object with garage's ``obtain_samples`` (default: ``make_sampler``)."""
     learner = PpoLearner(config)
     with closing(learner.folder):
-        return _train(learner, config, sampler, secret, redis_server)
+        return _train(learner, learner.config, sampler, secret, redis_server)
 
 
 def _train(learner: PpoLearner, config: PpoConfig, sampler: Any, secret: str | bytes | None,

@@ -5,7 +5,9 @@ A learner takes its folder when it is made: a folder that holds a run (its confi
 learner resumes that very run, and a folder another learner on this machine holds is refused too. The hold is
 a POSIX lock on ``LOCK_NAME`` in the folder, the learner process's own (processes it forks do not take it along),
 released by ``close`` or when the process ends however it ends, so a killed learner's run can be resumed at once.
-A folder shared between machines (NFS) may not carry the lock: there only the refusal of a new run stands.
+Such a lock cannot tell two learners of one process apart (and closing any handle on the file drops it), so a
+process also keeps the folders its own learners hold, and opens the lock file once per folder. A folder shared
+between machines (NFS) may not carry the lock: there only the refusal of a new run stands.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import weakref
 from pathlib import Path
 from typing import BinaryIO
 
@@ -22,6 +25,9 @@ LOCK_NAME = ".learner.lock"
 """The file in a run folder that its learner holds a lock on, and that names that learner."""
 
 __all__ = ["LOCK_NAME", "RunFolder"]
+
+_held: weakref.WeakValueDictionary[Path, RunFolder] = weakref.WeakValueDictionary()
+"""The folders this process's learners hold, by resolved path (a learner dropped unclosed lets go of its own)."""
 
 
 class RunFolder:
@@ -50,6 +56,7 @@ class RunFolder:
     def close(self) -> None:
         """Let the folder go: another learner may resume the run now."""
         if self._lock is not None:
+            _held.pop(self.path.resolve(), None)
             self._lock.close()
             self._lock = None
 
@@ -60,6 +67,10 @@ class RunFolder:
         return f"{reason} before the run started: nothing written, no run folder"
 
     def _hold(self) -> None:
+        if self.path.resolve() in _held:
+            raise RunFolderError(
+                f"{self.path} is being written by another learner of this process (process {os.getpid()}): let "
+                f"its train() end first")
         lock = open(self.path / LOCK_NAME, "a+b")  # noqa: SIM115 - held open until close()
         try:
             fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -75,6 +86,7 @@ class RunFolder:
         lock.write(f"process {os.getpid()} on {socket.gethostname()}".encode())
         lock.flush()
         self._lock = lock
+        _held[self.path.resolve()] = self
 
 
 def _resumes(resumed: str | Path | None, path: Path) -> bool:

@@ -73,12 +73,12 @@ class _RqrlGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
-        """The command; a Ctrl-C that reaches here (while a command starts, before it handles its own) exits 130,
-        as Ctrl-C later does, where click's default says "Aborted!" and exits 1."""
+        """The command; a Ctrl-C that reaches here (one while a command starts, before it handles its own, or in
+        a command that does not) exits 130, as a run's does, where click's default says "Aborted!" and exits 1."""
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
-            click.echo("interrupted (SIGINT) while the command started", err=True)
+            click.echo("interrupted (SIGINT)", err=True)
             raise SystemExit(INTERRUPTED_EXIT_CODES["SIGINT"]) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -48,6 +48,8 @@ REPLY_TTL_SECONDS = 60
 """A reply list nobody reads (its client died) expires after this long."""
 DELAY_POLL_SECONDS = 0.0005
 """How often a server looks for more requests while a batch waits out its delay."""
+SHRINK_BATCH_BYTES = 64 * 2**20
+"""A server's batch array larger than this, four times or more the last batch's, is let go (ObservationBatch)."""
 IDLE_POLL_SECONDS = 0.5
 """How long a server blocks for a first request before it looks at the stop flag and weights again."""
 
@@ -508,7 +510,16 @@ class ObservationBatch:
         """The batch's observations ``(rows, *obs_shape)``: a view, valid until the next ``clear``."""
         return self._array[:self.rows]
 
+    @property
+    def capacity(self) -> int:
+        """Observations the batch holds without growing."""
+        return len(self._array)
+
     def clear(self) -> None:
+        """Empty the batch for the next one; an array grown far past the batch just answered (after one huge
+        request) is let go rather than kept from batch to batch."""
+        if self._array.nbytes > SHRINK_BATCH_BYTES and len(self._array) > 4 * self.rows:
+            self._array = np.empty(0, np.uint8)
         self.rows = 0
 
 

@@ -52,6 +52,11 @@ client is that many requests' distinct frames: 1.8 MB for 16 threads of Atari st
 REBALANCE_REQUESTS = 64
 """A client sends every this many-th request (of those it sends, re-sends counted) whole, to any server (about
 1.5% more frame bytes at 4-frame stacks)."""
+MAX_REQUEST_NUMBER = 2**62
+"""Request numbers a server takes are below this (a client counts from 0); the held requests' table stores them
+as int64, and -1 marks its free rows."""
+COMPACT_SLOTS = 1024
+"""A client's pool of more slots than this, four times or more those its held requests list, is compacted."""
 IDLE_CLIENT_SECONDS = 60.0
 """A server drops the frames of a client it has not heard from for this long (the client died, or moved)."""
 __all__ = ["HELD_REQUESTS", "REBALANCE_REQUESTS", "FramesMissing", "HeldFrames", "RebuiltObservations", "SentFrames"]
@@ -164,11 +169,15 @@ class HeldFrames:
         """The observations that request ``number`` of ``client`` rebuilds, its frames then held for the client's
         next ones; FramesMissing if it relies on frames not held, RecordError if its arrays do not fit (then
         nothing is held or changed)."""
+        if not 0 <= number < MAX_REQUEST_NUMBER:
+            raise RecordError(f"a request numbered {number}: clients number their requests 0, 1, 2, ...")
         source, frames, index = _checked(arrays)
         check_frame_index(index, frames, len(source))
         now = time.monotonic()
         sent = source[:, 0] < 0
         held = self._clients.get(client)
+        if held is not None:
+            held.compact_if_sparse()
         if held is None or not held.fits(frames):  # a first request, or one of frames of another kind
             if sent.all():
                 held = _ClientFrames(frames)
@@ -263,6 +272,24 @@ class _ClientFrames:
         listed = np.bincount(self._table[row, :self._lengths[row]], minlength=len(self.uses))
         self.uses -= listed
         self.free = np.concatenate([self.free, np.flatnonzero((self.uses == 0) & (listed > 0))])
+
+    def compact_if_sparse(self) -> None:
+        """Keep only the slots the held requests list once they are a quarter of the pool or less (a request far
+        bigger than the client's others has left): the pool, counts and table would otherwise stay at their peak,
+        and cost each request a pass over them. Before a request is rebuilt, never between a rebuild and its
+        gather: the slots change."""
+        if len(self.pool) <= COMPACT_SLOTS or len(self.pool) <= 4 * int(np.count_nonzero(self.uses)):
+            return
+        used = np.flatnonzero(self.uses)
+        moved = np.full(len(self.pool), -1, np.intp)
+        moved[used] = np.arange(len(used))
+        self.pool, self.uses, self.free = self.pool[used], self.uses[used], np.zeros(0, np.intp)
+        held_rows = np.flatnonzero(self._numbers >= 0)
+        table = np.zeros((len(self._table), int(self._lengths[held_rows].max(initial=0))), np.intp)
+        for row in held_rows.tolist():
+            length = self._lengths[row]
+            table[row, :length] = moved[self._table[row, :length]]
+        self._table = table
 
     def _grow(self, needed: int) -> None:
         size = len(self.pool)

@@ -54,8 +54,8 @@ log = logging.getLogger(__name__)
 
 SUPERVISE_SECONDS = 0.2
 START_FAILURES = 5
-"""Deaths of one actor or server process, or of one actor thread, before any transition arrived after which start()
-raises."""
+"""Deaths of one actor or server process, or of each thread of an actor process, before any transition arrived
+after which start() raises."""
 DROP_CHECK_SECONDS = 2.0
 """How often the learner looks for dead actor and server processes and for reported thread deaths."""
 UNTOLD_STOP_SECONDS = 2.0
@@ -305,8 +305,7 @@ class Trainer:
                        f"{str(event.get('error', '')).strip().splitlines()[-1:]}")
             log.warning("%s\n%s", message, event.get("error", ""))
             self.stats.restarts.append(message)
-            self._give_up_on_thread(run, f"actor {event.get('actor')}'s thread {event.get('thread')}",
-                                    str(event.get("error", "")))
+            self._give_up_on_threads(run, event)
         now = time.monotonic()
         dead = [(name, f"(pid {process.pid}), which {_exit_cause(process.exitcode)}")
                 for name, process in self.processes.items() if not process.is_alive()]
@@ -332,18 +331,23 @@ class Trainer:
             if self._launcher is not None:
                 self._launcher(name)
 
-    def _give_up_on_thread(self, run: SeedRun, name: str, error: str) -> None:
-        """ProcessesDiedError once actor thread ``name`` has died START_FAILURES times before any transition
-        arrived: its env or the agent fails every time (an env id misspelt, an action space the agent does not
-        fit), and replacing it again would not change that."""
-        failures = self._failures[name] = self._failures.get(name, 0) + 1
-        if failures >= START_FAILURES and self.stats.transitions_received == 0:
-            last = error.strip().splitlines()[-1:] or ["no error"]
+    def _give_up_on_threads(self, run: SeedRun, death: dict[str, Any]) -> None:
+        """ProcessesDiedError once every thread of an actor process has died START_FAILURES times before any
+        transition arrived: its env or the agent fails every time (an env id misspelt, an action space the agent
+        does not fit), and replacing them again would not change that. An env that fails now and then leaves some
+        thread that gets through, and the run goes on."""
+        actor = death.get("actor")
+        name = f"actor {actor}'s thread {death.get('thread')}"
+        self._failures[name] = self._failures.get(name, 0) + 1
+        threads = [self._failures.get(f"actor {actor}'s thread {index}", 0)
+                   for index in range(self.config.actor_threads)]
+        if min(threads) >= START_FAILURES and self.stats.transitions_received == 0:
+            last = str(death.get("error", "")).strip().splitlines()[-1:] or ["no error"]
             raise ProcessesDiedError(
-                f"run {run.keys.run_name}: {name} died {failures} times before the first transition arrived, the "
-                f"last time with {last[0]}; the trainer gives up. Check the environment factory (does it make the "
-                f"env in a fresh process?) and that the agent fits the env's spaces (action_space_size, "
-                f"state_shape); the whole traceback is logged above")
+                f"run {run.keys.run_name}: every thread of actor {actor} died {START_FAILURES} times or more before "
+                f"the first transition arrived, {name} last with {last[0]}; the trainer gives up. Check the "
+                f"environment factory (does it make the env in a fresh process?) and that the agent fits the env's "
+                f"spaces (action_space_size, state_shape); the whole traceback is logged above")
 
     def _shutdown(self, run: SeedRun | None, embedded: EmbeddedRedis | None, own_connection: Any) -> None:
         """Stop the processes, take in the transitions still queued, delete the run's keys; a Redis that is gone

@@ -35,3 +35,23 @@ def test_a_folder_another_learner_holds_is_refused_until_that_learner_ends(tmp_p
     finally:
         holder.kill()
         holder.wait(10)
+
+
+@pytest.mark.timeout(120)
+def test_a_dqn_launch_that_fails_leaves_no_run_folder(tmp_path: Path) -> None:
+    """An env registered only in the learner's process: every actor thread dies, the trainer gives up, and the
+    run's name is free for the run that fixes it (a folder left behind would be refused as a run)."""
+    import gymnasium
+
+    from rqrl.algorithms.dqn import DqnConfig, train
+    from rqrl.errors import ProcessesDiedError
+
+    gymnasium.register("LearnerOnlyCartPole-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv",
+                       max_episode_steps=200)
+    try:
+        with pytest.raises(ProcessesDiedError, match="every thread of actor 0"):
+            train(DqnConfig(env_id="LearnerOnlyCartPole-v0", run_dir=str(tmp_path), run_name="exp", progress=False,
+                            actor_processes=1, actor_threads=2, total_env_steps=2000, minimum_buffer_size=100))
+    finally:
+        del gymnasium.registry["LearnerOnlyCartPole-v0"]
+    assert not (tmp_path / "exp").exists()

@@ -24,7 +24,14 @@ from tests.children import alive
 from tests.conftest import TEST_SECRET
 from tests.integration.test_trainer import config  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
-from tests.seed_fixtures import SlowAgent, cartpole_agent, make_cartpole, make_misspelt_env, mlp_failing_in_children
+from tests.seed_fixtures import (
+    SlowAgent,
+    cartpole_agent,
+    make_cartpole,
+    make_flaky_env,
+    make_misspelt_env,
+    mlp_failing_in_children,
+)
 
 
 def pushed(connection, run_name) -> int:
@@ -202,11 +209,22 @@ def test_servers_that_keep_dying_at_start_make_start_raise_with_the_cause(redis_
 def test_actor_threads_that_keep_dying_at_start_make_start_raise_with_the_cause(redis_url, connection, run_name):
     trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_misspelt_env)
     started = time.monotonic()
-    with pytest.raises(ProcessesDiedError, match=r"actor 0's thread \d+ died 5 times before the first transition "
-                                                 r"arrived, the last time with .*NameNotFound") as raised:
+    with pytest.raises(ProcessesDiedError, match=r"every thread of actor \d died 5 times or more before the first "
+                                                 r"transition arrived, actor \d's thread \d+ last with .*NameNotFound"
+                       ) as raised:
         trainer.start(120)
     assert time.monotonic() - started < 60, "start() waited out its duration instead of giving up"
     assert "Check the environment factory" in str(raised.value)
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
+def test_an_env_that_fails_to_start_now_and_then_does_not_stop_the_run(redis_url, connection, run_name):
+    """Threads whose env failed to start die and are replaced, over and over for some, but the others step: the
+    run trains (a give-up counted per thread failed such runs)."""
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name, minimum_buffer_size=50), make_flaky_env)
+    trainer.start(8.0)
+    assert trainer.stats.transitions_received > 0 and trainer.stats.train_steps > 0
+    assert any("the simulator did not start this time" in line for line in trainer.stats.restarts)
     assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
 
 

@@ -117,3 +117,18 @@ def test_a_servers_batch_holds_what_concatenating_its_requests_would() -> None:
     batch.clear()
     batch.add(np.ones((2, 3), np.int64))
     np.testing.assert_array_equal(batch.view(), np.ones((2, 3), np.int64))
+
+
+def test_a_servers_batch_lets_go_of_an_array_grown_far_past_its_batches(monkeypatch) -> None:
+    from rqrl.seed import inference
+
+    monkeypatch.setattr(inference, "SHRINK_BATCH_BYTES", 1000)
+    batch = ObservationBatch()
+    batch.add(np.zeros((100, 64), np.uint8))  # one huge request
+    batch.clear()
+    batch.add(np.ones((2, 64), np.uint8))
+    assert batch.capacity == 100  # the huge batch was the last one: kept
+    batch.clear()
+    assert batch.capacity == 0  # a batch of 2 in an array of 100: let go
+    batch.add(np.ones((3, 64), np.uint8))
+    np.testing.assert_array_equal(batch.view(), np.ones((3, 64), np.uint8))

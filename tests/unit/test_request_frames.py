@@ -246,12 +246,16 @@ def test_a_late_copy_of_an_earlier_request_keeps_the_order_the_client_counts_on(
     assert 2 in arrays["frame_source"][:, 0].tolist()
 
 
+@pytest.mark.parametrize("compact_slots", [request_frames.COMPACT_SLOTS, 4], ids=["pool as it grows", "compacted"])
 @pytest.mark.parametrize("seed", range(12))
-def test_whatever_is_lost_delayed_or_restarted_no_observation_is_rebuilt_wrong(seed: int) -> None:
+def test_whatever_is_lost_delayed_or_restarted_no_observation_is_rebuilt_wrong(
+        seed: int, compact_slots: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two servers that restart now and then, copies of requests that arrive late, answers that are lost, envs
     that ask at random and frames that repeat across envs: every rebuild the servers make is the observations
-    asked about, and most requests still rely on held frames."""
+    asked about, and most requests still rely on held frames (also with pools compacted whenever they can be)."""
     import random
+
+    monkeypatch.setattr(request_frames, "COMPACT_SLOTS", compact_slots)
 
     draw, numbers = random.Random(seed), np.random.default_rng(seed)
     envs, steps = 4, 150
@@ -335,3 +339,29 @@ def test_rebuilt_observations_are_gathered_into_an_array_of_any_dtype() -> None:
     into = np.empty(one_frame.shape, np.uint8)
     rebuilt.write(into)
     np.testing.assert_array_equal(into, one_frame)
+
+
+@pytest.mark.parametrize("number", [-1, -7, 2**62, 2**64])
+def test_a_request_numbered_outside_what_clients_count_is_refused_and_changes_nothing(number: int) -> None:
+    """-1 marks the held requests' free rows, and numbers past int64 do not fit them: a signed request with such a
+    number must neither corrupt the frames held for the client nor stop the server."""
+    client, server = Client(), HeldFrames()
+    stacks = env_stacks(envs=2, steps=3)
+    round_trip(client, server, stacks[0])
+    with pytest.raises(RecordError, match=f"a request numbered {number}"):
+        server.rebuild("client", number, Client().request(stacks[0])[0])
+    round_trip(client, server, stacks[1])
+    arrays, to_server = round_trip(client, server, stacks[2])
+    assert (len(arrays["frames"]), to_server) == (2, "server-0")
+
+
+def test_a_clients_pool_shrinks_back_after_a_request_far_bigger_than_its_others() -> None:
+    client, server = Client(), HeldFrames()
+    big = np.random.default_rng(5).integers(0, 256, (600, DEPTH, SIDE, SIDE), np.uint8)  # 2,400 distinct frames
+    round_trip(client, server, big)
+    peak = server.pool_bytes
+    stacks = env_stacks(envs=2, steps=HELD_REQUESTS + 2, seed=6)
+    client.frames.forget()
+    for step in stacks:
+        round_trip(client, server, step)
+    assert server.pool_bytes <= peak // 10, (server.pool_bytes, peak)

@@ -60,3 +60,28 @@ def test_what_a_learner_says_as_it_stops_depends_on_whether_it_wrote_a_folder(tm
     assert folder.stopping("interrupted (SIGINT)") == (f"interrupted (SIGINT): writing a checkpoint; resume with "
                                                        f"--resume {tmp_path / 'new'}")
     folder.close()
+
+
+def test_two_learners_of_one_process_cannot_hold_one_folder(tmp_path: Path) -> None:
+    """A process's POSIX lock cannot tell its own learners apart (and a second handle's close would drop it): the
+    process keeps the folders its learners hold."""
+    first = RunFolder(tmp_path / "run")
+    first.open()
+    with pytest.raises(RunFolderError, match="another learner of this process"):
+        RunFolder(tmp_path / "run")
+    first.close()
+    RunFolder(tmp_path / "run").close()
+
+
+@pytest.mark.parametrize("learner", ["impala", "ppo", "dqn"])
+def test_a_learner_leaves_the_callers_config_as_given(tmp_path: Path, learner: str) -> None:
+    """A sweep that trains one config object twice gets two runs: the generated run name stays the learner's."""
+    made = {"impala": (ImpalaConfig, Learner), "ppo": (PpoConfig, PpoLearner), "dqn": (DqnConfig, _DqnRun)}
+    config_class, learner_class = made[learner]
+    config = config_class(run_dir=str(tmp_path), progress=False)
+    names = set()
+    for _ in range(2):
+        made_learner = learner_class(config)
+        names.add(made_learner.run_dir.name)
+        made_learner.folder.close()
+    assert config.run_name is None and len(names) == 2 and all(name.startswith(learner) for name in names)
