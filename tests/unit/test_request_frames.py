@@ -321,6 +321,7 @@ def test_a_whole_request_of_frames_of_another_shape_starts_its_client_over() -> 
     client.frames.forget()
     wider = np.random.default_rng(3).integers(0, 256, (2, DEPTH, SIDE, SIDE + 2), np.uint8)
     round_trip(client, server, wider)
+    assert server.pool_bytes % (SIDE * (SIDE + 2)) == 0  # the narrower frames' pool is gone, not kept beside
     stacks = np.concatenate([wider[:, 1:], np.zeros((2, 1, SIDE, SIDE + 2), np.uint8)], axis=1)
     arrays, to_server = round_trip(client, server, stacks)  # relies on the wider frames, held now
     assert (len(arrays["frames"]), to_server) == (1, "server-0")
