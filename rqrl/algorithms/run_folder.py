@@ -64,6 +64,8 @@ class RunFolder:
         """The line a learner logs as it stops early for ``reason`` ("interrupted (SIGINT)", say)."""
         if self.opened:
             return f"{reason}: writing a checkpoint; resume with --resume {self.path}"
+        if self._lock is not None:  # a resumed run's folder, from its earlier sessions
+            return f"{reason} before the run went on: nothing written; resume with --resume {self.path}"
         return f"{reason} before the run started: nothing written, no run folder"
 
     def _hold(self) -> None:

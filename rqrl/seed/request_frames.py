@@ -212,7 +212,7 @@ class _ClientFrames:
         self.pool = np.empty((0, *like.shape[1:]), like.dtype)
         self.uses = np.zeros(0, np.intp)
         self.free = np.zeros(0, np.intp)
-        self.requests: deque[tuple[int, int]] = deque()  # (request number, its row), oldest first
+        self._order: deque[int] = deque()  # the held requests' rows, oldest first
         self.seen = 0.0
         self._table = np.zeros((HELD_REQUESTS + 1, 0), np.intp)  # a row per held request: its frames' slots
         self._numbers = np.full(HELD_REQUESTS + 1, -1, np.int64)  # each row's request number (-1: none)
@@ -256,14 +256,14 @@ class _ClientFrames:
             self._release(row)
         else:
             row = int(np.flatnonzero(self._numbers < 0)[0])  # one row is always spare
-            self.requests.append((number, row))
+            self._order.append(row)
         if len(slots) > self._table.shape[1]:
             self._table = np.concatenate([self._table, np.zeros((len(self._table), len(slots) - self._table.shape[1]),
                                                                 np.intp)], axis=1)
         self._table[row, :len(slots)] = slots
         self._numbers[row], self._lengths[row] = number, len(slots)
-        if len(self.requests) > HELD_REQUESTS:
-            _, oldest = self.requests.popleft()
+        if len(self._order) > HELD_REQUESTS:
+            oldest = self._order.popleft()
             self._release(oldest)
             self._numbers[oldest] = -1
 

@@ -45,6 +45,8 @@ def test_every_learner_refuses_a_run_name_in_use_before_it_starts(earlier_run: P
 def test_resuming_the_run_in_the_folder_is_let_in(earlier_run: Path) -> None:
     for resumed in (earlier_run, earlier_run / "checkpoint.safetensors", str(earlier_run / ".." / "run")):
         folder = RunFolder(earlier_run, resumed)
+        assert folder.stopping("interrupted (SIGINT)") == ("interrupted (SIGINT) before the run went on: nothing "
+                                                           f"written; resume with --resume {earlier_run}")
         folder.close()
     with pytest.raises(RunFolderError):
         RunFolder(earlier_run, earlier_run.parent / "another-run")  # another run's checkpoint into this folder
