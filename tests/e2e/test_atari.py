@@ -41,9 +41,11 @@ def train(tmp_path, *arguments: str) -> tuple[dict, list[dict]]:
 
 
 def test_impala_trains_the_cnn_on_pong_with_local_workers(tmp_path):
-    summary, rows = train(tmp_path, "--env", "ALE/Pong-v5", "--total-env-steps", "2560", "--n-actors", "2",
+    # a game of Pong takes 816-1,081 agent steps at random (6 seeds), longer once the ball is returned: 1,920 steps
+    # an actor (1,280 failed CI once, one game short) leave each actor a whole game
+    summary, rows = train(tmp_path, "--env", "ALE/Pong-v5", "--total-env-steps", "3840", "--n-actors", "2",
                           "--batch-size", "2", "--n-rollout-steps", "32", "--workers", "2", "--seed", "1")
-    assert summary["env_steps"] >= 2560 and summary["updates"] >= 40, summary  # 64 steps an update
+    assert summary["env_steps"] >= 3840 and summary["updates"] >= 60, summary  # 64 steps an update
     assert summary["episodes"] >= 2 and -21 <= summary["mean_return"] <= -10, summary  # a whole game each
     assert float(rows[-1]["workers_alive"]) == 2 and math.isfinite(float(rows[-1]["policy_loss"]))
 
