@@ -105,6 +105,7 @@ class Trainer:
         self.run_name: str | None = None
         self._restart_after: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        self._thread_deaths: collections.Counter[tuple[Any, Any]] = collections.Counter()  # (actor, thread) index
         self._launcher: Callable[[str], None] | None = None
         self.fleet: JobFleet | None = None  # the actor and server jobs, with Config.queue_name
         self.started_pids: list[int] = []  # every process the last start() started, replacements included
@@ -138,6 +139,7 @@ class Trainer:
         self.stopped_from_outside = False
         self.started_pids = []
         self._failures.clear()
+        self._thread_deaths.clear()
         self._restart_after.clear()
         self.stats = TrainerStats()
         self._last_sequence = {}
@@ -336,11 +338,10 @@ class Trainer:
         transition arrived: its env or the agent fails every time (an env id misspelt, an action space the agent
         does not fit), and replacing them again would not change that. An env that fails now and then leaves some
         thread that gets through, and the run goes on."""
-        actor = death.get("actor")
-        name = f"actor {actor}'s thread {death.get('thread')}"
-        self._failures[name] = self._failures.get(name, 0) + 1
-        threads = [self._failures.get(f"actor {actor}'s thread {index}", 0)
-                   for index in range(self.config.actor_threads)]
+        actor, thread = death.get("actor"), death.get("thread")
+        self._thread_deaths[actor, thread] += 1
+        name = f"actor {actor}'s thread {thread}"
+        threads = [self._thread_deaths[actor, index] for index in range(self.config.actor_threads)]
         if min(threads) >= START_FAILURES and self.stats.transitions_received == 0:
             last = str(death.get("error", "")).strip().splitlines()[-1:] or ["no error"]
             raise ProcessesDiedError(
