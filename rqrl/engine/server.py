@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from rqrl.engine.process import die_with_parent_thread
+from rqrl.engine.server_folder import ServerFolder, sweep_abandoned_folders
 from rqrl.errors import RedisServerNotFoundError, ServerError
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,19 @@ class EmbeddedRedis:
     def __init__(self, executable: str | None = None, startup_timeout: float = 10.0):
         self.executable = find_redis_server(executable)
         self.startup_timeout = startup_timeout
-        self.directory: Path | None = None
+        self.folder: ServerFolder | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
+    def directory(self) -> Path | None:
+        """The private folder of the socket and the log, while started."""
+        return self.folder.path if self.folder is not None else None
+
+    @property
     def socket_path(self) -> str:
-        if self.directory is None:
+        if self.folder is None:
             raise ServerError("EmbeddedRedis is not started: call start() first, or use it in a with block")
-        return str(self.directory / "redis.sock")
+        return self.folder.socket_path
 
     @property
     def url(self) -> str:
@@ -76,10 +81,11 @@ class EmbeddedRedis:
 
     def start(self) -> EmbeddedRedis:
         """Start redis-server and wait until it answers; whatever ends the start early (a failure, a Ctrl-C) leaves
-        no process and no folder behind."""
-        self.directory = Path(tempfile.mkdtemp(prefix="rqrl-redis-"))
+        no process and no folder behind. Folders left by learners that were killed go first."""
+        sweep_abandoned_folders()
+        self.folder = ServerFolder()
         try:
-            self._launch(self.directory)
+            self._launch(self.folder.path)
         except BaseException:
             self.stop()
             raise
@@ -142,9 +148,9 @@ class EmbeddedRedis:
         if self.process is not None and self.process.stderr:
             self.process.stderr.close()
         self.process = None
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory = None
+        if self.folder is not None:
+            self.folder.remove()
+            self.folder = None
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

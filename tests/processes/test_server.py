@@ -5,14 +5,21 @@ The tests here start processes; the in-process ones are in tests/integration/tes
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import redis
 
 from rqrl.engine.server import EmbeddedRedis, find_redis_server
 from rqrl.errors import RedisServerNotFoundError
+from tests.children import REPO_ROOT, alive, worker_env
 from tests.integration.test_server import REDIS_SERVER, needs_redis_server  # noqa: F401 - shared with the in-process tests
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,3 +49,39 @@ def test_an_explicit_redis_server_path_is_used(tmp_path):
     with EmbeddedRedis(str(copy)) as server, redis.Redis.from_url(server.url) as client:
         assert server.executable == str(copy)
         assert client.ping()
+
+
+KILLED_LEARNER = """
+import sys, threading
+from rqrl.engine.server import EmbeddedRedis
+servers = []
+starter = threading.Thread(target=lambda: servers.append(EmbeddedRedis().start()))  # no parent-death signal
+starter.start()
+starter.join()
+print(servers[0].process.pid, servers[0].directory, flush=True)
+sys.stdin.read()
+"""
+
+
+@needs_redis_server
+def test_a_killed_learner_s_folder_and_redis_go_at_the_next_start(tmp_path, monkeypatch):
+    environment = worker_env(TMPDIR=str(tmp_path))
+    learner = subprocess.Popen([sys.executable, "-c", KILLED_LEARNER], env=environment, cwd=REPO_ROOT,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid, folder = learner.stdout.readline().split()
+    finally:
+        learner.kill()
+        learner.wait(10)
+        learner.stdin.close()
+        learner.stdout.close()
+    try:
+        assert alive(int(pid)) and Path(folder).is_dir(), "the redis-server should outlive its learner here"
+        monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+        with EmbeddedRedis() as server:
+            assert server.directory.parent == tmp_path
+        wait_until(lambda: not alive(int(pid)), 10, message="the orphaned redis-server to shut down")
+        assert not Path(folder).exists()
+    finally:
+        if alive(int(pid)):
+            os.kill(int(pid), signal.SIGKILL)
