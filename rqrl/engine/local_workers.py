@@ -4,8 +4,10 @@ processes, stopped by stop(), and by a last-resort finalizer if the learner forg
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import multiprocessing.process
 import os
+import signal
 import uuid
 import weakref
 
@@ -23,8 +25,19 @@ def multiprocessing_context(start_method: str | None) -> ProcessContext:
     method = start_method
     context = process_context(method)
     if method == "forkserver":
-        context.set_forkserver_preload(["rqrl.engine.worker"])
+        start_forkserver()
     return context
+
+
+def start_forkserver() -> None:
+    """Start the forkserver (once per process), preloading the worker's modules, with SIGINT blocked: a Ctrl-C
+    while it starts stays pending here, raised once it has started, and is dropped there (forkserver_preload)."""
+    multiprocessing.forkserver.set_forkserver_preload(["rqrl.engine.forkserver_preload"])
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class LocalWorkers:
