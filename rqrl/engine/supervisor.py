@@ -162,9 +162,10 @@ class Supervisor:
 
     def workers_alive(self, cached: bool = True) -> int:
         """Workers on the run's queue with a heartbeat within the run's liveness window (a SIGKILLed
-        worker stays registered in RQ for minutes); re-read at most once a second if ``cached``."""
+        worker stays registered in RQ for minutes); re-read at most once a second if ``cached``, but at every call
+        while none was found (a count taken as the run started read 0 while its first rollouts flowed)."""
         now = time.monotonic()
-        if not cached or now - self._workers_alive[0] > 1.0:
+        if not cached or now - self._workers_alive[0] > 1.0 or self._workers_alive[1] == 0:
             self._workers_alive = (now, count_live_workers(self.connection, self.queue,
                                                                      self.config.timings.liveness))
         return self._workers_alive[1]

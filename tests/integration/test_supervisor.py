@@ -8,7 +8,8 @@ from rq import Queue
 from rq.utils import utcformat
 
 from rqrl.engine.health import worker_heartbeat_ages, worker_is_healthy
-from rqrl.engine.supervisor import live_worker_names
+from rqrl.engine.run_config import RunConfig
+from rqrl.engine.supervisor import Supervisor, live_worker_names
 
 
 def register(connection, name: str, heartbeat: str | bytes, queue: str = "rqrl") -> None:
@@ -32,3 +33,15 @@ def test_a_forged_registration_dated_ahead_or_unreadable_is_no_live_worker(conne
     assert ages["rqrl.forever"] == ages["rqrl.tomorrow"] == ages["rqrl.junk"] == float("inf")
     healthy, why = worker_is_healthy(connection, "rqrl.forever")
     assert not healthy and why == "worker rqrl.forever has no heartbeat to trust (none, unreadable, or dated ahead)"
+
+
+def test_a_count_of_no_workers_is_read_again_at_once_and_others_kept_a_second(connection, run_name):
+    config = RunConfig(run_name=run_name, run_id="s", queue_name="rqrl-supervised", n_rollout_steps=4, n_actors=1,
+                       batch_size=1, queue_bound=1, actor_env_seeds=[0], actor_agent_seeds=[0], actor_groups=[[0]])
+    supervisor = Supervisor(connection, config, Queue("rqrl-supervised", connection=connection))
+    assert supervisor.workers_alive() == 0
+    register(connection, "rqrl.first", utcformat(datetime.datetime.now(datetime.UTC)), queue="rqrl-supervised")
+    assert supervisor.workers_alive() == 1, "a count of 0, taken as the run started, was kept for a second"
+    register(connection, "rqrl.second", utcformat(datetime.datetime.now(datetime.UTC)), queue="rqrl-supervised")
+    assert supervisor.workers_alive() == 1
+    assert supervisor.workers_alive(cached=False) == 2
