@@ -12,6 +12,7 @@ import contextlib
 import enum
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -380,6 +381,7 @@ def run_actor_process(redis_url: str, run_name: str, secret: str | bytes, actor_
     from rqrl.engine.process import exit_when_orphaned
 
     if learner_pid is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle: it stops us
         exit_when_orphaned(learner_pid)
     logging.basicConfig(level=logging.WARNING)
     Actor(SeedRun.attach(connect(redis_url), RunKeys(run_name), secret), actor_index).run_forever()

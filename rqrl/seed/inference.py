@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import threading
 import time
 import uuid
@@ -540,6 +541,7 @@ def run_server_process(redis_url: str, run_name: str, secret: str | bytes, serve
     from rqrl.engine.process import exit_when_orphaned
 
     if learner_pid is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle: it stops us
         exit_when_orphaned(learner_pid)
     keep_freed_memory()  # a server's buffers per batch: no page faults (rqrl.engine.memory)
     logging.basicConfig(level=logging.WARNING)

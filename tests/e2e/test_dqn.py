@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -72,6 +73,29 @@ def trained(run) -> bool:
     """Whether metrics.csv shows a train step."""
     path = run / "metrics.csv"
     return path.is_file() and any(int(row["train_steps"] or 0) > 0 for row in read_rows(path))
+
+
+def test_ctrl_c_stops_the_learner_and_its_processes_without_a_traceback(tmp_path):
+    run = tmp_path / "interrupted"
+    marker = uuid.uuid4().hex
+    command = [sys.executable, "-m", "rqrl", "train", "dqn", "--env", TRIVIAL_ENV, "--seconds", "600",
+               "--minimum-buffer-size", "100", "--target-return", "1000", "--run-dir", str(tmp_path),
+               "--run-name", "interrupted", "--progress-seconds", "0.5"]
+    learner = subprocess.Popen(command, cwd=REPO_ROOT, env=worker_env(RQRL_TEST_MARKER=marker),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_until(lambda: learner.poll() is not None or trained(run), 120, interval=0.2, message="a train step")
+        children = descendants(learner.pid)
+        os.killpg(learner.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+        stdout, stderr = communicate_or_show_stacks(learner, 60)
+    finally:
+        stop_process(learner)
+    assert learner.returncode == 130, stderr[-3000:]
+    assert "interrupted (SIGINT)" in stderr
+    assert "Traceback" not in stderr, stderr[-3000:]  # the actor and inference server processes printed one each
+    wait_until(lambda: not processes_with_marker(marker) and not any(map(alive, children)), 10, interval=0.1,
+               message=lambda: f"the learner's processes to exit after Ctrl-C: {processes_with_marker(marker)}")
+    assert json.loads((run / "summary.json").read_text())["stopped_by"] == "SIGINT"
 
 
 def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(tmp_path):
