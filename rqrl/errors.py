@@ -21,6 +21,7 @@
     ├── CollectTimeoutError                nothing arrived within the timeout
     │   └── NoWorkersError                 ... because no worker is alive
     ├── RunStoppedError                    the run was stopped while waiting
+    │   └── RunTakenOverError              ... or another learner resumed it
     ├── ProcessesDiedError                 a trainer's actor processes, threads or servers kept dying at start
     ├── LeaseLostError                     another job took over a job's actor group (workers only)
     ├── CheckpointError                    a checkpoint or weights file is missing, corrupted or foreign
@@ -141,6 +142,11 @@ class NoWorkersError(CollectTimeoutError):
 
 class RunStoppedError(RqrlError):
     """The run was stopped (or never started) while an operation waited on it."""
+
+
+class RunTakenOverError(RunStoppedError):
+    """Another learner resumed this learner's run (``resume=True``, ``rqrl train --resume``): this one stops and
+    leaves the run's keys and jobs to it."""
 
 
 class ProcessesDiedError(RqrlError):

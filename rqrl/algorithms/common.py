@@ -15,7 +15,7 @@ import numpy as np
 
 from rqrl.algorithms.atari import check_atari_options, is_atari, make_atari_env, register_atari_envs
 from rqrl.engine.connection import redact_url
-from rqrl.errors import ConfigError
+from rqrl.errors import ConfigError, RunStoppedError, RunTakenOverError
 
 ALGORITHMS = ("impala", "ppo", "dqn")
 FROZEN_ON_RESUME: dict[str, tuple[str, ...]] = {
@@ -55,7 +55,8 @@ class TrainResult:
     best_mean_return: float | None
     episodes: int
     stopped_by: str | None = None
-    """What interrupted the run: "SIGINT" (Ctrl-C), "SIGTERM" or "rqrl stop"; None if it ran to its end."""
+    """What interrupted the run: "SIGINT" (Ctrl-C), "SIGTERM", "rqrl stop" or "taken over" (another learner
+    resumed it); None if it ran to its end."""
     budget: str = "step"
     """Which budget an unsolved run that ran to its end reached: "step" (total_env_steps) or "time" (seconds)."""
     bottleneck: str | None = None
@@ -66,6 +67,11 @@ class TrainResult:
 
     def summary(self) -> dict[str, Any]:
         return {**asdict(self), "run_dir": str(self.run_dir)}
+
+
+def stopped_reason(error: RunStoppedError) -> str:
+    """TrainResult.stopped_by of a run that ended with ``error``."""
+    return "taken over" if isinstance(error, RunTakenOverError) else "rqrl stop"
 
 
 EXTRAS = {"box2d": "box2d"}

@@ -51,6 +51,7 @@ from rqrl.algorithms.common import (
     check_workers,
     env_factory,
     env_spaces,
+    stopped_reason,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -479,7 +480,7 @@ def _train(learner: Learner, config: ImpalaConfig, actors: DistributedActors | N
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         log.warning(learner.folder.stopping(f"interrupted ({stopped_by})"))
     except RunStoppedError as error:
-        stopped_by = "rqrl stop"
+        stopped_by = stopped_reason(error)
         log.warning(learner.folder.stopping(str(error)))
     finally:
         seconds = loop.close()

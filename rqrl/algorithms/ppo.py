@@ -50,6 +50,7 @@ from rqrl.algorithms.common import (
     env_factory,
     env_spaces,
     make_train_env,
+    stopped_reason,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -377,7 +378,7 @@ def _train(learner: PpoLearner, config: PpoConfig, sampler: Any, secret: str | b
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         log.warning(learner.folder.stopping(f"interrupted ({stopped_by})"))
     except RunStoppedError as error:
-        stopped_by = "rqrl stop"
+        stopped_by = stopped_reason(error)
         log.warning(learner.folder.stopping(str(error)))
     finally:
         progress.close()

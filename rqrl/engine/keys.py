@@ -136,6 +136,12 @@ class RunKeys:
         return self._key("learner_deadline")
 
     @property
+    def learner_token(self) -> str:
+        """The token of the learner that holds the run: a resuming learner writes its own, and the one it took the
+        run from stops at its next heartbeat or publish (``RunStore``, ``WeightStore``)."""
+        return self._key("learner_token")
+
+    @property
     def learner(self) -> str:
         """Hash the learner rewrites with each heartbeat: its counters and windowed throughput (``rqrl status``)."""
         return self._key("learner")

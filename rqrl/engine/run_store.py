@@ -18,6 +18,7 @@ from rq.job import Job
 
 from rqrl.engine.codec import dumps_object
 from rqrl.engine.keys import RunKeys
+from rqrl.engine.learner_token import held_by_another, taken_over_error
 from rqrl.engine.leases import group_is_leased, set_progress
 from rqrl.engine.rq_safety import started_registry
 from rqrl.engine.run_config import RunConfig
@@ -30,10 +31,13 @@ RESUME_FIELDS = ("n_rollout_steps", "n_actors", "queue_name", "actor_groups", "a
 
 
 class RunStore:
-    """One run's keys in one Redis; ``secret`` signs the pickled env factory and policy."""
+    """One run's keys in one Redis; ``secret`` signs the pickled env factory and policy. A learner's store has its
+    ``learner_token``: the store writes it with the run, a resume writes it over the previous learner's, and a
+    learner whose token is no longer the run's has been taken over (RunTakenOverError at its next check-in)."""
 
-    def __init__(self, connection: redis.Redis, keys: RunKeys, secret: str | bytes):
+    def __init__(self, connection: redis.Redis, keys: RunKeys, secret: str | bytes, learner_token: str | None = None):
         self.connection, self.keys, self.secret = connection, keys, secret
+        self.learner_token = learner_token
 
     def open(self, config: RunConfig, env_factory: Any, policy: Any, resume: bool) -> tuple[RunConfig, bool]:
         """Store a new run, or adopt the one stored under its name if ``resume``; returns the config in
@@ -50,7 +54,11 @@ class RunStore:
                 f"run_name= in Python); or take the run over (`rqrl train --resume RUN_DIR`, resume=True in Python)"
             )
         adopted = adopt(RunConfig.from_json(existing), config)
-        self.connection.delete(self.keys.stopped)
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.stopped)
+            if self.learner_token is not None:  # a learner still running the run stops at its next check-in
+                pipe.set(self.keys.learner_token, self.learner_token)
+            pipe.execute()
         log.info("resumed run %s (run id %s) from Redis", self.keys.run_name, adopted.run_id)
         return adopted, False
 
@@ -61,14 +69,17 @@ class RunStore:
     def check_in(self, learner_timeout: float, facts: Mapping[str, float] | None = None) -> tuple[bool, bool]:
         """The learner's heartbeat: move its deadline ``learner_timeout`` seconds on (past it, jobs stop) and
         publish ``facts`` (for ``rqrl status``); returns whether Redis still holds the run and whether it was
-        stopped (``rqrl stop``), in one round trip."""
+        stopped (``rqrl stop``), in one round trip. RunTakenOverError if another learner resumed the run."""
         with self.connection.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.learner_token)
             pipe.set(self.keys.learner_deadline, f"{time.time() + learner_timeout:.3f}")
             if facts:
                 pipe.hset(self.keys.learner, mapping={name: repr(float(value)) for name, value in facts.items()})
             pipe.exists(self.keys.config)
             pipe.exists(self.keys.stopped)
-            *_, exists, stopped = pipe.execute()
+            holder, *_, exists, stopped = pipe.execute()
+        if held_by_another(holder, self.learner_token):
+            raise taken_over_error(self.keys.run_name)
         return bool(exists), bool(stopped)
 
     def write(self, config: RunConfig, env_factory: Any, policy: Any) -> None:
@@ -85,6 +96,8 @@ class RunStore:
             pipe.set(self.keys.env_factory, env_factory_blob)
             pipe.set(self.keys.policy, policy_blob)
             pipe.set(self.keys.config, config.to_json())
+            if self.learner_token is not None:
+                pipe.set(self.keys.learner_token, self.learner_token)
             pipe.execute()
 
     def restore(self, config: RunConfig, env_factory: Any, policy: Any, progress: Mapping[int, int]) -> None:
@@ -103,8 +116,13 @@ class RunStore:
     def stop(self, queue: Queue, timeout: float) -> None:
         """Tell jobs to stop, wait up to ``timeout`` for running ones, then delete the run's queued jobs and
         every key of the run. Its failed jobs stay in RQ's failed registry, with their tracebacks, for
-        rq-dashboard and ``rq`` to show until their failure_ttl (a day) ends."""
+        rq-dashboard and ``rq`` to show until their failure_ttl (a day) ends. A learner that was taken over
+        leaves them all to the learner that took the run over."""
         connection = self.connection
+        if held_by_another(connection.get(self.keys.learner_token), self.learner_token):
+            log.warning("run %s was taken over by another learner: leaving its keys and jobs to it",
+                        self.keys.run_name)
+            return
         flagged = raise_stop_flag(connection, self.keys)  # refused: no job hears of it, so none is waited for
         deadline = time.monotonic() + (timeout if flagged else 0.0)
         started = started_registry(queue.name, connection)

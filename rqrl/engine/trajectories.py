@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import redis
 
 from rqrl.engine.keys import RunKeys
+from rqrl.engine.learner_token import held_by_another, taken_over_error
 from rqrl.engine.screen import MAX_ENTRY_BYTES, SCREEN_SCRIPT
 from rqrl.engine.sent_commands import SentCommands
 from rqrl.errors import ConfigError, LeaseLostError, RqrlError, RunStoppedError
@@ -232,13 +233,17 @@ class TrajectoryQueue:
     """One run's out-of-sync queue."""
 
     def __init__(self, connection: redis.Redis, keys: RunKeys, bound: int, marker_grace_seconds: float | None = None,
-                 max_value_bytes: int | None = None, max_entry_bytes: int = MAX_ENTRY_BYTES):
+                 max_value_bytes: int | None = None, max_entry_bytes: int = MAX_ENTRY_BYTES,
+                 learner_token: str | None = None):
         """``marker_grace_seconds`` (for a job's pushes; None: off): an actor whose pushes keep being refused
         as duplicates for that long, over at least MARKER_GRACE_ROLLOUTS rollouts, has a marker that
         cannot be right: ``push`` lowers it and pushes, with a warning (see ``_impossible_markers``).
-        ``max_entry_bytes``: the largest entry pushed, and popped (larger ones are dropped in Redis, unread)."""
+        ``max_entry_bytes``: the largest entry pushed, and popped (larger ones are dropped in Redis, unread).
+        ``learner_token``: the popping learner's (``rqrl.engine.learner_token``); a pop finds out in its own round
+        trip that another learner took the run over."""
         self.connection = connection
         self.keys = keys
+        self.learner_token = learner_token
         self.bound = bound
         self.marker_grace_seconds = marker_grace_seconds
         self.max_value_bytes = max_value_bytes  # None: asked of the server at the first push
@@ -448,16 +453,20 @@ class TrajectoryQueue:
 
     def pop(self, count: int, done_below: int = 0) -> Popped:
         """Acknowledge every unacknowledged entry with an absolute index below ``done_below``, then
-        pop up to ``count`` onto the unacknowledged list, in one atomic round trip."""
+        pop up to ``count`` onto the unacknowledged list, in one atomic round trip. RunTakenOverError if another
+        learner holds the run: what this pop moved stays unacknowledged, for that learner to read."""
         queue, unacknowledged, acknowledged = self.keys.trajectories, self.keys.unacknowledged, self.keys.acknowledged
         with self.connection.pipeline(transaction=True) as pipe:
+            pipe.get(self.keys.learner_token)
             pipe.eval(_ACKNOWLEDGE, 2, unacknowledged, acknowledged,
                       done_below if done_below == ACKNOWLEDGE_ALL else max(done_below, 0))
             pipe.eval(SCREEN_SCRIPT, 2, queue, self.keys.scratch, max(count, 0), self.max_entry_bytes)
             for _ in range(max(count, 0)):
                 pipe.lmove(queue, unacknowledged, "LEFT", "RIGHT")
             pipe.eval(_AFTER_POP, 4, queue, unacknowledged, acknowledged, self.keys.doorbell)
-            replies = pipe.execute()
+            holder, *replies = pipe.execute()
+        if held_by_another(holder, self.learner_token):
+            raise taken_over_error(self.keys.run_name)
         indices, dropped, moved, size_after = replies[0], int(replies[1]), replies[2:-1], int(replies[-1])
         if len(indices) == 1:
             raise self._indices_lost()

@@ -13,6 +13,11 @@ names its version inside the signed part. Workers load only a blob that verifies
 the pointer gives and is newer than the one they hold; anything else (forged weights, a forged or
 rolled-back pointer, a missing blob) is refused and logged, and they keep the weights they have.
 The learner counts its versions on from the newest one it can verify, never from the pointer alone.
+
+A learner's store has its ``learner_token`` (``rqrl.engine.learner_token``): its publish reads the run's token
+first and refuses (RunTakenOverError) once another learner resumed the run, so versions come from one learner. A
+read, not a WATCH: the learner's ACL user has no WATCH, and a publish that slips in between costs at most one
+version whose blob the new learner writes over.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 from rqrl.engine.bounded_log import BoundedLog
 from rqrl.engine.codec import MAX_ID, WEIGHTS_MAGIC, decode_state_dict, encode_state_dict, read_metadata, sign, verify
 from rqrl.engine.keys import RunKeys
+from rqrl.engine.learner_token import held_by_another, taken_over_error
 from rqrl.engine.sent_commands import SentCommands
 from rqrl.errors import RecordError, SignatureError
 
@@ -42,22 +48,28 @@ Fetched = tuple[int, dict[str, torch.Tensor]]
 class WeightStore:
     """Publish (learner) and fetch (workers) the weights of one run; ``key`` is its weights key."""
 
-    def __init__(self, connection: redis.Redis, keys: RunKeys, key: bytes, ttl_seconds: int = 10):
+    def __init__(self, connection: redis.Redis, keys: RunKeys, key: bytes, ttl_seconds: int = 10,
+                 learner_token: str | None = None):
         self.connection = connection
         self.keys = keys
         self.key = key
         self.ttl_seconds = ttl_seconds
+        self.learner_token = learner_token
         self._published: int | None = None
         self.refused = 0  # blobs or pointers fetch_if_newer refused
 
     def publish(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         """Store a new version and make it the latest; returns its number (1, 2, ...).
 
-        One learner publishes per run; it counts on from last_published().
+        One learner publishes per run; it counts on from last_published(). RunTakenOverError, with nothing
+        written, once another learner holds the run.
         """
         previous = self.last_published()
         version = previous + 1
         blob = sign(encode_state_dict(state_dict, {"version": str(version)}), self.key, WEIGHTS_MAGIC)
+        if self.learner_token is not None and held_by_another(self.connection.get(self.keys.learner_token),
+                                                              self.learner_token):
+            raise taken_over_error(self.keys.run_name)
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.weights(version), blob)
             pipe.set(self.keys.latest_version, version)

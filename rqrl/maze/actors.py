@@ -226,6 +226,7 @@ class RedisDistributedActors(DistributedActors):
         self._started = False
         self._last_collect = time.monotonic()
         self._last_run_check = -float("inf")  # the first collect publishes the learner's figures
+        self._learner_token = uuid.uuid4().hex  # whose the run is: a resume by another learner stops this one
         self._last_state_dict: Mapping[str, torch.Tensor] | None = None
         self._supervisor: Supervisor | None = None
         self._transport: _Transport | None = None
@@ -308,10 +309,11 @@ class RedisDistributedActors(DistributedActors):
             connection = self._connect()
             self._transport = _Transport(
                 weights=WeightStore(connection, self.keys, weights_key(self.secret, self.config.run_id),
-                                    self.config.weights_ttl_seconds),
-                queue=TrajectoryQueue(connection, self.keys, self.config.queue_bound),
+                                    self.config.weights_ttl_seconds, learner_token=self._learner_token),
+                queue=TrajectoryQueue(connection, self.keys, self.config.queue_bound,
+                                      learner_token=self._learner_token),
                 rq_queue=rollout_queue(self.config.queue_name, connection),
-                run_store=RunStore(connection, self.keys, self.secret),
+                run_store=RunStore(connection, self.keys, self.secret, learner_token=self._learner_token),
             )
             self._supervisor = None
         return self._transport

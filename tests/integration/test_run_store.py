@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+import pytest
 import redis
 
 from rqrl.engine.keys import RunKeys
@@ -52,3 +53,27 @@ def test_rqrl_stop_of_a_live_learner_on_a_full_redis_says_how_to_make_room():
         assert "CONFIG SET maxmemory" in result.stderr
         client.config_set("maxmemory", 0)
         assert client.get(keys.config) is not None, "a live learner's run is its to delete"
+
+
+def test_a_resume_takes_the_run_from_a_live_learner_which_stops_at_its_next_check_in(connection, run_name):
+    from rqrl import RunTakenOverError
+    from rqrl.engine.weights import WeightStore
+
+    keys = RunKeys(run_name)
+    config = RunConfig(run_name=run_name, run_id="r", queue_name="rqrl", n_rollout_steps=4, n_actors=1, batch_size=1,
+                       queue_bound=1, actor_env_seeds=[0], actor_agent_seeds=[0], actor_groups=[[0]])
+    first, second = RunStore(connection, keys, b"s", "first"), RunStore(connection, keys, b"s", "second")
+    first.open(config, dict, dict, resume=False)
+    first_weights = WeightStore(connection, keys, b"k" * 32, learner_token="first")
+    assert first.check_in(10) == (True, False) and first_weights.publish({}) == 1
+    second.open(config, dict, dict, resume=True)
+    assert second.check_in(10) == (True, False)
+    with pytest.raises(RunTakenOverError, match=f"run '{run_name}' was taken over by another learner"):
+        first.check_in(10)
+    with pytest.raises(RunTakenOverError):
+        first_weights.publish({})
+    assert WeightStore(connection, keys, b"k" * 32, learner_token="second").publish({}) == 2
+    first.stop(rollout_queue(None, connection), timeout=1)
+    assert connection.exists(keys.config), "the taken-over learner's stop deleted the run"
+    RunStore(connection, keys, b"").stop(rollout_queue(None, connection), timeout=1)  # `rqrl stop` has no token
+    assert connection.keys(f"rqrl:{run_name}:*") == []

@@ -197,6 +197,37 @@ def test_a_restarted_learner_takes_over_its_run_and_workers_never_notice(connect
     assert max(r for _, r in pairs(after)) >= 3
 
 
+def test_a_live_learner_whose_run_another_resumes_stops_and_leaves_the_run_to_it(connection, redis_url, run_name,
+                                                                                 workers):
+    from rqrl import RunTakenOverError
+
+    workers.start("steady")
+    workers.wait_registered(connection, 1)
+    with actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2) as first:
+        first.broadcast_updated_policy(first.policy.state_dict())
+        for _ in range(3):
+            first.collect_outputs("cpu")
+            first.broadcast_updated_policy(first.policy.state_dict())
+        with actors_on_workers(redis_url, run_name, n_actors=2, batch_size=2, resume=True) as second:
+            with pytest.raises(RunTakenOverError, match="taken over by another learner"):
+                first.broadcast_updated_policy(first.policy.state_dict())  # refused, nothing published
+            with pytest.raises(RunTakenOverError, match="resume a run only once its learner has stopped"):
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:  # its next heartbeat (at most a second apart) finds out
+                    first.collect_outputs("cpu")
+            first.stop()
+            assert connection.exists(second.keys.config), "the taken-over learner's stop() deleted the run"
+            version = second.policy_version
+            for _ in range(6):
+                second.broadcast_updated_policy(second.policy.state_dict())
+                second.collect_outputs("cpu")
+            assert second.policy_version == version + 6
+            assert second.records_rejected == 0, "rollouts of the second learner's weights were refused"
+            with pytest.raises(MissingStatsError):  # what the first popped as it found out went to the second
+                second.get_stats_value(RolloutEvents.rollouts_lost, name="sum")
+    assert connection.keys(f"rqrl:{run_name}:*") == [], "the second learner's stop() cleans the run up"
+
+
 def test_acknowledged_batches_are_not_delivered_again(connection, redis_url, run_name, workers):
     workers.start("steady")
     workers.wait_registered(connection, 1)
