@@ -231,6 +231,22 @@ def choose_action(q_values: np.ndarray | None, mask: np.ndarray | None, explore:
     return int(legal[np.argmax(q_values[legal])])
 
 
+def env_misfit(env: gymnasium.Env, obs: Any, n_actions: int, state_shape: Any = None) -> str | None:
+    """Why ``env``, whose reset gave ``obs``, does not fit the agent (its action space, its observations' shape),
+    naming the fix; None if it fits. ``state_shape`` None: the observations are not checked."""
+    space = env.action_space
+    if not isinstance(space, gymnasium.spaces.Discrete) or int(space.n) != n_actions:
+        return (f"expected the environment's action space to be Discrete({n_actions}) (the agent's "
+                f"action_space_size), got {space}; set AgentConfig.action_space_size to the env's number of actions "
+                f"(SEED's agent needs a Discrete action space)")
+    shape = obs_array(obs).shape
+    if state_shape is not None and shape != tuple(state_shape):
+        return (f"expected the environment's observations to be shaped {tuple(state_shape)} (the agent's "
+                f"state_shape), got {shape}; set AgentConfig.state_shape={shape}, with a network that takes "
+                f"observations of that shape")
+    return None
+
+
 class ActorThread(threading.Thread):
     """Steps one env until ``stop`` is set; ``error`` holds the traceback if it died."""
 
@@ -254,57 +270,59 @@ class ActorThread(threading.Thread):
             self.error = traceback.format_exc()
 
     def _loop(self) -> None:
+        env = self.environment()
+        try:
+            self._act(env)
+        finally:
+            env.close()
+
+    def _act(self, env: gymnasium.Env) -> None:
+        """Step ``env`` until ``stop`` is set, once its first observation showed that it fits the agent."""
         settings = self.settings
         n_actions, epsilon, cap = settings["n_actions"], settings["epsilon"], settings["max_environment_steps"]
-        env = self.environment()
-        space = env.action_space
-        if not isinstance(space, gymnasium.spaces.Discrete) or int(space.n) != n_actions:
-            env.close()
-            raise EnvError(f"expected the environment's action space to be Discrete({n_actions}) (the agent's "
-                           f"action_space_size), got {space}")
         env_seed, random = thread_seeds(settings["seed"], self.actor_index, self.thread_index, self.incarnation)
+        obs, info = env.reset(seed=env_seed)
+        misfit = env_misfit(env, obs, n_actions, settings.get("state_shape"))
+        if misfit is not None:
+            raise EnvError(misfit)
         sender = TransitionSender(self.store, settings["transition_queue_size"], settings.get("drop_when_full", False))
         name = f"{self.actor_index}.{self.thread_index}.{self.incarnation}.{uuid.uuid4().hex[:8]}"
         sequence = 0
         collector = NStepCollector(settings["n_step"], settings["gamma"])
-        obs, info = env.reset(seed=env_seed)
         mask = legal_mask(info, n_actions)
         episode_return, episode_steps = 0.0, 0
         per_message = transitions_per_message(obs_array(obs).nbytes)
         outbox: list[Transition] = []
-        try:
-            while not self.stop.is_set():
-                explore = bool(random.random() < epsilon)
-                q_values = None if explore else self.inference.evaluate(obs_array(obs)).q_values
-                action = choose_action(q_values, mask, explore, random, n_actions)
-                next_obs, reward, terminated, truncated, info = env.step(action)
-                episode_return += float(reward)
-                episode_steps += 1
-                self.steps += 1
-                truncated = bool(truncated) or (cap > 0 and episode_steps >= cap)
-                next_mask = legal_mask(info, n_actions)
-                transitions = collector.step(obs, action, mask, float(reward), next_obs, next_mask,
-                                             bool(terminated), truncated)
-                ended = bool(terminated) or truncated
-                outbox.extend(transitions)
-                if outbox and (ended or len(outbox) >= per_message):
-                    returns = [episode_return] if ended else None
-                    chunks = message_chunks(outbox, per_message)  # an episode's end may flush n_step more
-                    for index, chunk in enumerate(chunks):
-                        message = encode_transitions(stack(chunk, n_actions), self.store.message_key,
-                                                     returns if index == len(chunks) - 1 else None, name, sequence)
-                        check_message_size(message, len(chunk))
-                        sender.send(message, len(chunk), self.stop)
-                        sequence += 1
-                    outbox = []
-                if ended:
-                    obs, info = env.reset()
-                    mask = legal_mask(info, n_actions)
-                    episode_return, episode_steps = 0.0, 0
-                else:
-                    obs, mask = next_obs, next_mask
-        finally:
-            env.close()
+        while not self.stop.is_set():
+            explore = bool(random.random() < epsilon)
+            q_values = None if explore else self.inference.evaluate(obs_array(obs)).q_values
+            action = choose_action(q_values, mask, explore, random, n_actions)
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            episode_return += float(reward)
+            episode_steps += 1
+            self.steps += 1
+            truncated = bool(truncated) or (cap > 0 and episode_steps >= cap)
+            next_mask = legal_mask(info, n_actions)
+            transitions = collector.step(obs, action, mask, float(reward), next_obs, next_mask,
+                                         bool(terminated), truncated)
+            ended = bool(terminated) or truncated
+            outbox.extend(transitions)
+            if outbox and (ended or len(outbox) >= per_message):
+                returns = [episode_return] if ended else None
+                chunks = message_chunks(outbox, per_message)  # an episode's end may flush n_step more
+                for index, chunk in enumerate(chunks):
+                    message = encode_transitions(stack(chunk, n_actions), self.store.message_key,
+                                                 returns if index == len(chunks) - 1 else None, name, sequence)
+                    check_message_size(message, len(chunk))
+                    sender.send(message, len(chunk), self.stop)
+                    sequence += 1
+                outbox = []
+            if ended:
+                obs, info = env.reset()
+                mask = legal_mask(info, n_actions)
+                episode_return, episode_steps = 0.0, 0
+            else:
+                obs, mask = next_obs, next_mask
 
 
 class Actor:

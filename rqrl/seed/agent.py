@@ -171,6 +171,53 @@ def build_model(config: AgentConfig, network: Callable[[], nn.Module]) -> QModel
     return QModel(network(), config)
 
 
+def network_output_shape(config: AgentConfig) -> tuple[int, ...]:
+    """What ``network()`` must output per observation (the module docstring's table): ``(A,)``, ``(1 + A,)``
+    with a dueling head, each with ``n_atoms`` more when distributional."""
+    width = config.action_space_size + (1 if config.dueling else 0)
+    return (width, config.n_atoms) if config.use_distributional else (width,)
+
+
+def check_network(network: nn.Module, config: AgentConfig, device: torch.device) -> None:
+    """ConfigError unless ``network`` maps two zero observations of ``state_shape`` to the output the agent's head
+    needs: a misfit would surface later as a torch error inside a train step, or not at all. Runs in eval mode and
+    leaves the training mode and the RNG as they were."""
+    shape = (2, *config.state_shape)
+    was_training = network.training
+    network.eval()
+    accelerator = device.type != "cpu"
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[device] if accelerator else [],
+                                                    device_type=device.type if accelerator else None):
+            output = network(torch.zeros(shape, device=device))
+    except Exception as error:
+        raise ConfigError(f"the network failed on a batch of zero observations of shape {shape} (AgentConfig."
+                          f"state_shape={config.state_shape}): {type(error).__name__}: {error}; set state_shape "
+                          f"to the shape of the env's observations, and build the network to take them") from error
+    finally:
+        network.train(was_training)
+    expected = network_output_shape(config)
+    got = tuple(output.shape) if isinstance(output, torch.Tensor) else None
+    if got != (2, *expected):
+        shown = f"{type(output).__name__}" if got is None else _batch_shape(got, 2)
+        raise ConfigError(f"expected the network to output shape {_batch_shape((2, *expected), 2)} for a batch of B "
+                          f"observations of state_shape={config.state_shape}, got {shown} (B=2); {_output_fix(config)}")
+
+
+def _batch_shape(shape: tuple[int, ...], batch: int) -> str:
+    """``shape`` as text, its batch axis written B where it is ``batch``: ``(B, 3)``."""
+    parts = ["B" if index == 0 and size == batch else str(size) for index, size in enumerate(shape)]
+    return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+
+
+def _output_fix(config: AgentConfig) -> str:
+    """How to make the network's output fit, for the error of check_network."""
+    atoms = f", n_atoms={config.n_atoms}" if config.use_distributional else ""
+    return (f"make the network output that shape, or set the agent's action_space_size={config.action_space_size}, "
+            f"use_distributional={config.use_distributional}{atoms} and dueling={config.dueling} to fit the network "
+            f"(the table in rqrl.seed.agent's docstring)")
+
+
 def masked_argmax(q_values: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """Argmax over legal actions; a row with no legal action counts every action legal."""
     masks = masks | ~masks.any(dim=1, keepdim=True)
@@ -191,6 +238,7 @@ class Agent:
         self.network_factory = network
         self.device = torch.device(config.network_device)
         self.model_instance = build_model(config, network).to(self.device)
+        check_network(self.model_instance.network, config, self.device)
         self.target = copy.deepcopy(self.model_instance)
         self.target.requires_grad_(False)
         self.optimizer = (optimizer or _adam)(self.model_instance.parameters())

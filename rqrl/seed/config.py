@@ -35,7 +35,8 @@ class Config:
     inference_servers: int = field(default=1, metadata={"help": "Inference server processes holding the model."})
     broadcast_period: float = field(default=2.5, metadata={
         "help": "Seconds between weight publications; servers look for new weights this often."})
-    inference_batchsize: int = field(default=4, metadata={"help": "Most observations in one forward pass."})
+    inference_batchsize: int = field(default=4, metadata={
+        "help": "Most observations in one forward pass (at most actor_processes x actor_threads, all that can wait)."})
     inference_delay: float = field(default=0.1, metadata={
         "help": "Most seconds a batch waits for more observations after its first one (in the actor process, "
                 "then again at the server)."})
@@ -138,6 +139,29 @@ def check_against_replay(config: Config, replay_capacity: int) -> None:
         raise ConfigError(
             f"minimum_buffer_size={config.minimum_buffer_size} exceeds the agent's replay_capacity="
             f"{replay_capacity}, so training would never start; lower minimum_buffer_size or raise replay_capacity")
+
+
+def pending_bound(config: Config) -> int:
+    """Most observations that can wait for inference at once: one per env thread (an actor process's threads share
+    one request in flight, rqrl.seed.inference.ActorInference), so no server batch can hold more."""
+    return config.actor_processes * config.actor_threads
+
+
+def batch_that_fills(config: Config) -> int:
+    """``inference_batchsize``, capped at ``pending_bound``: a server waiting for a batch that can never fill would
+    wait ``inference_delay`` before every forward pass."""
+    return min(config.inference_batchsize, pending_bound(config))
+
+
+def batch_warning(config: Config) -> str | None:
+    """What to tell a user whose ``inference_batchsize`` no batch can reach, with the fix; None if it can."""
+    bound = pending_bound(config)
+    if config.inference_batchsize <= bound:
+        return None
+    return (f"inference_batchsize={config.inference_batchsize} exceeds the {bound} observation(s) that can wait for "
+            f"inference at once (actor_processes={config.actor_processes} x actor_threads={config.actor_threads}), "
+            f"so no batch could fill and each would wait inference_delay={config.inference_delay} s: the servers "
+            f"batch at most {bound}. Set inference_batchsize <= {bound}, or raise actor_threads or actor_processes")
 
 
 def _is_int(value: object) -> bool:

@@ -43,9 +43,9 @@ from rqrl.engine.server import EmbeddedRedis
 from rqrl.engine.teardown import tearing_down
 from rqrl.engine.weights import WeightStore
 from rqrl.errors import ConfigError, ProcessesDiedError, RecordError, SignatureError
-from rqrl.seed.actor import decode_transitions, run_actor_process
-from rqrl.seed.agent import Agent, build_model
-from rqrl.seed.config import Config, check_against_replay
+from rqrl.seed.actor import decode_transitions, env_misfit, run_actor_process
+from rqrl.seed.agent import Agent, AgentConfig, build_model
+from rqrl.seed.config import Config, batch_that_fills, batch_warning, check_against_replay
 from rqrl.seed.inference import run_server_process
 from rqrl.seed.jobs import JobFleet
 from rqrl.seed.store import LEARNER_TIMEOUT, SeedRecord, SeedRun
@@ -98,6 +98,7 @@ class Trainer:
             raise ConfigError(f"expected environment to be a zero-argument callable returning a gymnasium env, got "
                               f"{environment!r}")
         check_against_replay(config, agent.config.replay_capacity)
+        check_environment(environment, agent.config)
         self.agent, self.config, self.environment = agent, config, environment
         self.on_progress, self.progress_seconds = on_progress, progress_seconds
         self.stats = TrainerStats()
@@ -133,6 +134,8 @@ class Trainer:
         if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0):
             raise ConfigError(f"expected duration > 0 seconds, got {duration!r}")
         deadline = time.monotonic() + duration
+        if (warning := batch_warning(self.config)) is not None:
+            log.warning("%s", warning)
         keep_freed_memory()  # the trainer's buffers per message and batch: no page faults (rqrl.engine.memory)
         config = self.config
         self._stop.clear()
@@ -201,7 +204,8 @@ class Trainer:
 
     def _settings(self) -> dict[str, Any]:
         agent_config = self.agent.config
-        return {**self.config.process_settings(), "n_actions": agent_config.action_space_size,
+        return {**self.config.process_settings(), "inference_batchsize": batch_that_fills(self.config),
+                "n_actions": agent_config.action_space_size, "state_shape": list(agent_config.state_shape),
                 "gamma": agent_config.discount_factor}
 
     def _learn(self, run: SeedRun, weights: WeightStore, deadline: float) -> None:
@@ -379,6 +383,27 @@ class Trainer:
         self.stats.counters = run.counters()
         self.stats.transitions_dropped = self.stats.counters.get("transitions_dropped", 0)
         run.delete()
+
+
+def check_environment(environment: Callable[[], gymnasium.Env], agent_config: AgentConfig) -> None:
+    """ConfigError if an env of ``environment`` does not fit the agent (action_space_size, state_shape), before any
+    process starts. An env this process cannot make or reset is left to the actors, which report why with the
+    traceback (a worker of ``queue_name`` may have what the learner lacks)."""
+    try:
+        env = environment()
+    except Exception as error:
+        log.debug("could not make the environment in the learner to check its spaces: %r", error)
+        return
+    try:
+        obs, _ = env.reset()
+        misfit = env_misfit(env, obs, agent_config.action_space_size, agent_config.state_shape)
+    except Exception as error:
+        log.debug("could not reset the environment in the learner to check its spaces: %r", error)
+        return
+    finally:
+        env.close()
+    if misfit is not None:
+        raise ConfigError(misfit)
 
 
 def _exit_cause(exitcode: int | None) -> str:

@@ -156,6 +156,14 @@ def test_an_env_whose_actions_do_not_fit_the_agent_is_reported(run):
     assert events and "Discrete(5)" in events[0]["error"] and "Discrete(3)" in events[0]["error"]
 
 
+def test_an_env_whose_observations_do_not_fit_the_agent_is_reported(run):
+    """A worker of queue_name may make another env than the learner checked: each thread checks its own."""
+    actor = Actor(run, 0, settings(epsilon=1.0, state_shape=[2]), lambda: MaskedEnv())
+    run_actor_until(actor, lambda: actor.replaced >= 1, "a replacement")
+    events = run.take_events()
+    assert events and "shaped (2,) (the agent's state_shape), got (1,)" in events[0]["error"]
+
+
 def test_a_thread_that_keeps_dying_is_replaced_after_growing_pauses(run):
     actor = Actor(run, 0, settings(epsilon=1.0, actor_threads=1), make_exploding_env)
     run_actor_until(actor, lambda: actor.replaced >= 4, "four replacements")

@@ -6,14 +6,17 @@ The tests here run in-process; those that start processes are in tests/processes
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import redis
 
 from rqrl.errors import ConfigError, RedisUnavailableError
 from rqrl.seed import Config, Trainer
+from rqrl.seed.agent import Agent, AgentConfig
 from tests.children import free_port
 from tests.conftest import TEST_SECRET
-from tests.seed_fixtures import cartpole_agent, make_cartpole
+from tests.seed_fixtures import cartpole_agent, make_cartpole, make_misspelt_env, mlp
 
 
 def config(redis_url, run_name, **overrides):
@@ -27,6 +30,30 @@ def config(redis_url, run_name, **overrides):
 def test_minimum_buffer_size_above_the_replay_capacity_is_refused_at_once():
     with pytest.raises(ConfigError, match="replay_capacity"):
         Trainer(cartpole_agent(replay_capacity=100), Config(minimum_buffer_size=101), make_cartpole)
+
+
+def test_an_env_whose_observations_do_not_fit_state_shape_is_refused_before_anything_starts():
+    """A state_shape of (5,) on CartPole's (4,) observations, with a network that takes (5,): start() used to run
+    with servers dying on every request and no transition, then blame the `__main__` guard."""
+    agent = Agent(AgentConfig(state_shape=(5,), action_space_size=2, use_distributional=False),
+                  functools.partial(mlp, obs_size=5))
+    with pytest.raises(ConfigError, match=r"observations to be shaped \(5,\) \(the agent's state_shape\), got "
+                                          r"\(4,\); set AgentConfig.state_shape=\(4,\)"):
+        Trainer(agent, Config(minimum_buffer_size=500), make_cartpole)
+
+
+def test_an_env_whose_actions_do_not_fit_action_space_size_is_refused_before_anything_starts():
+    agent = Agent(AgentConfig(state_shape=(4,), action_space_size=3, use_distributional=False),
+                  functools.partial(mlp, n_actions=3))
+    with pytest.raises(ConfigError, match=r"action space to be Discrete\(3\) .*got Discrete\(2\); set "
+                                          r"AgentConfig.action_space_size"):
+        Trainer(agent, Config(minimum_buffer_size=500), make_cartpole)
+
+
+def test_an_env_the_learner_cannot_make_is_left_to_the_actors_to_report():
+    """A worker of queue_name may make envs the learner cannot: the check skips what fails here (the actors report
+    it with its traceback, tests/processes/test_trainer.py)."""
+    Trainer(cartpole_agent(), Config(minimum_buffer_size=500), make_misspelt_env)
 
 
 def test_a_second_trainer_on_a_running_run_name_is_refused(redis_url, connection, run_name):

@@ -156,6 +156,21 @@ def test_a_killed_server_and_a_killed_actor_are_replaced(redis_url, connection, 
     assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
 
 
+@pytest.mark.timeout(60)
+def test_a_batch_size_no_batch_can_reach_is_warned_of_and_batches_fill_anyway(redis_url, connection, run_name,
+                                                                               caplog):
+    """One actor process of 2 threads and inference_batchsize=4: the server waited inference_delay for every batch
+    (batches_delay only, 225 CartPole steps in 12 s); it now batches the 2 observations that can wait at once."""
+    trainer = Trainer(cartpole_agent(), config(redis_url, run_name, inference_batchsize=4, inference_delay=0.2,
+                                               epsilon=0.0), make_cartpole)
+    with caplog.at_level("WARNING", logger="rqrl.seed"):
+        trainer.start(4.0)
+    assert "inference_batchsize=4 exceeds the 2 observation(s)" in caplog.text
+    counters = trainer.stats.counters
+    assert counters.get("batches_full", 0) > counters.get("batches_delay", 0), counters
+    assert_nothing_left(trainer, connection, run_name, trainer.started_pids)
+
+
 @pytest.mark.timeout(90)
 def test_max_train_frequency_caps_train_steps(redis_url, connection, run_name):
     first_step: list[float] = []

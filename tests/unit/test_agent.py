@@ -4,6 +4,7 @@ bootstrap discounts (gamma**k, 0 after a termination)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -166,3 +167,49 @@ def test_a_uint8_replay_holds_images_as_uint8_and_the_network_still_gets_float32
     assert np.isfinite(loss)
     assert agent.model_instance.network.given == {torch.float32}  # online and target networks alike
     assert agent.target.network.given == {torch.float32}
+
+
+@pytest.mark.parametrize(("overrides", "network", "expected", "got"), [
+    ({}, lambda: torch.nn.Linear(4, 3), "(B, 2)", "(B, 3)"),
+    ({"dueling": True}, lambda: torch.nn.Linear(4, 2), "(B, 3)", "(B, 2)"),
+    ({"use_distributional": True, "n_atoms": 11}, lambda: torch.nn.Linear(4, 2), "(B, 2, 11)", "(B, 2)"),
+])
+def test_a_network_whose_output_does_not_fit_the_head_is_refused_naming_both_shapes(overrides, network, expected,
+                                                                                     got):
+    """Its output width once surfaced as torch's "size of tensor a (2) must match ... (3)" inside train_step."""
+    config = AgentConfig(state_shape=(4,), action_space_size=2, **{"use_distributional": False, **overrides})
+    with pytest.raises(ConfigError, match=rf"expected the network to output shape {re.escape(expected)} .* got "
+                                          rf"{re.escape(got)}.*action_space_size=2"):
+        Agent(config, network)
+
+
+def test_a_network_that_fails_on_observations_of_state_shape_is_refused_naming_state_shape():
+    config = AgentConfig(state_shape=(5,), action_space_size=2, use_distributional=False)
+    with pytest.raises(ConfigError, match=r"failed on a batch of zero observations of shape \(2, 5\) "
+                                          r"\(AgentConfig.state_shape=\(5,\)\).*mat1 and mat2") as raised:
+        Agent(config, lambda: torch.nn.Linear(4, 2))
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+class NoisyOutput(torch.nn.Module):
+    """Q-values with fresh noise at each call (as NoisyNets draw); remembers its training mode at each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+        self.modes: list[bool] = []
+
+    def forward(self, obs):
+        self.modes.append(self.training)
+        return self.layer(obs) + torch.randn(len(obs), 2)
+
+
+def test_the_network_check_runs_in_eval_mode_and_leaves_the_mode_and_the_rng_as_they_were():
+    config = AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False)
+    torch.manual_seed(0)
+    agent = Agent(config, NoisyOutput)
+    after_agent = torch.rand(3)
+    torch.manual_seed(0)
+    NoisyOutput()  # what the agent draws to build its network
+    assert torch.equal(after_agent, torch.rand(3)), "the check drew from the RNG: seeded runs would change"
+    assert agent.model_instance.network.modes == [False] and agent.model_instance.training

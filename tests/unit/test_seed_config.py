@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rqrl.errors import ConfigError
-from rqrl.seed.config import Config, check_against_replay
+from rqrl.seed.config import Config, batch_that_fills, batch_warning, check_against_replay
 
 SOURCE_DEFAULTS = {
     "max_environment_steps": -1, "n_step": 3, "epsilon": 0.1, "actor_processes": 1, "actor_threads": 4,
@@ -69,3 +69,22 @@ def test_process_settings_are_json():
     import json
 
     assert json.loads(json.dumps(Config().process_settings()))["inference_device"] == "cpu"
+
+
+@pytest.mark.parametrize(("processes", "threads", "batch", "fills"), [
+    (1, 4, 4, 4), (1, 2, 4, 2), (2, 1, 4, 2), (3, 2, 8, 6), (2, 8, 4, 4),
+])
+def test_the_servers_batch_at_most_the_observations_that_can_wait_at_once(processes, threads, batch, fills):
+    """One observation per env thread can wait (an actor process's threads share one request): a larger
+    inference_batchsize never fills, and every batch waited inference_delay (225 CartPole steps in 12 s)."""
+    config = Config(actor_processes=processes, actor_threads=threads, inference_batchsize=batch)
+    assert batch_that_fills(config) == fills
+    assert (batch_warning(config) is None) == (fills == batch)
+
+
+def test_the_batch_warning_names_the_values_and_the_fix():
+    warning = batch_warning(Config(actor_threads=2))
+    assert warning is not None
+    for part in ("inference_batchsize=4", "actor_processes=1 x actor_threads=2", "inference_delay=0.1",
+                 "Set inference_batchsize <= 2, or raise actor_threads or actor_processes"):
+        assert part in warning
