@@ -79,24 +79,6 @@ class LocalWorkers:
             raise NoWorkersError(f"all {len(self.processes)} local worker processes exited (exit codes {codes}); "
                                  f"{_why_workers_exited(codes)}")
 
-
-def _why_workers_exited(codes: list[int | None]) -> str:
-    """Where to look for why local workers with these exit codes ended."""
-    signals = [-code for code in codes if code is not None and code < 0]
-    if signals and len(signals) == len(codes):
-        names = ", ".join(_signal_name(number) for number in signals)
-        return (f"they were killed by {names}: by someone, or by the kernel's out-of-memory killer (`dmesg` says); "
-                f"start the learner again, with fewer envs per worker if memory ran out")
-    return ("their stderr says why (with start_method 'spawn' or 'forkserver', guard your script's entry point "
-            "with 'if __name__ == \"__main__\":')")
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
     def stop_workers(self, timeout: float) -> None:
         """SIGTERM the workers (RQ's warm shutdown), SIGKILL what is left after ``timeout``."""
         stop_processes(self.processes, timeout)
@@ -114,3 +96,21 @@ def _emergency_cleanup(processes: list[multiprocessing.process.BaseProcess], ser
     stop_processes(processes, 5.0)
     for server in servers:
         server.stop()
+
+
+def _why_workers_exited(codes: list[int | None]) -> str:
+    """Where to look for why local workers with these exit codes ended."""
+    signals = [-code for code in codes if code is not None and code < 0]
+    if signals and len(signals) == len(codes):
+        names = ", ".join(_signal_name(number) for number in signals)
+        return (f"they were killed by {names}: by someone, or by the kernel's out-of-memory killer (`dmesg` says); "
+                f"start the learner again, with fewer envs per worker if memory ran out")
+    return ("their stderr says why (with start_method 'spawn' or 'forkserver', guard your script's entry point "
+            "with 'if __name__ == \"__main__\":')")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

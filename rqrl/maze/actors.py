@@ -489,6 +489,9 @@ class RedisDistributedActors(DistributedActors):
     def _collect(self, learner_device: str) -> CollectedOutputs:
         started = time.perf_counter()
         self._waited = 0.0
+        if self.policy_version == 0:  # the workers wait for a first version: this collect would time out
+            raise RqrlError("call broadcast_updated_policy() before collect_outputs(): the workers act with the "
+                            "weights the learner broadcasts, and none were broadcast in this run yet")
         ahead = self._take_ahead()
         self.supervisor.raise_actor_failures(throttled=True)
         self.supervisor.check_sidelined_workers(throttled=True)

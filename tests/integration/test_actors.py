@@ -42,6 +42,17 @@ def test_no_worker_raises_instead_of_hanging(connection, redis_url, run_name):
     assert time.monotonic() - started < 10
 
 
+def test_a_collect_before_the_first_broadcast_is_refused_at_once_as_the_serial_actors_do(connection, redis_url,
+                                                                                          run_name):
+    from rqrl import RqrlError
+
+    with local_actors(redis_url, run_name, n_local_workers=0) as actors:
+        started = time.monotonic()
+        with pytest.raises(RqrlError, match=r"call broadcast_updated_policy\(\) before collect_outputs\(\)"):
+            actors.collect_outputs("cpu")
+        assert time.monotonic() - started < 5, "it waited for weights that were never broadcast"
+
+
 def test_mismatching_state_dict_is_refused_before_reaching_workers(connection, redis_url, run_name):
     with local_actors(redis_url, run_name, n_local_workers=0) as actors:
         bad = {"0.weight": torch.zeros(3, 3)}
