@@ -63,6 +63,7 @@ class _GiveUp:
     def __init__(self) -> None:
         self.at = math.inf
         self.stops = 0  # the process's: how often it was asked to stop (stop_riding_out_in_process)
+        self.server_gone: Callable[[], object] | None = None  # truthy once the server can never answer again
 
 
 _PROCESS_GIVE_UP = _GiveUp()
@@ -122,7 +123,7 @@ class _OutageRetry(Retry):
             if _CALL_WINDOW.ends_at is None:  # the command's first failure opens its window
                 _CALL_WINDOW.ends_at = now + self.outage_seconds
             give_up_at = min(self.give_up.at, _PROCESS_GIVE_UP.at, _CALL_WINDOW.ends_at)
-            if refused_login(error) or now > give_up_at:
+            if refused_login(error) or now > give_up_at or (self.give_up.server_gone and self.give_up.server_gone()):
                 return False
             if isinstance(error, OutOfMemoryError):
                 _OUT_OF_MEMORY_LOG.warning("%s; waiting up to %.0f s for memory", out_of_memory_advice(self.where),
@@ -223,6 +224,14 @@ def stop_riding_out(client: redis.Redis, grace_seconds: float) -> None:
     retry = client.connection_pool.connection_kwargs.get("retry")
     if isinstance(retry, _OutageRetry):
         retry.give_up.at = min(retry.give_up.at, time.monotonic() + grace_seconds)
+
+
+def give_up_once_gone(client: redis.Redis, server_gone: Callable[[], object]) -> None:
+    """Let ``client`` (one from ``connect``) stop retrying at once when ``server_gone()`` is truthy: a server that can
+    never answer again (an embedded redis-server that exited) is not waited for through an outage window."""
+    retry = client.connection_pool.connection_kwargs.get("retry")
+    if isinstance(retry, _OutageRetry):
+        retry.give_up.server_gone = server_gone
 
 
 def stop_riding_out_in_process(grace_seconds: float) -> None:

@@ -84,6 +84,10 @@ class LocalWorkers:
         stop_processes(self.processes, timeout)
         self.processes.clear()
 
+    def redis_exited(self) -> str | None:
+        """What ended the embedded Redis if it ended by itself (EmbeddedRedis.exited); None if none or it runs."""
+        return self.server.exited() if self.server is not None else None
+
     def stop_redis(self) -> None:
         if self.server is not None:
             self.server.stop()

@@ -137,6 +137,19 @@ class EmbeddedRedis:
         finally:
             client.close()
 
+    def exited(self) -> str | None:
+        """What ended the server if it ended by itself (killed, crashed), with its log's last line; None while it
+        runs, or once stop() stopped it."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        log_file = self.directory / "redis.log" if self.directory is not None else None
+        try:
+            last = log_file.read_text(errors="replace").strip().splitlines()[-1:] if log_file else []
+        except OSError:
+            last = []
+        said = f"; its log's last line: {last[0].strip()}" if last else ""
+        return f"the embedded redis-server (pid {self.process.pid}) exited with code {self.process.returncode}{said}"
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()

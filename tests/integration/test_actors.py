@@ -150,3 +150,19 @@ def test_with_no_worker_registered_yet_each_actor_is_a_job_of_its_own(connection
     with local_actors(redis_url, run_name, n_local_workers=0, n_actors=4) as actors:
         assert actors.config.actor_groups == [[0], [1], [2], [3]]
         assert actors.options.actors_per_job == 1
+
+
+def test_an_embedded_redis_that_dies_is_said_at_once_not_waited_for(monkeypatch):
+    from rqrl import RedisUnavailableError
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    actors = redis_actors(None, "embedded-dies", n_local_workers=0, redis_outage_seconds=60)
+    with actors:
+        actors.queue_size()
+        server = actors.local_workers.server
+        server.process.kill()
+        server.process.wait(10)
+        started = time.monotonic()
+        with pytest.raises(RedisUnavailableError, match=r"the embedded redis-server \(pid \d+\) exited with code -9"):
+            actors.queue_size()
+        assert time.monotonic() - started < 5, "it waited out the 60 s outage window for a server that is gone"
