@@ -174,9 +174,8 @@ class EpochStatsAggregator:
                              if k.startswith((f"{key}[", f"{key}.")) and self._values.get(k) != [])
             if grouped:
                 raise MissingStatsError(f"{key!r} is recorded per group or argument: read one of {grouped}")
-            raise MissingStatsError(
-                f"no values for {key!r} yet; events with values: {sorted(set(self._values) | set(self.last_stats))}"
-            )
+            with_values = sorted({k for k, values in self._values.items() if values} | set(self.last_stats))
+            raise MissingStatsError(f"no values for {key!r} yet; events with values: {with_values}")
         if name is None:
             return stats
         if name not in stats:

@@ -194,3 +194,14 @@ def test_clear_drops_the_running_epoch_unreduced_and_keeps_the_last_one():
     stats.add("episode_return", 10.0)
     stats.clear()
     assert stats.current() == {} and stats.last_stats["episode_return"]["mean"] == 2.0
+
+
+def test_a_missing_event_is_not_listed_among_the_events_with_values():
+    from rqrl import MissingStatsError
+
+    stats = EpochStatsAggregator()
+    stats.add("episode_return", [])  # an empty add leaves its event without values
+    stats.add("env_steps", 5)
+    with pytest.raises(MissingStatsError) as raised:
+        stats.get_stats_value("episode_return")
+    assert str(raised.value).endswith("no values for 'episode_return' yet; events with values: ['env_steps']\"")
