@@ -22,7 +22,7 @@ import redis
 import torch
 from redis.client import Pipeline
 from rq import Queue, SimpleWorker, get_current_job, worker_registration
-from rq.exceptions import StopRequested
+from rq.exceptions import InvalidJobOperation, StopRequested
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
@@ -218,6 +218,19 @@ class RolloutWorker(SimpleWorker):
             return
         super().handle_job_failure(rollout_job, rollout_queue(queue.name, self.connection), started_job_registry,
                                    exc_string)
+
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry: StartedJobRegistry) -> None:
+        """RQ's success handling; a job that Redis lost while it ran (a restart without persistence; its hash has no
+        status) has nothing left to clean up: one warning, where RQ logged its failure to read the job's status as
+        an error with a traceback."""
+        try:
+            super().handle_job_success(job, queue, started_job_registry)
+        except InvalidJobOperation:
+            if self.connection.hget(job.key, "status") is not None:
+                raise
+            # the hash's heartbeat fields, if the job beat since: written anew after the restart, all there is
+            self.connection.delete(job.key)
+            log.warning("job %s finished, but Redis lost it meanwhile (restarted?): nothing to clean up", job.id)
 
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
         """rqrl schedules no jobs: ``rq worker --with-scheduler`` starts no scheduler here."""

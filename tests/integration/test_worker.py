@@ -154,3 +154,24 @@ def test_an_idle_worker_whose_stop_was_lost_in_a_finalizer_stops_at_its_next_deq
             signal.signal(number, handler)
     assert lost, "the stop was asked while the worker waited for jobs"
     assert time.monotonic() - started < 10
+
+
+def test_a_job_that_redis_lost_while_it_ran_finishes_with_a_warning_not_an_error(connection, caplog):
+    import logging
+
+    from rq.registry import StartedJobRegistry
+    from rq.utils import now
+
+    from rqrl.engine.rq_safety import rollout_queue
+    from rqrl.engine.worker import RolloutWorker
+
+    queue = rollout_queue("rqrl", connection)
+    job = enqueue_raw(connection, "rqrl.maze.jobs.run_actor_group", "no-such-run", 0, 0, result_ttl=0)  # as rqrl's
+    connection.delete(job.key)  # what a restart without persistence does to a job while it runs
+    connection.hset(job.key, "last_heartbeat", "2026-01-01T00:00:00Z")  # a heartbeat since writes a partial hash
+    job.started_at = job.ended_at = now()  # what RQ sets around the run
+    worker = RolloutWorker([queue], connection=connection)
+    with caplog.at_level(logging.WARNING):
+        worker.handle_job_success(job, queue, StartedJobRegistry(queue.name, connection=connection))
+    assert f"job {job.id} finished, but Redis lost it meanwhile" in caplog.text
+    assert not connection.exists(job.key)
