@@ -31,6 +31,10 @@ from rqrl.errors import ActorFailedError, CollectTimeoutError, NoWorkersError, W
 log = logging.getLogger(__name__)
 
 
+LARGE_GROUP_ACTORS = 1024
+"""An actor group of this many envs or more can take a job long enough to make and reset to look like a hang."""
+
+
 class Supervisor:
     """Supervises the jobs of one run on ``queue``."""
 
@@ -151,14 +155,23 @@ class Supervisor:
             return CollectTimeoutError(
                 f"no worker on queue {queue_name!r} has sent a heartbeat for {seconds:.0f} s, but the jobs of actor "
                 f"groups {held} still hold their leases: their workers are alive and the jobs hung, most likely in "
-                f"the env's reset or step (or in the policy). rqrl re-runs a group whose job finished no rollout for "
-                f"hang_seconds ({self.config.hang_seconds:.0f} s); fix the env (look at the workers' stacks, e.g. "
-                f"with py-spy dump), or give hang_seconds a bound the env keeps"
+                f"the env's reset or step (or in the policy){self._large_groups(held)}. rqrl re-runs a group whose "
+                f"job finished no rollout for hang_seconds ({self.config.hang_seconds:.0f} s); fix the env (look at "
+                f"the workers' stacks, e.g. with py-spy dump), or give hang_seconds a bound the env keeps"
             )
         return NoWorkersError(
             f"no worker has been listening on queue {queue_name!r} for {seconds:.0f} s; start some with "
             f"'rqrl worker --redis-url URL --queue {queue_name}'"
         )
+
+    def _large_groups(self, groups: list[int]) -> str:
+        """For the hang error: the envs a job of these groups makes and resets before its first rollout, when that
+        many may be the cause."""
+        most = max(len(self.config.actor_groups[group]) for group in groups)
+        if most < LARGE_GROUP_ACTORS:
+            return ""
+        return (f", or in making and resetting the {most:,} envs its group steps (n_actors / actors_per_job); lower "
+                f"n_actors, or spread them over more workers and jobs")
 
     def workers_alive(self, cached: bool = True) -> int:
         """Workers on the run's queue with a heartbeat within the run's liveness window (a SIGKILLed

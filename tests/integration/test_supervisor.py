@@ -45,3 +45,18 @@ def test_a_count_of_no_workers_is_read_again_at_once_and_others_kept_a_second(co
     register(connection, "rqrl.second", utcformat(datetime.datetime.now(datetime.UTC)), queue="rqrl-supervised")
     assert supervisor.workers_alive() == 1
     assert supervisor.workers_alive(cached=False) == 2
+
+
+def test_a_hung_group_of_many_envs_names_their_making_as_a_cause(connection, run_name):
+    big, small = list(range(2048)), [2048]
+    config = RunConfig(run_name=run_name, run_id="s", queue_name="rqrl-hung", n_rollout_steps=4, n_actors=2049,
+                       batch_size=1, queue_bound=1, actor_env_seeds=[0] * 2049, actor_agent_seeds=[0] * 2049,
+                       actor_groups=[big, small])
+    supervisor = Supervisor(connection, config, Queue("rqrl-hung", connection=connection))
+    keys = supervisor.keys
+    connection.set(keys.lease(1), "job#token", ex=30)
+    assert "envs its group steps" not in str(supervisor.no_workers_error(30))
+    connection.set(keys.lease(0), "job#token", ex=30)
+    error = supervisor.no_workers_error(30)
+    assert "the jobs of actor groups [0, 1] still hold their leases" in str(error)
+    assert "or in making and resetting the 2,048 envs its group steps" in str(error)
