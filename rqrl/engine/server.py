@@ -62,6 +62,7 @@ class EmbeddedRedis:
         self.executable = find_redis_server(executable)
         self.startup_timeout = startup_timeout
         self.folder: ServerFolder | None = None
+        self._exited: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -139,8 +140,10 @@ class EmbeddedRedis:
 
     def exited(self) -> str | None:
         """What ended the server if it ended by itself (killed, crashed), with its log's last line; None while it
-        runs, or once stop() stopped it."""
-        if self.process is None or self.process.poll() is None:
+        runs, or if stop() stopped it (a stop after it ended keeps the answer)."""
+        if self.process is None:
+            return self._exited
+        if self.process.poll() is None:
             return None
         log_file = self.directory / "redis.log" if self.directory is not None else None
         try:
@@ -151,6 +154,7 @@ class EmbeddedRedis:
         return f"the embedded redis-server (pid {self.process.pid}) exited with code {self.process.returncode}{said}"
 
     def stop(self) -> None:
+        self._exited = self.exited()
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:

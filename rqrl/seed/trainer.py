@@ -33,7 +33,7 @@ import gymnasium
 import redis
 
 from rqrl.engine.codec import secret_from_environment
-from rqrl.engine.connection import DEFAULT_OUTAGE_SECONDS, connect, first_contact, redis_errors
+from rqrl.engine.connection import DEFAULT_OUTAGE_SECONDS, connect, first_contact, give_up_once_gone, redis_errors
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.memory import keep_freed_memory
@@ -42,7 +42,7 @@ from rqrl.engine.screen import MAX_ENTRY_BYTES, screened_lpop
 from rqrl.engine.server import EmbeddedRedis
 from rqrl.engine.teardown import tearing_down
 from rqrl.engine.weights import WeightStore
-from rqrl.errors import ConfigError, ProcessesDiedError, RecordError, SignatureError
+from rqrl.errors import ConfigError, ProcessesDiedError, RecordError, RedisUnavailableError, SignatureError
 from rqrl.seed.actor import decode_transitions, env_misfit, run_actor_process
 from rqrl.seed.agent import Agent, AgentConfig, build_model
 from rqrl.seed.config import Config, batch_that_fills, batch_warning, check_against_replay
@@ -112,6 +112,7 @@ class Trainer:
         self.started_pids: list[int] = []  # every process the last start() started, replacements included
         self._stop = threading.Event()
         self.stopped_from_outside = False  # the last start() ended on `rqrl stop RUN` (the run's stop flag)
+        self._embedded: EmbeddedRedis | None = None  # the running start()'s own Redis, if it started one
         self.redis_url: str | None = None
         """The Redis of the last start() (an embedded one's URL while it runs)."""
         self._last_sequence: dict[str, int] = {}
@@ -127,6 +128,10 @@ class Trainer:
         try:
             self._start(duration)
         except redis.RedisError as error:  # an outage past its window, a refusal: rqrl's error, naming the URL
+            exited = self._embedded.exited() if self._embedded is not None else None
+            if exited is not None:
+                raise RedisUnavailableError(f"{exited}: the run cannot go on without it; start the trainer again, or "
+                                            f"give it a Redis of its own (Config.redis_url)") from error
             with redis_errors(self.redis_url, DEFAULT_OUTAGE_SECONDS):
                 raise error
 
@@ -158,6 +163,9 @@ class Trainer:
         if config.connection is None and embedded is None:
             first_contact(url)
         connection = config.connection if config.connection is not None else connect(url)
+        if embedded is not None and config.connection is None:  # one that exited never comes back: no outage wait
+            give_up_once_gone(connection, embedded.exited)
+        self._embedded = embedded
         secret = config.secret or (secrets.token_hex(32) if embedded is not None else None)
         if not secret and environment_url:
             secret = secret_from_environment()

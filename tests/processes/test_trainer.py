@@ -172,6 +172,26 @@ def test_a_batch_size_no_batch_can_reach_is_warned_of_and_batches_fill_anyway(re
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.timeout(90)
+def test_an_embedded_redis_that_dies_is_said_at_once_not_waited_for(run_name, monkeypatch):
+    from rqrl import RedisUnavailableError
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+
+    def kill_redis_once_training(trainer):
+        if trainer.stats.transitions_received and trainer._embedded.process.poll() is None:
+            trainer._embedded.process.kill()
+            killed.append(time.monotonic())
+
+    killed: list[float] = []
+    trainer = Trainer(cartpole_agent(), config(None, run_name), make_cartpole, on_progress=kill_redis_once_training,
+                      progress_seconds=0.2)
+    with pytest.raises(RedisUnavailableError, match=r"the embedded redis-server \(pid \d+\) exited with code -9"):
+        trainer.start(60.0)
+    assert killed and time.monotonic() - killed[0] < 20, "it rode out the 60 s outage window for a dead server"
+    assert [pid for pid in trainer.started_pids if alive(pid)] == []
+
+
 def test_max_train_frequency_caps_train_steps(redis_url, connection, run_name):
     first_step: list[float] = []
 
