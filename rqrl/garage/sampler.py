@@ -45,7 +45,7 @@ from rqrl.engine.options import DEFAULTS, RunOptions, choose_options, resolve_wo
 from rqrl.engine.rq_safety import rollout_queue
 from rqrl.engine.run_config import RunConfig, split_actors
 from rqrl.engine.run_store import RunStore
-from rqrl.engine.supervisor import Supervisor
+from rqrl.engine.supervisor import Supervisor, live_worker_names
 from rqrl.engine.teardown import tearing_down
 from rqrl.engine.timings import protocol_timings
 from rqrl.errors import CollectTimeoutError, RecordError, RunStoppedError, SignatureError
@@ -144,6 +144,8 @@ class MultiprocessingSampler:
         """Groups of logical workers re-enqueued because their worker process died or hung."""
         self.records_rejected = 0
         """Episode entries refused: unsigned, tampered, malformed, or of another call."""
+        self.runs_restored = 0
+        """Times Redis had lost the run (a restart without persistence) and the sampler stored it again."""
         # validated now, sent at the first call (version 0)
         self._initial = (self._messages(AGENT, agents), self._messages(ENV, envs))
         self._started = False
@@ -281,7 +283,11 @@ class MultiprocessingSampler:
         self._last_check_in = -float("inf")
         self._agent_chains: list[list[ChainEntry]] = [[] for _ in range(self.n_workers)]
         self._env_chains: list[list[ChainEntry]] = [[] for _ in range(self.n_workers)]
-        self._blob_keys: set[str] = set()
+        self._blobs: dict[str, bytes] = {}
+        """The update blobs the current chains use: written again if Redis loses them."""
+        self._call: SamplerCall | None = None
+        self._received: dict[tuple[int, int], EpisodeBatch] | None = None
+        """The episodes the call in flight holds so far; None between calls."""
         self._env_spec: EnvSpec | None = None
 
     def _started_run(self) -> _SamplerRun:
@@ -346,6 +352,8 @@ class MultiprocessingSampler:
         with self._redis_errors():
             if not self._started:
                 self._start()
+            else:
+                self._check_in(force=True)  # a Redis restarted since the last call lost the run: store it again
             version = self._begin(mode, count, agent_messages, env_messages, type(agent_update) is list,
                                   type(env_update) is list)
             try:
@@ -370,11 +378,12 @@ class MultiprocessingSampler:
         self._add_update(blobs, env_chains, ENV, version, env_messages, env_spread)
         call = SamplerCall(mode=mode, count=count, agent_chains=agent_chains, env_chains=env_chains)
         self._store.begin(version, call, blobs, self._weights_key)
-        self._version, self._agent_chains, self._env_chains = version, agent_chains, env_chains
-        self._blob_keys |= set(blobs)
+        self._version, self._agent_chains, self._env_chains, self._call = version, agent_chains, env_chains, call
+        self._blobs.update(blobs)
         used = {self.keys.sampler_update(v, role, scope) for role, chains in ((AGENT, agent_chains), (ENV, env_chains))
                 for chain in chains for v, scope, _ in chain}
-        unused, self._blob_keys = self._blob_keys - used, self._blob_keys & used
+        unused = set(self._blobs) - used
+        self._blobs = {key: blob for key, blob in self._blobs.items() if key in used}
         if version > 1 or unused:
             self.dropped_episodes += self._store.forget(version - 1, sorted(unused))
         self._remove_queued_jobs(version)
@@ -419,12 +428,24 @@ class MultiprocessingSampler:
         """Pop the call's episodes until it has what it needs, re-running groups whose process died and raising
         what workers report; returns them in the mode's order."""
         episodes: dict[tuple[int, int], EpisodeBatch] = {}
+        self._received = episodes
+        try:
+            chosen = self._collect_into(episodes, version, mode, count)
+        finally:
+            self._received = None
+        self.dropped_episodes += len(episodes) - len(chosen)
+        return EpisodeBatch.concatenate(*(episodes[key] for key in chosen))
+
+    def _collect_into(self, episodes: dict[tuple[int, int], EpisodeBatch], version: int, mode: str,
+                      count: int) -> list[tuple[int, int]]:
+        """``_collect``'s loop: fills ``episodes`` and returns the keys the call returns, in order."""
         order = _Order(mode, count, self.n_workers)
         last_arrival = time.monotonic()
         no_worker_since: float | None = None
         with self._progress_bar(mode, count) as bar:
             while not order.complete(episodes):
-                self._check_in()
+                if self._check_in():  # the call starts afresh in a restarted Redis: its clock too
+                    last_arrival, no_worker_since = time.monotonic(), None
                 self._supervisor.raise_actor_failures(throttled=True)
                 self._supervisor.check_sidelined_workers(throttled=True)
                 self.groups_rerun += len(self._supervisor.rerun_orphaned_groups(
@@ -436,6 +457,7 @@ class MultiprocessingSampler:
                 if popped:
                     last_arrival, no_worker_since = now, None
                     continue
+                self._raise_if_local_workers_died()
                 if self._supervisor.workers_alive() == 0:
                     self._local.raise_if_all_died()
                     no_worker_since = no_worker_since or now
@@ -451,8 +473,18 @@ class MultiprocessingSampler:
             chosen = order.chosen(episodes)
             if self.return_extras and mode == SAMPLES:
                 chosen += self._extras(version, set(chosen), episodes, bar)
-        self.dropped_episodes += len(episodes) - len(chosen)
-        return EpisodeBatch.concatenate(*(episodes[key] for key in chosen))
+        return chosen
+
+    def _raise_if_local_workers_died(self) -> None:
+        """NoWorkersError at once when every local worker process exited and no other worker listens on the
+        queue: a killed worker's last heartbeat keeps it counted as alive for ``liveness`` seconds (20 s)."""
+        local = self._local
+        if not local.processes or any(process.is_alive() for process in local.processes):
+            return
+        local_prefix = f"rqrl.{self.config.run_name}.local"  # LocalWorkers.start_workers names them so
+        live = live_worker_names(self._connection, self._rq_queue, self.config.timings.liveness)
+        if all(name.startswith(local_prefix) for name in live):
+            local.raise_if_all_died()
 
     def _extras(self, version: int, prefix: set[tuple[int, int]], episodes: dict[tuple[int, int], EpisodeBatch],
                 bar: Any) -> list[tuple[int, int]]:
@@ -468,16 +500,37 @@ class MultiprocessingSampler:
         supervisor = getattr(self, "_supervisor", None)
         return {name: report["error"] for name, report in supervisor.sidelined.items()} if supervisor else {}
 
-    def _check_in(self) -> None:
-        """At most once a second: move the learner's heartbeat deadline on (``rqrl status``, ``rqrl stop`` and the
-        workers tell a live sampler from a dead one by it); RunStoppedError if ``rqrl stop`` stopped the run."""
+    def _check_in(self, force: bool = False) -> bool:
+        """At most once a second (unless ``force``): move the learner's heartbeat deadline on (``rqrl status``,
+        ``rqrl stop`` and the workers tell a live sampler from a dead one by it); store the run again if Redis
+        lost it (returns True then); RunStoppedError if ``rqrl stop`` stopped the run."""
         now = time.monotonic()
-        if now - self._last_check_in < 1.0:
-            return
+        if not force and now - self._last_check_in < 1.0:
+            return False
         self._last_check_in = now
-        _, stopped = self._run_store.check_in(self.options.learner_timeout)
+        exists, stopped = self._run_store.check_in(self.options.learner_timeout)
+        if not exists:
+            self._reseed()
+            return True
         if stopped:
             raise RunStoppedError(f"run {self.config.run_name!r} was stopped from outside this sampler (rqrl stop)")
+        return False
+
+    def _reseed(self) -> None:
+        """Redis lost the run (restarted without persistence): store it again with the current call's updates;
+        a call in flight goes on, its jobs enqueued afresh to run the episodes this sampler does not hold yet."""
+        self._run_store.restore(self.config, self._factory, None, {})
+        self.runs_restored += 1
+        call, received = self._call, self._received
+        if call is None:  # no call made yet: the first one writes all it needs
+            return
+        progress = None if received is None else _contiguous_progress(received, self.n_workers)
+        self._store.restore(self._version, call, self._blobs, self._weights_key, progress)
+        if progress is not None:
+            for group_id in range(len(self.config.actor_groups)):
+                self._rerun(group_id, self._version, call.mode, call.count)
+            log.warning("run %s: call %d goes on in the restarted Redis with the %d episode(s) it holds; its workers "
+                        "re-run the others", self.config.run_name, self._version, len(received or {}))
 
     def _receive(self, blob: bytes, version: int, limit: int | None, episodes: dict[tuple[int, int], EpisodeBatch],
                  bar: Any) -> None:
@@ -607,6 +660,17 @@ def call_form(args: tuple[Any, ...], agents: Any, envs: Any,
 def check_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected {name} >= 1 (an int), got {value!r}")
+
+
+def _contiguous_progress(episodes: dict[tuple[int, int], EpisodeBatch], n_workers: int) -> dict[int, tuple[int, int]]:
+    """Per logical worker: (k, steps) of its episodes 0..k-1 held without a gap, where its re-run starts."""
+    progress = {}
+    for worker in range(n_workers):
+        held = steps = 0
+        while (batch := episodes.get((worker, held))) is not None:
+            held, steps = held + 1, steps + int(batch.lengths.sum())
+        progress[worker] = (held, steps)
+    return progress
 
 
 def _env_spec(env_message: Any, max_episode_length: int) -> EnvSpec:

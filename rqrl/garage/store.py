@@ -236,15 +236,37 @@ class SamplerStore:
     def begin(self, version: int, call: SamplerCall, blobs: Mapping[str, bytes], weights_key: bytes) -> None:
         """Write the call's update blobs and the call (signed under the run's weights key, with its version), move
         ``version`` to it and clear old error reports, in one transaction."""
-        signed_call = sign(json.dumps({"version": version, "call": json.loads(call.to_json())}).encode(),
-                           weights_key, CALL_MAGIC)
         with self.connection.pipeline(transaction=True) as pipe:
-            for key, blob in blobs.items():
-                pipe.set(key, blob)
-            pipe.set(self.keys.sampler_call(version), signed_call)
-            pipe.set(self.keys.sampler_version, version)
+            self._write_call(pipe, version, call, blobs, weights_key)
             pipe.delete(self.keys.errors)
             pipe.execute()
+
+    def restore(self, version: int, call: SamplerCall, blobs: Mapping[str, bytes], weights_key: bytes,
+                progress: Mapping[int, tuple[int, int]] | None) -> None:
+        """Write call ``version`` again after Redis lost it (a restart without persistence): ``blobs`` (every
+        update its chains use), the call and the version, in one transaction. With ``progress`` (the call is in
+        flight: per logical worker, the episodes 0..k-1 the sampler holds and their steps) its jobs start at
+        episode k and refuse the held ones as duplicates; without, the call is marked finished."""
+        keys = self.keys
+        with self.connection.pipeline(transaction=True) as pipe:
+            self._write_call(pipe, version, call, blobs, weights_key)
+            if progress is None:
+                pipe.set(keys.sampler_done(version), 1)
+            for worker, (k, steps) in (progress or {}).items():
+                if k:
+                    pipe.hset(keys.sampler_next(version), mapping={str(worker): k, f"{worker}:steps": steps})
+                    pipe.hset(keys.sampler_have(version), mapping={f"{worker}:{j}": 1 for j in range(k)})
+            pipe.execute()
+
+    def _write_call(self, pipe: Any, version: int, call: SamplerCall, blobs: Mapping[str, bytes],
+                    weights_key: bytes) -> None:
+        """Queue the writes of the call's update blobs, its signed spec (its version inside) and the version."""
+        signed_call = sign(json.dumps({"version": version, "call": json.loads(call.to_json())}).encode(),
+                           weights_key, CALL_MAGIC)
+        for key, blob in blobs.items():
+            pipe.set(key, blob)
+        pipe.set(self.keys.sampler_call(version), signed_call)
+        pipe.set(self.keys.sampler_version, version)
 
     def forget(self, version: int, unused_blobs: Sequence[str]) -> int:
         """Delete what an earlier call left (and ``unused_blobs``); returns the episodes it dropped: those

@@ -20,6 +20,7 @@ True
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import warnings
@@ -192,11 +193,33 @@ class ExistingEnvUpdate(EnvUpdate):
 
 def check_env_update(env_update: Any) -> None:
     """Raise TypeError unless ``env_update`` is None, a gymnasium env, an EnvUpdate or a callable old_env -> env
-    (so a sampler can refuse it before sending it anywhere)."""
-    if env_update is None or isinstance(env_update, gymnasium.Env | EnvUpdate) or callable(env_update):
+    (so a sampler can refuse it before sending it anywhere); ConfigError for a zero-argument env factory."""
+    if env_update is None or isinstance(env_update, gymnasium.Env | EnvUpdate):
+        return
+    if callable(env_update):
+        if not _takes_old_env(env_update):
+            name = getattr(env_update, "__qualname__", None) or repr(env_update)
+            raise ConfigError(
+                f"env {name} is a callable that takes no argument, but a callable env or env_update is read as "
+                f"garage's update old_env -> env (called with the worker's current env, None at first); pass an "
+                f"env (e.g. gymnasium.make(...)), or wrap the factory as rqrl.NewEnvUpdate({name})")
         return
     raise TypeError(f"Unknown environment update type: {type(env_update).__name__}; expected None, a "
                     f"gymnasium.Env, an rqrl.EnvUpdate or a callable old_env -> env")
+
+
+def _takes_old_env(update: Callable[..., Any]) -> bool:
+    """Whether ``update`` can be called with one positional argument, the old env (True if its signature is
+    unreadable, as for some builtins: the call itself then says)."""
+    try:
+        signature = inspect.signature(update)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(None)
+    except TypeError:
+        return False
+    return True
 
 
 def apply_env_update(old_env: gymnasium.Env[Any, Any] | None,
@@ -489,12 +512,30 @@ class LogicalWorker:
                 actions=stack_obs([to_array(action) for action in self._actions]),
                 rewards=np.asarray(self._rewards, dtype=np.float64),
                 env_infos=_stack_infos(self._env_infos),
-                agent_infos=_stack_infos(self._agent_infos),
+                agent_infos=self._checked_agent_infos(),
                 step_types=np.asarray(self._step_types, dtype=np.uint8),
                 lengths=np.asarray(self._lengths, dtype=np.int64))
         finally:
             self._clear_episode()
         return batch
+
+    def _checked_agent_infos(self) -> dict[str, Any]:
+        """The collected steps' agent infos, stacked; PolicyError if their ``log_prob`` holds a number that is not
+        finite (the Maze actors' check: a sampler must not return what a learner would train on as data)."""
+        infos = _stack_infos(self._agent_infos)
+        log_probs = infos.get("log_prob")
+        if not isinstance(log_probs, np.ndarray) or log_probs.dtype.kind != "f" or log_probs.ndim == 0:
+            return infos
+        finite = np.isfinite(log_probs).reshape(len(log_probs), -1).all(axis=1)
+        if finite.all():
+            return infos
+        step = int(np.argmin(finite))
+        ends = np.cumsum(self._lengths)
+        episode_start = int(ends[ends <= step].max(initial=0))  # steps are counted within their episode
+        raise PolicyError(
+            f"the policy returned log-prob {log_probs[step].tolist()} at step {step - episode_start} of an episode "
+            f"of logical worker {self._worker_number}; expected finite numbers: check the policy (NaN weights after "
+            f"an update, NaN observations, sampling an action of probability 0)")
 
     def rollout(self, on_step: Callable[[], None] | None = None) -> EpisodeBatch:
         """Run one whole episode under the current agent and env, and return it; ``on_step()`` after each step

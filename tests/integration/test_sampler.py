@@ -14,12 +14,15 @@ import numpy as np
 import pytest
 
 from rqrl import (
+    ActorFailedError,
     ConfigError,
     NoWorkersError,
     RQSampler,
 )
+from rqrl.engine.rq_safety import rollout_queue
 from tests import fixtures
 from tests.conftest import TEST_SECRET
+from tests.in_process import work_burst
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -101,3 +104,29 @@ def test_a_garage_script_is_configured_by_redis_url_and_rqrl_secret_alone(connec
                    n_local_workers=0, progress=False) as sampler:
         with pytest.raises(ConfigError, match="a script that takes Redis from REDIS_URL"):
             sampler.obtain_exact_episodes(1, None)
+
+
+def test_nan_weights_reach_the_caller_as_the_workers_policy_error(connection, redis_url):
+    """The job (run in-process) refuses to push episodes sampled under NaN weights; the call raises its error."""
+    policy = fixtures.mlp_policy()
+    nan = {key: value * float("nan") for key, value in policy.state_dict().items()}
+    with make_sampler(redis_url, policy, fixtures.make_cartpole(), n_workers=2, n_local_workers=0,
+                      no_worker_timeout=60) as sampler:
+        sampler.start_worker()
+        raised: list[BaseException] = []
+        call = threading.Thread(target=lambda: _record_error(raised, sampler.obtain_samples, 0, 100, nan), daemon=True)
+        call.start()
+        queue = rollout_queue(sampler.config.queue_name, connection)
+        wait_until(lambda: queue.count == len(sampler.config.actor_groups), 10, message="the call's jobs enqueued")
+        work_burst(connection, (sampler.config.queue_name,))
+        call.join(30)
+    assert len(raised) == 1 and isinstance(raised[0], ActorFailedError), raised
+    assert "PolicyError: the policy returned log-prob nan at step 0" in str(raised[0])
+
+
+def _record_error(errors: list[BaseException], function, *args) -> None:
+    """Call ``function(*args)`` and keep what it raises (a thread's exception, for the test to read)."""
+    try:
+        function(*args)
+    except BaseException as error:  # noqa: BLE001 - the test asserts on whatever it is
+        errors.append(error)

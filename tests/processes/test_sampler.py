@@ -6,19 +6,25 @@ The tests here start processes; the in-process ones are in tests/integration/tes
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 import gymnasium
 import numpy as np
 import pytest
+import redis
 import torch
 
 from rqrl import (
     ActorFailedError,
     LocalSampler,
     MultiprocessingSampler,
+    NoWorkersError,
     RQSampler,
     SetTaskUpdate,
     StepType,
@@ -26,11 +32,13 @@ from rqrl import (
 )
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.rq_safety import failed_registry, rollout_queue
+from rqrl.engine.timings import TIME_SCALE_VARIABLE
 from rqrl.garage.store import STACK, SamplerCall, SamplerStore
 from tests import fixtures
 from tests.conftest import TEST_SECRET
 from tests.integration.test_sampler import make_sampler  # noqa: F401 - shared with the in-process tests
 from tests.polling import wait_until
+from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -421,3 +429,70 @@ def test_a_call_spec_a_redis_writer_replaced_is_run_by_no_worker_process(connect
         sampler.obtain_samples(0, 40, policy.state_dict())
         with pytest.raises(ActorFailedError, match="SignatureError"):
             sampler.obtain_samples(1, 40, policy.state_dict())
+
+
+@pytest.fixture
+def restartable(tmp_path_factory):
+    """A private Redis without persistence on a fixed unix socket: one URL across restarts."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server.start()
+    server.stop()
+
+
+def restart_once(server: RedisServer, when: Callable[[], bool], pause: float) -> threading.Thread:
+    """A thread that SIGKILLs ``server`` once ``when()`` holds, and starts it again ``pause`` s later."""
+    def run() -> None:
+        wait_until(when, 30, message="the moment to restart Redis")
+        server.kill()
+        time.sleep(pause)
+        server.start()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_redis_restart_without_persistence_loses_neither_the_run_nor_the_call_in_flight(restartable):
+    """Redis loses every key twice under a sampler with local workers: between two calls, and in the middle of one
+    (its workers 4 episodes in). The sampler stores the run again each time and every call returns exactly the
+    seeded episodes the LocalSampler gives, where the next call used to time out."""
+    options = {"n_workers": 4, "seed": 3, "max_episode_length": 20}
+    local = LocalSampler(fixtures.VersionPolicy(0), fixtures.EchoEnv(length=10), **options)
+    with make_sampler(restartable.url, fixtures.VersionPolicy(0), fixtures.make_slow_echo_env(), n_local_workers=2,
+                      workers_per_job=2, redis_outage_seconds=30, collect_timeout=30, **options) as sampler:
+        assert_same(sampler.obtain_exact_episodes(2, {"value": np.asarray(1)}),
+                    local.obtain_exact_episodes(2, {"value": np.asarray(1)}))
+        restartable.kill()
+        restartable.start()
+        assert_same(sampler.obtain_samples(0, 200, {"value": np.asarray(2)}),
+                    local.obtain_samples(0, 200, {"value": np.asarray(2)}))
+        probe = redis.Redis.from_url(restartable.url)
+        progress_key = sampler.keys.sampler_next(3)
+        restarter = restart_once(restartable, lambda: int(probe.hget(progress_key, "0") or 0) >= 4, pause=0.3)
+        batch = sampler.obtain_exact_episodes(16, {"value": np.asarray(3)})
+        restarter.join(10)
+        probe.close()
+        assert sampler.runs_restored == 2
+    assert_same(batch, local.obtain_exact_episodes(16, {"value": np.asarray(3)}))
+    assert set(batch.actions.tolist()) == {3}
+
+
+def assert_same(batch, expected) -> None:
+    assert batch.lengths.tolist() == expected.lengths.tolist()
+    np.testing.assert_array_equal(batch.observations, expected.observations)
+    np.testing.assert_array_equal(batch.actions, expected.actions)
+
+
+def test_local_workers_all_killed_give_no_workers_error_within_seconds(connection, redis_url, monkeypatch):
+    """Every local worker SIGKILLed: NoWorkersError names their exit codes at once, not after their last heartbeats
+    age past the liveness window (20 s at the production timings this test runs with)."""
+    monkeypatch.setenv(TIME_SCALE_VARIABLE, "1")
+    with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2,
+                      n_local_workers=2) as sampler:
+        sampler.obtain_exact_episodes(1, None)
+        for process in sampler._local.processes:
+            os.kill(process.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(NoWorkersError, match=r"all 2 local worker processes exited"):
+            sampler.obtain_exact_episodes(1, None)
+        assert time.monotonic() - started < 3

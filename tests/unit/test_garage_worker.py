@@ -561,3 +561,40 @@ def test_frame_stack_episodes_go_as_unique_frames_compressed_and_round_trip():
     np.testing.assert_array_equal(decoded.observations, batch.observations)
     np.testing.assert_array_equal(decoded.last_observations, batch.last_observations)
     np.testing.assert_array_equal(decoded.next_observations, batch.next_observations)
+
+
+def nan_state(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's weights, every one NaN: what a diverged update sends."""
+    return {key: value * float("nan") for key, value in policy.state_dict().items()}
+
+
+def test_nan_weights_are_refused_not_sampled_and_the_worker_goes_on_after_a_good_update():
+    policy = fixtures.mlp_policy()
+    good = {key: value.clone() for key, value in policy.state_dict().items()}
+    built = worker(gymnasium.make("CartPole-v1"), policy, max_length=50)
+    built.update_agent(nan_state(policy))
+    with pytest.raises(PolicyError, match=r"log-prob nan at step 0 of an episode of logical worker 0; expected "
+                                          r"finite numbers: check the policy \(NaN weights"):
+        built.rollout()
+    built.update_agent(good)  # between episodes: the refused one left nothing behind
+    assert np.isfinite(built.rollout().agent_infos["log_prob"]).all()
+
+
+def test_a_garage_policys_log_prob_that_is_not_finite_is_refused_at_its_step():
+    class InfiniteAtStepTwo(ScriptedPolicy):
+        steps = 0
+
+        def get_action(self, observation):
+            self.steps += 1
+            return self.action, {"log_prob": np.float32(-np.inf if self.steps == 3 else -0.5)}
+
+    with pytest.raises(PolicyError, match=r"log-prob -inf at step 2 of an episode of logical worker 1"):
+        worker(FixedLengthEnv(length=5), InfiniteAtStepTwo(), number=1).rollout()
+
+
+def test_a_zero_argument_env_factory_is_refused_with_the_way_to_pass_it():
+    with pytest.raises(ConfigError, match=r"make_cartpole is a callable that takes no argument.*old_env -> env.*"
+                                          r"rqrl\.NewEnvUpdate\(make_cartpole\)"):
+        check_env_update(fixtures.make_cartpole)
+    for accepted in (NewEnvUpdate(fixtures.make_cartpole), lambda old_env: old_env, FixedLengthEnv, None):
+        check_env_update(accepted)

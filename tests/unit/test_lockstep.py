@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rqrl import WorkerFactory
+from rqrl import PolicyError, WorkerFactory
 from rqrl.garage.episodes import EpisodeBatch
 from rqrl.garage.lockstep import Lockstep, lockstep_ready
 from rqrl.garage.worker import LogicalWorker
@@ -146,3 +146,17 @@ def test_abandon_leaves_every_worker_between_episodes_even_one_finished_but_not_
     for worker in workers:
         worker.update_agent(fixtures.mlp_policy(seed=1))  # allowed: between episodes
         assert len(worker.rollout().lengths) == 1
+
+
+def test_nan_weights_are_refused_in_lockstep_as_one_by_one():
+    policy = fixtures.mlp_policy()
+    workers = built_workers([0, 1], 2, policy)
+    group = Lockstep(workers)
+    for worker in workers:
+        worker.update_agent({key: value * float("nan") for key, value in policy.state_dict().items()})
+        group.begin(worker)
+    finished: list[LogicalWorker] = []
+    while not finished:
+        finished = group.step()
+    with pytest.raises(PolicyError, match=r"log-prob nan at step 0 of an episode of logical worker"):
+        finished[0].collect_episode()

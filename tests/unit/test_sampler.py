@@ -10,7 +10,18 @@ import numpy as np
 import pytest
 import tqdm
 
-from rqrl import EnvSpec, EpisodeBatch, MultiprocessingSampler, RQSampler, StepType, WorkerFactory
+from rqrl import (
+    ConfigError,
+    EnvSpec,
+    EpisodeBatch,
+    LocalSampler,
+    MultiprocessingSampler,
+    NewEnvUpdate,
+    PolicyError,
+    RQSampler,
+    StepType,
+    WorkerFactory,
+)
 from rqrl.garage.sampler import _ClampedBar, _Order
 from tests import fixtures
 
@@ -69,7 +80,7 @@ def test_exact_order_is_worker_order():
 
 def test_the_call_bar_stops_at_its_total_and_writes_nothing_into_a_file(tmp_path, monkeypatch):
     sampler = MultiprocessingSampler(WorkerFactory(max_episode_length=10, n_workers=2), agents=fixtures.mlp_policy(),
-                                     envs=fixtures.make_cartpole)
+                                     envs=fixtures.make_cartpole())
     log = (tmp_path / "stderr.txt").open("w")
     monkeypatch.setattr("sys.stderr", log)  # a job's log file: no terminal
     with sampler._progress_bar("samples", 100) as bar:
@@ -81,3 +92,21 @@ def test_the_call_bar_stops_at_its_total_and_writes_nothing_into_a_file(tmp_path
     shown.update(70)
     shown.update(70)
     assert shown.bar.n == 100, "the bar overshot its total"
+
+
+def test_a_zero_argument_env_factory_is_refused_at_construction_with_the_way_to_pass_it():
+    for sampler_class in (RQSampler, LocalSampler):
+        with pytest.raises(ConfigError, match=r"make_cartpole is a callable that takes no argument.*"
+                                              r"rqrl\.NewEnvUpdate\(make_cartpole\)"):
+            sampler_class(fixtures.mlp_policy(), fixtures.make_cartpole, max_episode_length=50, n_workers=2)
+    wrapped = LocalSampler(fixtures.mlp_policy(), NewEnvUpdate(fixtures.make_cartpole), max_episode_length=5,
+                           n_workers=2)
+    assert int(wrapped.obtain_samples(0, 5, None).lengths.sum()) >= 5
+
+
+def test_the_local_sampler_refuses_nan_weights_instead_of_returning_nan_log_probs():
+    policy = fixtures.mlp_policy()
+    sampler = LocalSampler(policy, fixtures.make_cartpole(), max_episode_length=50, n_workers=2, seed=0)
+    nan = {key: value * float("nan") for key, value in policy.state_dict().items()}
+    with pytest.raises(PolicyError, match=r"log-prob nan at step 0 of an episode of logical worker 0"):
+        sampler.obtain_samples(0, 100, nan)
