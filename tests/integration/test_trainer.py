@@ -32,22 +32,17 @@ def test_minimum_buffer_size_above_the_replay_capacity_is_refused_at_once():
         Trainer(cartpole_agent(replay_capacity=100), Config(minimum_buffer_size=101), make_cartpole)
 
 
-def test_an_env_whose_observations_do_not_fit_state_shape_is_refused_before_anything_starts():
-    """A state_shape of (5,) on CartPole's (4,) observations, with a network that takes (5,): start() used to run
-    with servers dying on every request and no transition, then blame the `__main__` guard."""
-    agent = Agent(AgentConfig(state_shape=(5,), action_space_size=2, use_distributional=False),
-                  functools.partial(mlp, obs_size=5))
-    with pytest.raises(ConfigError, match=r"observations to be shaped \(5,\) \(the agent's state_shape\), got "
-                                          r"\(4,\); set AgentConfig.state_shape=\(4,\)"):
-        Trainer(agent, Config(minimum_buffer_size=500), make_cartpole)
-
-
-def test_an_env_whose_actions_do_not_fit_action_space_size_is_refused_before_anything_starts():
-    agent = Agent(AgentConfig(state_shape=(4,), action_space_size=3, use_distributional=False),
-                  functools.partial(mlp, n_actions=3))
-    with pytest.raises(ConfigError, match=r"action space to be Discrete\(3\) .*got Discrete\(2\); set "
-                                          r"AgentConfig.action_space_size"):
-        Trainer(agent, Config(minimum_buffer_size=500), make_cartpole)
+@pytest.mark.parametrize(("agent_config", "network", "message"), [
+    # state_shape (5,) on CartPole's (4,), with a network that takes (5,): start() ran with servers dying on every
+    # request and no transition, then blamed the `__main__` guard
+    (AgentConfig(state_shape=(5,), action_space_size=2, use_distributional=False), functools.partial(mlp, obs_size=5),
+     r"observations to be shaped \(5,\) \(the agent's state_shape\), got \(4,\); set AgentConfig.state_shape=\(4,\)"),
+    (AgentConfig(state_shape=(4,), action_space_size=3, use_distributional=False), functools.partial(mlp, n_actions=3),
+     r"action space to be Discrete\(3\) .*got Discrete\(2\); set AgentConfig.action_space_size"),
+], ids=["state_shape", "action_space_size"])
+def test_an_env_that_does_not_fit_the_agent_is_refused_before_anything_starts(agent_config, network, message):
+    with pytest.raises(ConfigError, match=message):
+        Trainer(Agent(agent_config, network), Config(minimum_buffer_size=500), make_cartpole)
 
 
 def test_an_env_the_learner_cannot_make_is_left_to_the_actors_to_report():
