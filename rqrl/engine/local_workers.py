@@ -3,6 +3,7 @@ processes, stopped by stop(), and by a last-resort finalizer if the learner forg
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.process
@@ -10,11 +11,15 @@ import os
 import signal
 import uuid
 import weakref
+from collections.abc import Iterator
 
+import redis
+
+from rqrl.engine.connection import give_up_once_gone, redis_errors
 from rqrl.engine.process import ProcessContext, process_context, stop_processes
 from rqrl.engine.server import EmbeddedRedis
 from rqrl.engine.worker import run_worker
-from rqrl.errors import NoWorkersError
+from rqrl.errors import NoWorkersError, RedisUnavailableError
 
 
 def multiprocessing_context(start_method: str | None) -> ProcessContext:
@@ -87,6 +92,24 @@ class LocalWorkers:
     def redis_exited(self) -> str | None:
         """What ended the embedded Redis if it ended by itself (EmbeddedRedis.exited); None if none or it runs."""
         return self.server.exited() if self.server is not None else None
+
+    def give_up_once_redis_exited(self, connection: redis.Redis) -> None:
+        """Let ``connection`` (to the embedded Redis) stop riding out an outage once that Redis has exited: it never
+        comes back."""
+        give_up_once_gone(connection, self.redis_exited)
+
+    @contextlib.contextmanager
+    def redis_errors(self, url: str | None, outage_seconds: float) -> Iterator[None]:
+        """``rqrl.engine.connection.redis_errors``, naming the embedded Redis when it is what went away."""
+        try:
+            with redis_errors(url, outage_seconds):
+                yield
+        except RedisUnavailableError as error:
+            exited = self.redis_exited()
+            if exited is None:
+                raise
+            raise RedisUnavailableError(f"{exited}: the run cannot go on without it (its keys went with it); start "
+                                        f"the learner again, or give it a Redis of its own (redis_url=)") from error
 
     def stop_redis(self) -> None:
         if self.server is not None:

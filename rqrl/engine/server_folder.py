@@ -69,8 +69,8 @@ def sweep_abandoned_folders(directory: str | None = None) -> list[Path]:
         try:
             if folder.is_dir() and folder.stat().st_uid == os.getuid() and _sweep(folder):
                 removed.append(folder)
-        except OSError as error:  # raced with its owner or another sweeper: not ours to report
-            log.debug("left %s: %s", folder, error)
+        except Exception as error:  # raced with its owner or another sweeper, a Redis that answers oddly: others'
+            log.debug("left %s: %s", folder, error)  # leftovers never keep a new embedded Redis from starting
     return removed
 
 
@@ -84,7 +84,8 @@ def _sweep(folder: Path) -> bool:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False  # its learner is alive
-        _shut_down(folder / SOCKET_NAME)
+        if not _shut_down(folder / SOCKET_NAME):
+            return False  # a Redis there that does not answer: removing its socket would leave it unreachable
         shutil.rmtree(folder, ignore_errors=True)
     finally:
         os.close(descriptor)
@@ -115,13 +116,21 @@ def _answers(socket_path: Path) -> bool:
             return False
 
 
-def _shut_down(socket_path: Path) -> None:
-    """Stop a redis-server that outlived its learner (one started from a thread other than the main one)."""
-    if not _answers(socket_path):
-        return
+def _shut_down(socket_path: Path) -> bool:
+    """Stop a redis-server that outlived its learner (one started from a thread other than the main one); False if
+    one listens there but does not answer in time (busy: a later sweep tries again)."""
+    if not socket_path.exists():
+        return True
     with _client(socket_path) as client:
+        try:
+            client.ping()
+        except redis.TimeoutError:
+            return False
+        except (redis.ConnectionError, OSError):  # refused: a socket file with no server behind it
+            return True
         try:
             client.shutdown(nosave=True)
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             pass  # it went down, which closes the connection
     log.info("stopped the redis-server on %s, left running by a learner that was killed", socket_path)
+    return True

@@ -228,8 +228,12 @@ class RolloutWorker(SimpleWorker):
         except InvalidJobOperation:
             if self.connection.hget(job.key, "status") is not None:
                 raise
-            # the hash's heartbeat fields, if the job beat since: written anew after the restart, all there is
-            self.connection.delete(job.key)
+            # the hash's heartbeat fields, if the job beat since: written anew after the restart, all there is; and
+            # the execution's record, which RQ's handling would have removed with the job
+            with self.connection.pipeline() as pipe:
+                pipe.delete(job.key)
+                self.cleanup_execution(job, pipeline=pipe)
+                pipe.execute()
             log.warning("job %s finished, but Redis lost it meanwhile (restarted?): nothing to clean up", job.id)
 
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:

@@ -230,6 +230,8 @@ class MultiprocessingSampler:
     def _redis_errors(self) -> Any:
         # the first call starts the run inside this block: name the URL it is given until it has one
         url = self.redis_url or self.options.redis_url
+        if self._run is not None:  # one whose embedded Redis exited says so
+            return self._run.local.redis_errors(url, self.options.redis_outage_seconds)
         return redis_errors(url, self.options.redis_outage_seconds)
 
     def _start(self) -> None:
@@ -248,6 +250,8 @@ class MultiprocessingSampler:
         elif self._injected is None:
             first_contact(url or "")
         connection = self._injected if self._injected is not None else connect(url or "", options.redis_outage_seconds)
+        if embedded:  # an embedded Redis that exited never comes back: no outage window for it
+            local.give_up_once_redis_exited(connection)
         config = RunConfig(
             run_name=options.run_name or f"sampler-{uuid.uuid4().hex[:8]}", run_id=uuid.uuid4().hex,
             queue_name=options.queue_name, n_rollout_steps=self._factory._max_episode_length,

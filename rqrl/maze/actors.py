@@ -26,7 +26,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self, SupportsIndex
 
@@ -36,7 +36,7 @@ from rq import Queue
 
 from rqrl.engine.ahead import CallAhead
 from rqrl.engine.codec import records_key, weights_key
-from rqrl.engine.connection import connect, first_contact, give_up_once_gone, redis_errors
+from rqrl.engine.connection import connect, first_contact
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import LocalWorkers, multiprocessing_context
 from rqrl.engine.memory import keep_freed_memory
@@ -53,7 +53,7 @@ from rqrl.engine.teardown import tearing_down
 from rqrl.engine.timings import protocol_timings
 from rqrl.engine.trajectories import Popped, QueueIndicesLost, TrajectoryQueue
 from rqrl.engine.weights import WeightStore
-from rqrl.errors import CollectTimeoutError, ConfigError, RedisUnavailableError, RqrlError, RunStoppedError
+from rqrl.errors import CollectTimeoutError, ConfigError, RqrlError, RunStoppedError
 from rqrl.maze.inbox import Decoded, Inbox, probe_spec
 from rqrl.maze.records import CollectedOutputs, RecordSpec, RolloutRecord, batch_records
 from rqrl.maze.rollout import EnvFactory
@@ -302,7 +302,7 @@ class RedisDistributedActors(DistributedActors):
                 first_contact(self.redis_url)
             self.connection = connect(self.redis_url, self.options.redis_outage_seconds)
             if self.embedded:  # an embedded Redis that exited never comes back: no outage window for it
-                give_up_once_gone(self.connection, self.local_workers.redis_exited)
+                self.local_workers.give_up_once_redis_exited(self.connection)
         return self.connection
 
     def _stores(self) -> _Transport:
@@ -485,18 +485,8 @@ class RedisDistributedActors(DistributedActors):
         with self._redis_errors():
             return self._collect(learner_device)
 
-    @contextlib.contextmanager
-    def _redis_errors(self) -> Iterator[None]:
-        """redis_errors, saying so when the embedded Redis is what went away."""
-        try:
-            with redis_errors(self.redis_url, self.options.redis_outage_seconds):
-                yield
-        except RedisUnavailableError as error:
-            exited = self.local_workers.redis_exited()
-            if exited is None:
-                raise
-            raise RedisUnavailableError(f"{exited}: the run cannot go on without it (its keys went with it); start "
-                                        f"the learner again, or give it a Redis of its own (redis_url=)") from error
+    def _redis_errors(self) -> contextlib.AbstractContextManager[None]:
+        return self.local_workers.redis_errors(self.redis_url, self.options.redis_outage_seconds)
 
     def _collect(self, learner_device: str) -> CollectedOutputs:
         started = time.perf_counter()

@@ -183,7 +183,7 @@ def check_network(network: nn.Module, config: AgentConfig, device: torch.device)
     needs: a misfit would surface later as a torch error inside a train step, or not at all. Runs in eval mode and
     leaves the training mode and the RNG as they were."""
     shape = (2, *config.state_shape)
-    was_training = network.training
+    modes = {module: module.training for module in network.modules()}  # a frozen submodule stays frozen
     network.eval()
     accelerator = device.type != "cpu"
     try:
@@ -195,7 +195,8 @@ def check_network(network: nn.Module, config: AgentConfig, device: torch.device)
                           f"state_shape={config.state_shape}): {type(error).__name__}: {error}; set state_shape "
                           f"to the shape of the env's observations, and build the network to take them") from error
     finally:
-        network.train(was_training)
+        for module, training in modes.items():
+            module.training = training
     expected = network_output_shape(config)
     got = tuple(output.shape) if isinstance(output, torch.Tensor) else None
     if got != (2, *expected):

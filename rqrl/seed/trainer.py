@@ -15,6 +15,7 @@ with none of its processes, threads or Redis keys left. Training runs in the cal
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import math
@@ -186,9 +187,11 @@ class Trainer:
             run.check_in(self._facts())
             weights = WeightStore(connection, run.keys, run.weights_key)
             self.stats.weights_version = weights.publish(self.agent.model_instance.state_dict())
-            context = multiprocessing_context(config.start_method)
+            # workers' jobs (queue_name) fork nothing here: no forkserver for them
+            context = multiprocessing_context(config.start_method) if config.queue_name is None else None
 
             def launch(name: str) -> None:
+                assert context is not None, "local processes are launched only without queue_name"
                 kind, index = name.split("-")
                 target = run_server_process if kind == "server" else run_actor_process
                 process = context.Process(target=target, args=(url, self.run_name, secret, int(index), os.getpid()),
@@ -409,7 +412,8 @@ def check_environment(environment: Callable[[], gymnasium.Env], agent_config: Ag
         log.debug("could not reset the environment in the learner to check its spaces: %r", error)
         return
     finally:
-        env.close()
+        with contextlib.suppress(Exception):  # not an env at all, or one whose close fails: the actors say so
+            env.close()
     if misfit is not None:
         raise ConfigError(misfit)
 

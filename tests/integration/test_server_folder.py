@@ -101,3 +101,16 @@ def test_starting_an_embedded_redis_sweeps_first(temp_dir):
     with EmbeddedRedis() as server:
         assert not left.path.exists()
         assert server.directory.is_dir()
+
+
+def test_an_abandoned_folder_whose_server_does_not_answer_is_left_for_a_later_sweep(temp_dir):
+    import socket
+
+    left = ServerFolder()
+    abandon(left)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(left.socket_path)  # listens, never answers: a redis-server too busy to reply in time
+        listener.listen()
+        assert sweep_abandoned_folders() == []
+        assert left.path.is_dir(), "its socket went: the server behind it could never be reached again"
+    assert sweep_abandoned_folders() == [left.path]  # nothing listens now: a socket file only

@@ -483,6 +483,22 @@ def assert_same(batch, expected) -> None:
     np.testing.assert_array_equal(batch.actions, expected.actions)
 
 
+def test_an_embedded_redis_that_dies_is_said_at_once_not_waited_for(monkeypatch):
+    from rqrl import RedisUnavailableError
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    with make_sampler(None, fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2,
+                      redis_outage_seconds=60) as sampler:
+        sampler.obtain_exact_episodes(1, None)
+        server = sampler._local.server
+        server.process.kill()
+        server.process.wait(10)
+        started = time.monotonic()
+        with pytest.raises(RedisUnavailableError, match=r"the embedded redis-server \(pid \d+\) exited with code -9"):
+            sampler.obtain_exact_episodes(1, None)
+        assert time.monotonic() - started < 10, "it rode out the 60 s outage window for a server that is gone"
+
+
 def test_local_workers_all_killed_give_no_workers_error_within_seconds(connection, redis_url, monkeypatch):
     """Every local worker SIGKILLed: NoWorkersError names their exit codes at once, not after their last heartbeats
     age past the liveness window (20 s at the production timings this test runs with)."""

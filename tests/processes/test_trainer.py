@@ -172,7 +172,6 @@ def test_a_batch_size_no_batch_can_reach_is_warned_of_and_batches_fill_anyway(re
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.timeout(90)
 def test_an_embedded_redis_that_dies_is_said_at_once_not_waited_for(run_name, monkeypatch):
     from rqrl import RedisUnavailableError
 
@@ -192,6 +191,7 @@ def test_an_embedded_redis_that_dies_is_said_at_once_not_waited_for(run_name, mo
     assert [pid for pid in trainer.started_pids if alive(pid)] == []
 
 
+@pytest.mark.timeout(90)
 def test_max_train_frequency_caps_train_steps(redis_url, connection, run_name):
     first_step: list[float] = []
 

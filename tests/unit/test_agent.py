@@ -213,3 +213,14 @@ def test_the_network_check_runs_in_eval_mode_and_leaves_the_mode_and_the_rng_as_
     NoisyOutput()  # what the agent draws to build its network
     assert torch.equal(after_agent, torch.rand(3)), "the check drew from the RNG: seeded runs would change"
     assert agent.model_instance.network.modes == [False] and agent.model_instance.training
+
+
+def test_the_network_check_leaves_a_submodule_kept_in_eval_mode_in_eval_mode():
+    def network() -> torch.nn.Module:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 2))
+        model[1].eval()  # a user's frozen part
+        return model
+
+    agent = Agent(AgentConfig(state_shape=(4,), action_space_size=2, use_distributional=False), network)
+    modes = [module.training for module in agent.model_instance.network]
+    assert modes == [True, False, True], modes
