@@ -26,6 +26,13 @@ from rqrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+# KEYS[1] = the run's learner token; ARGV = this learner's token, the previous one ('' for none)
+_HAND_BACK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2]) end
+return 1
+"""
+
 RESUME_FIELDS = ("n_rollout_steps", "n_actors", "queue_name", "actor_groups", "actor_env_seeds", "actor_agent_seeds")
 """What a resuming learner must give as the run was started with: what workers' jobs depend on."""
 
@@ -38,6 +45,7 @@ class RunStore:
     def __init__(self, connection: redis.Redis, keys: RunKeys, secret: str | bytes, learner_token: str | None = None):
         self.connection, self.keys, self.secret = connection, keys, secret
         self.learner_token = learner_token
+        self.previous_token: bytes | None = None  # the token a resume wrote over: the run goes back to it on failure
 
     def open(self, config: RunConfig, env_factory: Any, policy: Any, resume: bool) -> tuple[RunConfig, bool]:
         """Store a new run, or adopt the one stored under its name if ``resume``; returns the config in
@@ -57,10 +65,17 @@ class RunStore:
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.stopped)
             if self.learner_token is not None:  # a learner still running the run stops at its next check-in
-                pipe.set(self.keys.learner_token, self.learner_token)
-            pipe.execute()
+                pipe.set(self.keys.learner_token, self.learner_token, get=True)
+            replies = pipe.execute()
+        self.previous_token = replies[1] if self.learner_token is not None else None
         log.info("resumed run %s (run id %s) from Redis", self.keys.run_name, adopted.run_id)
         return adopted, False
+
+    def hand_back(self, previous_token: bytes | None) -> None:
+        """Give an adopted run back to the learner it was taken from (``previous_token``, as ``open`` read it), if
+        this learner still holds it: a resume that fails to start leaves the run as it found it."""
+        if self.learner_token is not None:
+            self.connection.eval(_HAND_BACK, 1, self.keys.learner_token, self.learner_token, previous_token or b"")
 
     def exists(self) -> bool:
         """Whether Redis still holds the run (a restart without persistence loses it)."""

@@ -441,6 +441,7 @@ class RedisDistributedActors(DistributedActors):
         keep_freed_memory()  # the learner's buffers per rollout: no page faults (rqrl.engine.memory)
         self._split_for_workers()
         config, is_new = self._run_store.open(self.config, self.env_factory, self.policy, self.options.resume)
+        taken_from = self._run_store.previous_token
         if config is not self.config:  # adopted: the previous learner's run id, so its records stay readable
             self.config = config
             self._transport = None  # its weights are signed under the adopted run id's key
@@ -463,6 +464,10 @@ class RedisDistributedActors(DistributedActors):
                 except QueueIndicesLost:  # junk in the acknowledged counter: nothing to take over
                     self._inbox.restart_indices()
         except BaseException:
+            if not is_new:  # the run is not this learner's to delete: back to the learner it was taken from
+                self._started = False
+                with contextlib.suppress(redis.RedisError):
+                    self._run_store.hand_back(taken_from)
             self.stop()
             raise
         self._last_collect = time.monotonic()

@@ -166,3 +166,19 @@ def test_an_embedded_redis_that_dies_is_said_at_once_not_waited_for(monkeypatch)
         with pytest.raises(RedisUnavailableError, match=r"the embedded redis-server \(pid \d+\) exited with code -9"):
             actors.queue_size()
         assert time.monotonic() - started < 5, "it waited out the 60 s outage window for a server that is gone"
+
+
+def test_a_resume_that_fails_to_start_hands_the_run_back_to_its_learner(connection, redis_url, run_name, monkeypatch):
+    from rqrl.engine.local_workers import LocalWorkers
+
+    with local_actors(redis_url, run_name, n_local_workers=0, actors_per_job=1) as first:
+        def no_room(*args, **kwargs):
+            raise RuntimeError("no room for workers")
+
+        monkeypatch.setattr(LocalWorkers, "start_workers", no_room)
+        second = local_actors(redis_url, run_name, n_local_workers=1, actors_per_job=1, resume=True)
+        with pytest.raises(RuntimeError, match="no room for workers"):
+            second.start()
+        assert first._run_store.check_in(10) == (True, False), "the failed resume kept the run, or deleted it"
+        assert connection.exists(first.keys.config)
+    assert connection.keys(f"rqrl:{run_name}:*") == [], "the first learner's stop() cleans the run up"
