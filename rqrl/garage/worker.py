@@ -200,7 +200,7 @@ def check_env_update(env_update: Any) -> None:
         if not _takes_old_env(env_update):
             name = getattr(env_update, "__qualname__", None) or repr(env_update)
             raise ConfigError(
-                f"env {name} is a callable that takes no argument, but a callable env or env_update is read as "
+                f"env {name} is a callable that cannot take one argument, but a callable env or env_update is read as "
                 f"garage's update old_env -> env (called with the worker's current env, None at first); pass an "
                 f"env (e.g. gymnasium.make(...)), or wrap the factory as rqrl.NewEnvUpdate({name})")
         return

@@ -593,8 +593,10 @@ def test_a_garage_policys_log_prob_that_is_not_finite_is_refused_at_its_step():
 
 
 def test_a_zero_argument_env_factory_is_refused_with_the_way_to_pass_it():
-    with pytest.raises(ConfigError, match=r"make_cartpole is a callable that takes no argument.*old_env -> env.*"
+    with pytest.raises(ConfigError, match=r"make_cartpole is a callable that cannot take one argument.*old_env -> env.*"
                                           r"rqrl\.NewEnvUpdate\(make_cartpole\)"):
         check_env_update(fixtures.make_cartpole)
+    with pytest.raises(ConfigError, match=r"is a callable that cannot take one argument"):
+        check_env_update(lambda old_env, another: old_env)
     for accepted in (NewEnvUpdate(fixtures.make_cartpole), lambda old_env: old_env, FixedLengthEnv, None):
         check_env_update(accepted)

@@ -96,7 +96,7 @@ def test_the_call_bar_stops_at_its_total_and_writes_nothing_into_a_file(tmp_path
 
 def test_a_zero_argument_env_factory_is_refused_at_construction_with_the_way_to_pass_it():
     for sampler_class in (RQSampler, LocalSampler):
-        with pytest.raises(ConfigError, match=r"make_cartpole is a callable that takes no argument.*"
+        with pytest.raises(ConfigError, match=r"make_cartpole is a callable that cannot take one argument.*"
                                               r"rqrl\.NewEnvUpdate\(make_cartpole\)"):
             sampler_class(fixtures.mlp_policy(), fixtures.make_cartpole, max_episode_length=50, n_workers=2)
     wrapped = LocalSampler(fixtures.mlp_policy(), NewEnvUpdate(fixtures.make_cartpole), max_episode_length=5,
