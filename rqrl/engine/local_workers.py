@@ -11,15 +11,13 @@ import os
 import signal
 import uuid
 import weakref
-from collections.abc import Iterator
 
 import redis
 
-from rqrl.engine.connection import give_up_once_gone, redis_errors
 from rqrl.engine.process import ProcessContext, process_context, stop_processes
-from rqrl.engine.server import EmbeddedRedis
+from rqrl.engine.server import EmbeddedRedis, redis_errors_naming
 from rqrl.engine.worker import run_worker
-from rqrl.errors import NoWorkersError, RedisUnavailableError
+from rqrl.errors import NoWorkersError
 
 
 def multiprocessing_context(start_method: str | None) -> ProcessContext:
@@ -43,6 +41,11 @@ def start_forkserver() -> None:
         multiprocessing.forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def local_worker_prefix(label: str) -> str:
+    """How the names of the local workers a learner starts under ``label`` (its run name) begin."""
+    return f"rqrl.{label}.local"
 
 
 class LocalWorkers:
@@ -69,7 +72,7 @@ class LocalWorkers:
             process = context.Process(
                 target=run_worker,
                 kwargs={"redis_url": redis_url, "queue_names": [queue_name],
-                        "name": f"rqrl.{label}.local{index}.{uuid.uuid4().hex[:4]}",
+                        "name": f"{local_worker_prefix(label)}{index}.{uuid.uuid4().hex[:4]}",
                         "parent_pid": os.getpid(), "secret": secret},
                 name=f"rqrl-worker-{index}",
                 daemon=False,
@@ -89,27 +92,14 @@ class LocalWorkers:
         stop_processes(self.processes, timeout)
         self.processes.clear()
 
-    def redis_exited(self) -> str | None:
-        """What ended the embedded Redis if it ended by itself (EmbeddedRedis.exited); None if none or it runs."""
-        return self.server.exited() if self.server is not None else None
-
     def give_up_once_redis_exited(self, connection: redis.Redis) -> None:
-        """Let ``connection`` (to the embedded Redis) stop riding out an outage once that Redis has exited: it never
-        comes back."""
-        give_up_once_gone(connection, self.redis_exited)
+        """Let ``connection`` stop riding out an outage once the embedded Redis (if any) has exited."""
+        if self.server is not None:
+            self.server.give_up_once_exited(connection)
 
-    @contextlib.contextmanager
-    def redis_errors(self, url: str | None, outage_seconds: float) -> Iterator[None]:
+    def redis_errors(self, url: str | None, outage_seconds: float) -> contextlib.AbstractContextManager[None]:
         """``rqrl.engine.connection.redis_errors``, naming the embedded Redis when it is what went away."""
-        try:
-            with redis_errors(url, outage_seconds):
-                yield
-        except RedisUnavailableError as error:
-            exited = self.redis_exited()
-            if exited is None:
-                raise
-            raise RedisUnavailableError(f"{exited}: the run cannot go on without it (its keys went with it); start "
-                                        f"the learner again, or give it a Redis of its own (redis_url=)") from error
+        return redis_errors_naming(self.server, url, outage_seconds)
 
     def stop_redis(self) -> None:
         if self.server is not None:

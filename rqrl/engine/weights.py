@@ -64,12 +64,12 @@ class WeightStore:
         One learner publishes per run; it counts on from last_published(). RunTakenOverError, with nothing
         written, once another learner holds the run.
         """
-        previous = self.last_published()
-        version = previous + 1
-        blob = sign(encode_state_dict(state_dict, {"version": str(version)}), self.key, WEIGHTS_MAGIC)
         if self.learner_token is not None and held_by_another(self.connection.get(self.keys.learner_token),
                                                               self.learner_token):
             raise taken_over_error(self.keys.run_name)
+        previous = self.last_published()
+        version = previous + 1
+        blob = sign(encode_state_dict(state_dict, {"version": str(version)}), self.key, WEIGHTS_MAGIC)
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.weights(version), blob)
             pipe.set(self.keys.latest_version, version)

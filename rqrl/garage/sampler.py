@@ -39,7 +39,7 @@ from rq.job import Job
 from rqrl.engine.codec import RECORD_MAGIC, records_key, verify, weights_key
 from rqrl.engine.connection import connect, first_contact, redis_errors
 from rqrl.engine.keys import RunKeys
-from rqrl.engine.local_workers import LocalWorkers
+from rqrl.engine.local_workers import LocalWorkers, local_worker_prefix
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
 from rqrl.engine.rq_safety import rollout_queue
@@ -250,8 +250,7 @@ class MultiprocessingSampler:
         elif self._injected is None:
             first_contact(url or "")
         connection = self._injected if self._injected is not None else connect(url or "", options.redis_outage_seconds)
-        if embedded:  # an embedded Redis that exited never comes back: no outage window for it
-            local.give_up_once_redis_exited(connection)
+        local.give_up_once_redis_exited(connection)  # an embedded one that exited never comes back
         config = RunConfig(
             run_name=options.run_name or f"sampler-{uuid.uuid4().hex[:8]}", run_id=uuid.uuid4().hex,
             queue_name=options.queue_name, n_rollout_steps=self._factory._max_episode_length,
@@ -485,7 +484,7 @@ class MultiprocessingSampler:
         local = self._local
         if not local.processes or any(process.is_alive() for process in local.processes):
             return
-        local_prefix = f"rqrl.{self.config.run_name}.local"  # LocalWorkers.start_workers names them so
+        local_prefix = local_worker_prefix(self.config.run_name)
         live = live_worker_names(self._connection, self._rq_queue, self.config.timings.liveness)
         if all(name.startswith(local_prefix) for name in live):
             local.raise_if_all_died()

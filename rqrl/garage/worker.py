@@ -34,11 +34,13 @@ import torch
 
 from rqrl.engine.observations import map_tree, stack_obs, to_array, to_tensor
 from rqrl.engine.policy import (
+    NON_FINITE_LOG_PROB_FIX,
     ActFunction,
     LogitsActFunction,
     as_state_dict,
     check_state_dict,
     make_act_function,
+    non_finite_rows,
 )
 from rqrl.errors import ConfigError, EnvError, PolicyError
 from rqrl.garage.episodes import EnvSpec, EpisodeBatch, StepType
@@ -526,16 +528,15 @@ class LogicalWorker:
         log_probs = infos.get("log_prob")
         if not isinstance(log_probs, np.ndarray) or log_probs.dtype.kind != "f" or log_probs.ndim == 0:
             return infos
-        finite = np.isfinite(log_probs).reshape(len(log_probs), -1).all(axis=1)
-        if finite.all():
+        bad = non_finite_rows(log_probs)
+        if not bad.any():
             return infos
-        step = int(np.argmin(finite))
+        step = int(np.argmax(bad))
         ends = np.cumsum(self._lengths)
         episode_start = int(ends[ends <= step].max(initial=0))  # steps are counted within their episode
         raise PolicyError(
             f"the policy returned log-prob {log_probs[step].tolist()} at step {step - episode_start} of an episode "
-            f"of logical worker {self._worker_number}; expected finite numbers: check the policy (NaN weights after "
-            f"an update, NaN observations, sampling an action of probability 0)")
+            f"of logical worker {self._worker_number}; {NON_FINITE_LOG_PROB_FIX}")
 
     def rollout(self, on_step: Callable[[], None] | None = None) -> EpisodeBatch:
         """Run one whole episode under the current agent and env, and return it; ``on_step()`` after each step

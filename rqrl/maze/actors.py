@@ -301,8 +301,7 @@ class RedisDistributedActors(DistributedActors):
             if not self.embedded:
                 first_contact(self.redis_url)
             self.connection = connect(self.redis_url, self.options.redis_outage_seconds)
-            if self.embedded:  # an embedded Redis that exited never comes back: no outage window for it
-                self.local_workers.give_up_once_redis_exited(self.connection)
+            self.local_workers.give_up_once_redis_exited(self.connection)  # an embedded one never comes back
         return self.connection
 
     def _stores(self) -> _Transport:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rqrl.engine.observations import Obs, flatten_obs, map_tree, select, to_array, to_tensor
-from rqrl.engine.policy import ActFunction, LogitsActFunction
+from rqrl.engine.policy import NON_FINITE_LOG_PROB_FIX, ActFunction, LogitsActFunction, non_finite_rows
 from rqrl.errors import ConfigError, EnvError, PolicyError
 from rqrl.maze.group_records import RolloutSteps
 from rqrl.maze.records import RecordSignature, RolloutRecord, differing_arrays, record_signature
@@ -197,7 +197,7 @@ class ActorGroup:
         """Refuse what the learner must not train on: log-probs that are not finite numbers, NaN logits (-inf
         is a masked action). One pass over the rollout's ``[T, n]`` buffers, not one per step; the error names
         the first step at fault, as a check per step would have."""
-        bad_log_probs = ~np.isfinite(log_probs).reshape(len(log_probs), -1).all(axis=1)
+        bad_log_probs = non_finite_rows(log_probs)
         nan_logits = np.zeros_like(bad_log_probs) if logits is None else np.isnan(logits).reshape(
             len(logits), -1).any(axis=1)
         if not (bad_log_probs.any() or nan_logits.any()):
@@ -206,8 +206,7 @@ class ActorGroup:
         if bad_log_probs[step]:
             raise PolicyError(
                 f"the policy returned log-probs {log_probs[step].tolist()} at step {step} of the rollout for actors "
-                f"{self.actor_ids}; expected finite numbers: check the policy (NaN weights after an "
-                f"update, NaN observations, sampling an action of probability 0)"
+                f"{self.actor_ids}; {NON_FINITE_LOG_PROB_FIX}"
             )
         raise PolicyError(
             f"the policy returned NaN logits at step {step} of the rollout for actors {self.actor_ids}: check "

@@ -34,16 +34,16 @@ import gymnasium
 import redis
 
 from rqrl.engine.codec import secret_from_environment
-from rqrl.engine.connection import DEFAULT_OUTAGE_SECONDS, connect, first_contact, give_up_once_gone, redis_errors
+from rqrl.engine.connection import DEFAULT_OUTAGE_SECONDS, connect, first_contact
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.process import stop_processes
 from rqrl.engine.screen import MAX_ENTRY_BYTES, screened_lpop
-from rqrl.engine.server import EmbeddedRedis
+from rqrl.engine.server import EmbeddedRedis, redis_errors_naming
 from rqrl.engine.teardown import tearing_down
 from rqrl.engine.weights import WeightStore
-from rqrl.errors import ConfigError, ProcessesDiedError, RecordError, RedisUnavailableError, SignatureError
+from rqrl.errors import ConfigError, ProcessesDiedError, RecordError, SignatureError
 from rqrl.seed.actor import decode_transitions, env_misfit, run_actor_process
 from rqrl.seed.agent import Agent, AgentConfig, build_model
 from rqrl.seed.config import Config, batch_that_fills, batch_warning, check_against_replay
@@ -129,11 +129,7 @@ class Trainer:
         try:
             self._start(duration)
         except redis.RedisError as error:  # an outage past its window, a refusal: rqrl's error, naming the URL
-            exited = self._embedded.exited() if self._embedded is not None else None
-            if exited is not None:
-                raise RedisUnavailableError(f"{exited}: the run cannot go on without it; start the trainer again, or "
-                                            f"give it a Redis of its own (Config.redis_url)") from error
-            with redis_errors(self.redis_url, DEFAULT_OUTAGE_SECONDS):
+            with redis_errors_naming(self._embedded, self.redis_url, DEFAULT_OUTAGE_SECONDS):
                 raise error
 
     def _start(self, duration: float) -> None:
@@ -165,7 +161,7 @@ class Trainer:
             first_contact(url)
         connection = config.connection if config.connection is not None else connect(url)
         if embedded is not None and config.connection is None:  # one that exited never comes back: no outage wait
-            give_up_once_gone(connection, embedded.exited)
+            embedded.give_up_once_exited(connection)
         self._embedded = embedded
         secret = config.secret or (secrets.token_hex(32) if embedded is not None else None)
         if not secret and environment_url:
