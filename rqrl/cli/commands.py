@@ -162,8 +162,11 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
                                        f"stopped, or another Redis or database?)")
         config = RunConfig.from_json(raw_config)
         if deadline is None or learner_gone(deadline):
-            RunStore(connection, keys, b"").stop(rollout_queue(config.queue_name, connection), wait)
-            click.echo(f"run {run_name}: no live learner; stopped its jobs and removed its keys")
+            store = RunStore(connection, keys, b"")
+            store.stop(rollout_queue(config.queue_name, connection), wait)
+            store.mark_stopped()
+            click.echo(f"run {run_name}: no live learner; stopped its jobs and removed its keys (its stop flag stays "
+                       f"a day: a learner of it that was only slow stops at its next call)")
             return
         connection.set(keys.stopped, 1)
         click.echo(f"run {run_name}: stop requested; waiting up to {wait:g} s for its learner to finish")

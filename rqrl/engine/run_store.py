@@ -33,6 +33,9 @@ if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1],
 return 1
 """
 
+STOPPED_MARKER_SECONDS = 24 * 3600
+"""How long ``rqrl stop`` of a run without a live learner keeps the run's stop flag: a day, as RQ keeps failed jobs."""
+
 RESUME_FIELDS = ("n_rollout_steps", "n_actors", "queue_name", "actor_groups", "actor_env_seeds", "actor_agent_seeds")
 """What a resuming learner must give as the run was started with: what workers' jobs depend on."""
 
@@ -84,7 +87,8 @@ class RunStore:
     def check_in(self, learner_timeout: float, facts: Mapping[str, float] | None = None) -> tuple[bool, bool]:
         """The learner's heartbeat: move its deadline ``learner_timeout`` seconds on (past it, jobs stop) and
         publish ``facts`` (for ``rqrl status``); returns whether Redis still holds the run and whether it was
-        stopped (``rqrl stop``), in one round trip. RunTakenOverError if another learner resumed the run."""
+        stopped (``rqrl stop``), in one round trip. RunTakenOverError if another learner resumed the run. A run that
+        ``rqrl stop`` removed reads (False, True): the caller stops rather than store it again."""
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.learner_token)
             pipe.set(self.keys.learner_deadline, f"{time.time() + learner_timeout:.3f}")
@@ -111,6 +115,7 @@ class RunStore:
             pipe.set(self.keys.env_factory, env_factory_blob)
             pipe.set(self.keys.policy, policy_blob)
             pipe.set(self.keys.config, config.to_json())
+            pipe.delete(self.keys.stopped)  # a marker an earlier run of this name left (``mark_stopped``)
             if self.learner_token is not None:
                 pipe.set(self.keys.learner_token, self.learner_token)
             pipe.execute()
@@ -159,6 +164,12 @@ class RunStore:
         keys = list(connection.scan_iter(match=self.keys.pattern, count=1000))
         if keys:
             connection.delete(*keys)
+
+    def mark_stopped(self) -> None:
+        """Leave the run's stop flag for STOPPED_MARKER_SECONDS after ``stop`` removed the rest: a learner that only
+        looked dead (a sampler trains between its calls, and beats no heartbeat then) raises RunStoppedError at its
+        next check-in instead of storing the run again. A new run of the same name clears it."""
+        self.connection.set(self.keys.stopped, 1, ex=STOPPED_MARKER_SECONDS)
 
     def _remove_queued_jobs(self, queue: Queue) -> None:
         for job_id in queue.get_job_ids():

@@ -512,11 +512,11 @@ class MultiprocessingSampler:
             return False
         self._last_check_in = now
         exists, stopped = self._run_store.check_in(self.options.learner_timeout)
+        if stopped:  # also a run `rqrl stop` removed while this sampler trained between calls: not stored again
+            raise RunStoppedError(f"run {self.config.run_name!r} was stopped from outside this sampler (rqrl stop)")
         if not exists:
             self._reseed()
             return True
-        if stopped:
-            raise RunStoppedError(f"run {self.config.run_name!r} was stopped from outside this sampler (rqrl stop)")
         return False
 
     def _reseed(self) -> None:

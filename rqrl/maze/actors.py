@@ -649,10 +649,10 @@ class RedisDistributedActors(DistributedActors):
         if now - self._last_run_check > 1.0:
             self._last_run_check = now
             exists, stopped = self._run_store.check_in(self.options.learner_timeout, self._learner_facts())
+            if stopped:  # also a run `rqrl stop` removed while this learner looked dead: not stored again
+                raise RunStoppedError(f"run {self.run_name!r} was stopped from outside this learner (rqrl stop)")
             if not exists:
                 self._reseed()
-            elif stopped:
-                raise RunStoppedError(f"run {self.run_name!r} was stopped from outside this learner (rqrl stop)")
         rerun = self.supervisor.rerun_orphaned_groups(self._delivered_next)
         if rerun:
             self.epoch_stats.add(RolloutEvents.groups_rerun, len(rerun))

@@ -182,3 +182,19 @@ def test_a_resume_that_fails_to_start_hands_the_run_back_to_its_learner(connecti
         assert first._run_store.check_in(10) == (True, False), "the failed resume kept the run, or deleted it"
         assert connection.exists(first.keys.config)
     assert connection.keys(f"rqrl:{run_name}:*") == [], "the first learner's stop() cleans the run up"
+
+
+def test_a_run_rqrl_stop_removed_while_its_learner_looked_dead_is_not_stored_again(connection, redis_url, run_name):
+    """A learner that trains longer than learner_timeout between collects looks dead; `rqrl stop` removes its run.
+    Its next collect stored the run again and went on; now it raises RunStoppedError."""
+    from rqrl import RunStoppedError
+    from tests.cli_runner import invoke
+
+    with local_actors(redis_url, run_name, n_local_workers=0, no_worker_timeout=30.0) as actors:
+        actors.broadcast_updated_policy(actors.policy.state_dict())
+        connection.delete(actors.keys.learner_deadline)
+        result = invoke("stop", run_name, "--redis-url", redis_url, "--wait", "1")
+        assert result.exit_code == 0 and "no live learner" in result.output, result.output
+        with pytest.raises(RunStoppedError, match="stopped from outside this learner"):
+            actors.collect_outputs("cpu")
+        assert not connection.exists(actors.keys.config), "the stopped run was stored again"

@@ -77,3 +77,17 @@ def test_a_resume_takes_the_run_from_a_live_learner_which_stops_at_its_next_chec
     assert connection.exists(keys.config), "the taken-over learner's stop deleted the run"
     RunStore(connection, keys, b"").stop(rollout_queue(None, connection), timeout=1)  # `rqrl stop` has no token
     assert connection.keys(f"rqrl:{run_name}:*") == []
+
+
+def test_the_stop_flag_a_stop_leaves_reads_as_stopped_and_a_new_run_of_the_name_clears_it(connection, run_name):
+    keys = RunKeys(run_name)
+    config = RunConfig(run_name=run_name, run_id="r", queue_name="rqrl", n_rollout_steps=4, n_actors=1, batch_size=1,
+                       queue_bound=1, actor_env_seeds=[0], actor_agent_seeds=[0], actor_groups=[[0]])
+    store = RunStore(connection, keys, b"s")
+    store.open(config, dict, dict, resume=False)
+    store.stop(rollout_queue(None, connection), timeout=1)
+    store.mark_stopped()
+    assert store.check_in(10) == (False, True), "a learner that looked dead would store the stopped run again"
+    assert connection.keys(f"rqrl:{run_name}:*") != [] and connection.ttl(keys.stopped) > 0
+    _, new = RunStore(connection, keys, b"s").open(config, dict, dict, resume=False)
+    assert new and RunStore(connection, keys, b"s").check_in(10) == (True, False)

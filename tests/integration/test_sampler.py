@@ -130,3 +130,37 @@ def _record_error(errors: list[BaseException], function, *args) -> None:
         function(*args)
     except BaseException as error:  # noqa: BLE001 - the test asserts on whatever it is
         errors.append(error)
+
+
+def test_a_run_rqrl_stop_removed_between_calls_stops_the_sampler_instead_of_being_stored_again(connection,
+                                                                                                 redis_url):
+    """A sampler beats its heartbeat only during calls: training longer than learner_timeout between two calls
+    looks like a dead learner, and `rqrl stop` then removes the run. The next call raised nothing and stored the
+    run again; now the stop flag `rqrl stop` leaves behind stops it."""
+    from rqrl import RunStoppedError
+    from tests.cli_runner import invoke
+
+    with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2,
+                      n_local_workers=0) as sampler:
+        sampler.start_worker()
+        _obtain_with_a_burst(connection, sampler)
+        connection.delete(sampler.keys.learner_deadline)  # the sampler trains between calls: its deadline passed
+        result = invoke("stop", sampler.config.run_name, "--redis-url", redis_url, "--wait", "1")
+        assert result.exit_code == 0 and "no live learner" in result.output, result.output
+        assert 0 < connection.ttl(sampler.keys.stopped) <= 24 * 3600
+        with pytest.raises(RunStoppedError, match="stopped from outside this sampler"):
+            sampler.obtain_exact_episodes(1, None)
+        assert not connection.exists(sampler.keys.config), "the stopped run was stored again"
+
+
+def _obtain_with_a_burst(connection, sampler) -> None:
+    """One ``obtain_exact_episodes(2)`` whose jobs run in this process."""
+    raised: list[BaseException] = []
+    call = threading.Thread(target=lambda: _record_error(raised, sampler.obtain_exact_episodes, 2, None),
+                            daemon=True)
+    call.start()
+    queue = rollout_queue(sampler.config.queue_name, connection)
+    wait_until(lambda: queue.count == len(sampler.config.actor_groups), 10, message="the call's jobs enqueued")
+    work_burst(connection, (sampler.config.queue_name,))
+    call.join(30)
+    assert not call.is_alive() and not raised, raised

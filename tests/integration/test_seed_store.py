@@ -56,7 +56,7 @@ def test_rqrl_stop_sets_the_flag_the_trainer_and_its_actors_read(connection, run
     result = invoke("stop", run_name, "--redis-url", redis_url, "--wait", "5")
     assert result.exit_code == 0, result.stdout + result.stderr
     assert "no live learner; stopped its jobs and removed its keys" in result.stdout  # never checked in
-    assert connection.keys(f"rqrl:{run_name}:*") == []
+    assert connection.keys(f"rqrl:{run_name}:*") == [RunKeys(run_name).stopped.encode()], "all but the stop flag"
     run.record(SeedRecord(None, 1, 1))
     run.check_in({"beat": time.time()})
     invoke("stop", run_name, "--redis-url", redis_url, "--wait", "0.5")  # a live trainer: it waits on it
