@@ -6,11 +6,9 @@ The tests here run in-process; those that start processes are in tests/processes
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from rqrl import (
@@ -54,41 +52,6 @@ def test_without_a_factory_or_max_episode_length_it_is_a_type_error():
         RQSampler(fixtures.VersionPolicy(), max_episode_length=5)
     with pytest.raises(ConfigError, match="is_tf_worker"):
         RQSampler(fixtures.VersionPolicy(), fixtures.make_echo_env(), max_episode_length=5, is_tf_worker=True)
-
-
-@pytest.mark.slow
-def test_a_killed_worker_process_loses_no_episode(connection, redis_url, workers):
-    """Two `rqrl worker` processes (one serves actors and samplers alike); one is SIGKILLed mid-call: its
-    logical worker re-runs on the other from its recorded progress, and the result is exactly what an
-    undisturbed run gives."""
-
-    def run(kill: bool):
-        with make_sampler(redis_url, fixtures.VersionPolicy(3), fixtures.make_slow_echo_env(), n_workers=2,
-                          n_local_workers=0, seed=5, workers_per_job=1) as sampler:
-            killer = None
-            if kill:
-                sampler.start_worker()
-                progress_key = sampler.keys.sampler_next(1)
-
-                def kill_one():  # once both logical workers have pushed 2 episodes (of 12)
-                    wait_until(lambda: all(int(connection.hget(progress_key, w) or 0) >= 2 for w in ("0", "1")), 30)
-                    workers.processes[0].send_signal(signal.SIGKILL)
-
-                killer = threading.Thread(target=kill_one, daemon=True)
-                killer.start()
-            batch = sampler.obtain_exact_episodes(12, None)
-            if killer is not None:
-                killer.join(5)
-            return batch, sampler.groups_rerun
-
-    workers.start("w1")
-    workers.start("w2")
-    workers.wait_registered(connection, 2)
-    reference, _ = run(kill=False)
-    killed, rerun = run(kill=True)
-    assert rerun >= 1
-    assert killed.lengths.tolist() == reference.lengths.tolist() == [10] * 24
-    np.testing.assert_array_equal(killed.observations, reference.observations)
 
 
 def test_a_garage_script_is_configured_by_redis_url_and_rqrl_secret_alone(connection, redis_url, monkeypatch):

@@ -327,6 +327,41 @@ def test_more_groups_than_processes_do_not_run_far_ahead_of_the_round_robin_pref
     assert sorted(dropped)[1] <= 20, dropped
 
 
+@pytest.mark.slow
+def test_a_killed_worker_process_loses_no_episode(connection, redis_url, workers):
+    """Two `rqrl worker` processes (one serves actors and samplers alike); one is SIGKILLed mid-call: its
+    logical worker re-runs on the other from its recorded progress, and the result is exactly what an
+    undisturbed run gives."""
+
+    def run(kill: bool):
+        with make_sampler(redis_url, fixtures.VersionPolicy(3), fixtures.make_slow_echo_env(), n_workers=2,
+                          n_local_workers=0, seed=5, workers_per_job=1) as sampler:
+            killer = None
+            if kill:
+                sampler.start_worker()
+                progress_key = sampler.keys.sampler_next(1)
+
+                def kill_one():  # once both logical workers have pushed 2 episodes (of 12)
+                    wait_until(lambda: all(int(connection.hget(progress_key, w) or 0) >= 2 for w in ("0", "1")), 30)
+                    workers.processes[0].send_signal(signal.SIGKILL)
+
+                killer = threading.Thread(target=kill_one, daemon=True)
+                killer.start()
+            batch = sampler.obtain_exact_episodes(12, None)
+            if killer is not None:
+                killer.join(5)
+            return batch, sampler.groups_rerun
+
+    workers.start("w1")
+    workers.start("w2")
+    workers.wait_registered(connection, 2)
+    reference, _ = run(kill=False)
+    killed, rerun = run(kill=True)
+    assert rerun >= 1
+    assert killed.lengths.tolist() == reference.lengths.tolist() == [10] * 24
+    np.testing.assert_array_equal(killed.observations, reference.observations)
+
+
 def test_one_rqrl_worker_serves_actors_and_samplers(connection, redis_url, workers):
     from tests.factories import redis_actors
 
