@@ -223,6 +223,7 @@ def test_same_seeds_and_weights_give_identical_trajectories(connection, redis_ur
         for a, b in zip(first[key], second[key], strict=True):
             torch.testing.assert_close(a, b)
     shared = sorted(set(first) & set(other_agent))
+    assert shared, f"no rollout in common to compare: {sorted(first)} against {sorted(other_agent)}"
     assert any(not torch.equal(first[key][1], other_agent[key][1]) for key in shared), "agent seeds are a no-op"
 
 
