@@ -497,10 +497,12 @@ class SubprocVectorEnv(StatsReader):
 
         Returns observations, rewards (float ``[n_envs]``), dones (bool ``[n_envs]``, terminated or
         truncated) and one info dict per env, all in env-aggregated form. Done envs are reset already:
-        their info holds ``terminal_observation``.
+        their info holds ``terminal_observation``. Maze's call form, a dict of one key (``{"action": array}``)
+        for an action space that is no Dict, is taken as that array.
         """
         self._check_usable()
         started = time.perf_counter()
+        actions = self._unwrap_maze_actions(actions)
         if "action" in self._arrays:
             self._write_actions(actions)
             for index in range(self.n_envs):
@@ -599,6 +601,17 @@ class SubprocVectorEnv(StatsReader):
         if count != self.n_envs:
             raise ConfigError(f"expected actions for {self.n_envs} envs (a leading dimension of {self.n_envs}), "
                               f"got {count}")
+
+    def _unwrap_maze_actions(self, actions: Any) -> Any:
+        """The array of a dict of one key given for an action space that is no Dict: Maze's gym wrapper puts a
+        gym env's action under one key (``"action"``), so Maze code steps its vector envs with such dicts."""
+        if not isinstance(actions, Mapping) or isinstance(self.action_space, spaces.Dict):
+            return actions
+        if len(actions) != 1:
+            raise ConfigError(f"expected actions for the action space {self.action_space}: an array [n_envs, ...], "
+                              f"a list of one action per env, or Maze's dict of one key ({{'action': array}}); got "
+                              f"a dict of keys {sorted(map(str, actions))}")
+        return next(iter(actions.values()))
 
     def _write_actions(self, actions: Any) -> None:
         """Copy the actions into shared memory, checking their count, shape and dtype."""

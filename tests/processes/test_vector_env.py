@@ -170,6 +170,10 @@ def test_actions_reach_their_own_env(vector_envs):
     assert [info["action"] for info in infos] == [1, 0]
     _, _, _, infos = envs.step([0, 1])
     assert [info["action"] for info in infos] == [0, 1]
+    _, _, _, infos = envs.step({"action": np.array([1, 1])})  # Maze's call form: its gym wrapper's one key
+    assert [info["action"] for info in infos] == [1, 1]
+    with pytest.raises(ConfigError, match=r"Maze's dict of one key .* got a dict of keys \['a', 'b'\]"):
+        envs.step({"a": np.array([0, 0]), "b": np.array([0, 0])})
 
 
 def test_nested_dict_observations_and_dict_actions(vector_envs):
