@@ -165,21 +165,6 @@ def make_flat_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
     return env
 
 
-def check_device(flag: str, device: str) -> None:
-    """ConfigError in one line for a device torch cannot use here (``flag`` names the setting)."""
-    import torch
-
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as error:
-        raise ConfigError(f"{flag} {device!r} is no torch device ({error}): use cpu, cuda or cuda:N") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{flag} {device!r}: this torch ({torch.__version__}) sees no CUDA device; use {flag} cpu, "
-                          f"or a CUDA build of torch on a machine with a GPU")
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise ConfigError(f"{flag} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-
-
 def check_workers(workers: int | None) -> None:
     """ConfigError naming --workers unless it is None (the default) or an int >= 0."""
     if workers is not None and not (isinstance(workers, int) and workers >= 0):

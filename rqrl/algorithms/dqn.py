@@ -41,7 +41,6 @@ from rqrl.algorithms.cnn import torso_for
 from rqrl.algorithms.common import (
     Tracking,
     TrainResult,
-    check_device,
     check_resume,
     env_factory,
     env_spaces,
@@ -51,6 +50,7 @@ from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
 from rqrl.algorithms.run_folder import RunFolder
 from rqrl.algorithms.tracking import check_wandb, tracker
+from rqrl.engine.devices import check_device
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RqrlError

@@ -46,7 +46,6 @@ from rqrl.algorithms.cnn import torso_for
 from rqrl.algorithms.common import (
     Tracking,
     TrainResult,
-    check_device,
     check_resume,
     check_workers,
     env_factory,
@@ -58,6 +57,7 @@ from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
 from rqrl.algorithms.run_folder import RunFolder
 from rqrl.algorithms.tracking import check_wandb, tracker
+from rqrl.engine.devices import check_device
 from rqrl.engine.observations import TensorObs, map_tree
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress

@@ -44,7 +44,6 @@ from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, save_chec
 from rqrl.algorithms.common import (
     Tracking,
     TrainResult,
-    check_device,
     check_resume,
     check_workers,
     env_factory,
@@ -59,6 +58,7 @@ from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
 from rqrl.algorithms.run_folder import RunFolder
 from rqrl.algorithms.sample_ahead import SampleAhead
 from rqrl.algorithms.tracking import check_wandb, tracker
+from rqrl.engine.devices import check_device
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
 from rqrl.errors import ConfigError, RunStoppedError

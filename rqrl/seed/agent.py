@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rqrl.engine.devices import check_device
 from rqrl.errors import ConfigError
 from rqrl.seed.frame_store import TransitionFrames
 from rqrl.seed.nstep import TransitionBatch
@@ -125,7 +126,7 @@ class AgentConfig:
         if torch.device(self.replay_device).type != "cpu":
             raise ConfigError(f"replay_device={self.replay_device!r}: rqrl keeps the replay in host memory and moves "
                               f"each sampled batch to network_device; use replay_device='cpu'")
-        torch.device(self.network_device)
+        check_device("network_device", self.network_device)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able fields (devices as strings)."""

@@ -35,6 +35,7 @@ import redis
 
 from rqrl.engine.codec import secret_from_environment
 from rqrl.engine.connection import DEFAULT_OUTAGE_SECONDS, connect, first_contact
+from rqrl.engine.devices import check_device
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.memory import keep_freed_memory
@@ -99,6 +100,8 @@ class Trainer:
             raise ConfigError(f"expected environment to be a zero-argument callable returning a gymnasium env, got "
                               f"{environment!r}")
         check_against_replay(config, agent.config.replay_capacity)
+        if config.queue_name is None:  # servers on workers elsewhere have devices this machine cannot see
+            check_device("inference_device", config.inference_device)
         check_environment(environment, agent.config)
         self.agent, self.config, self.environment = agent, config, environment
         self.on_progress, self.progress_seconds = on_progress, progress_seconds

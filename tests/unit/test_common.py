@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from rqrl.algorithms.common import check_device, check_resume, env_spaces, recorded_settings, write_config
+from rqrl.algorithms.common import check_resume, env_spaces, recorded_settings, write_config
 from rqrl.algorithms.dqn import DqnConfig
 from rqrl.algorithms.impala import ImpalaConfig
 from rqrl.algorithms.ppo import PpoConfig
@@ -72,16 +71,6 @@ def test_an_env_whose_dependency_is_missing_names_rqrls_extra():
         pytest.skip("Box2D is installed here, so LunarLander builds")
     with pytest.raises(ConfigError, match=r"pip install 'rqrl\[box2d\]'"):
         env_spaces("LunarLander-v3")
-
-
-def test_a_cuda_device_without_cuda_is_one_line_naming_the_flag():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
-    with pytest.raises(ConfigError, match="--learner-device 'cuda': this torch .* sees no CUDA device"):
-        check_device("--learner-device", "cuda")
-    with pytest.raises(ConfigError, match="is no torch device"):
-        check_device("--learner-device", "gpu")
-    check_device("--learner-device", "cpu")
 
 
 def test_negative_workers_name_the_flag():
