@@ -295,6 +295,11 @@ def redis_errors(url: str | None, outage_seconds: float) -> Iterator[None]:
                 f"{where} refused the connection ({error}); check the user and password in the URL, and for "
                 f"rediss:// the CA that signed the server's certificate"
             ) from error
+        if isinstance(error, redis.exceptions.InvalidResponse):
+            raise RedisUnavailableError(
+                f"{where} answered in something other than Redis's protocol ({error}): another service listens at "
+                f"that host and port; check the URL's port (Redis's default is 6379)"
+            ) from error
         if isinstance(error, (redis.ConnectionError, redis.TimeoutError)):
             raise RedisUnavailableError(
                 f"{where} stayed unreachable for about {outage_seconds:.0f} s ({error}); check the server, or raise "

@@ -94,3 +94,32 @@ def test_a_client_with_nothing_to_reach_rides_out_its_window_too():
     with pytest.raises(redis.ConnectionError):
         client.ping()
     assert 2 <= time.monotonic() - started < 4  # a count of retries made it 0.1-0.5 s
+
+
+def test_a_service_that_is_no_redis_at_the_url_is_named_as_such():
+    """An HTTP server at the URL's port gave "refused a command ... check the URL's user against the ACL rules"."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_as_http() -> None:
+        with listener:
+            while True:
+                try:
+                    client, _ = listener.accept()
+                except OSError:
+                    return
+                with client:
+                    client.recv(1024)
+                    client.sendall(b"<html>not redis</html>\r\n")
+
+    threading.Thread(target=answer_as_http, daemon=True).start()
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        with pytest.raises(RedisUnavailableError, match="answered in something other than Redis's protocol"), \
+                redis_errors(url, 1):
+            redis.Redis.from_url(url, socket_timeout=5).ping()
+    finally:
+        listener.close()
