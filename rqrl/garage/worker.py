@@ -42,6 +42,7 @@ from rqrl.engine.policy import (
     make_act_function,
     non_finite_rows,
 )
+from rqrl.engine.rewards import finite_reward
 from rqrl.errors import ConfigError, EnvError, PolicyError
 from rqrl.garage.episodes import EnvSpec, EpisodeBatch, StepType
 
@@ -585,7 +586,8 @@ class LogicalWorker:
                                            bool(truncated))
         self._observations.append(self._prev_obs)
         self._actions.append(action)
-        self._rewards.append(float(reward))
+        self._rewards.append(finite_reward(reward, f"worker {self._worker_number}", self._episode_length - 1,
+                                           "its episode"))
         self._env_infos.append(_info_arrays(info, self._env_infos[0] if self._env_infos else None, "env info"))
         self._agent_infos.append(_info_arrays(agent_info, self._agent_infos[0] if self._agent_infos else None,
                                               "agent info"))

@@ -18,6 +18,7 @@ import torch
 
 from rqrl.engine.observations import Obs, flatten_obs, map_tree, select, to_array, to_tensor
 from rqrl.engine.policy import NON_FINITE_LOG_PROB_FIX, ActFunction, LogitsActFunction, non_finite_rows
+from rqrl.engine.rewards import reward_error
 from rqrl.errors import ConfigError, EnvError, PolicyError
 from rqrl.maze.group_records import RolloutSteps
 from rqrl.maze.records import RecordSignature, RolloutRecord, differing_arrays, record_signature
@@ -312,11 +313,7 @@ class ActorGroup:
         if finite.all():
             return
         step, index = (int(i) for i in np.argwhere(~finite)[0])
-        raise EnvError(
-            f"actor {self.actor_ids[index]}'s env returned reward {rewards[step, index]} at step {step} of the "
-            f"rollout; rewards must be finite numbers (None reads as nan): fix the env or wrap it to clip or "
-            f"replace them"
-        )
+        raise reward_error(f"actor {self.actor_ids[index]}", rewards[step, index], step, "the rollout")
 
     def close(self) -> None:
         for env in self.envs:

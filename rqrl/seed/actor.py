@@ -26,6 +26,7 @@ import numpy as np
 
 from rqrl.engine.compression import holds_images
 from rqrl.engine.keys import RunKeys
+from rqrl.engine.rewards import finite_reward
 from rqrl.engine.screen import MAX_ENTRY_BYTES
 from rqrl.engine.unique_frames import as_frames, rebuild_stacks, unique_frames
 from rqrl.errors import EnvError, RecordError, RunStoppedError
@@ -298,7 +299,9 @@ class ActorThread(threading.Thread):
             q_values = None if explore else self.inference.evaluate(obs_array(obs)).q_values
             action = choose_action(q_values, mask, explore, random, n_actions)
             next_obs, reward, terminated, truncated, info = env.step(action)
-            episode_return += float(reward)
+            reward = finite_reward(reward, f"actor {self.actor_index} thread {self.thread_index}", episode_steps,
+                                   "its episode")
+            episode_return += reward
             episode_steps += 1
             self.steps += 1
             truncated = bool(truncated) or (cap > 0 and episode_steps >= cap)

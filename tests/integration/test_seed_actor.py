@@ -170,3 +170,18 @@ def test_a_thread_that_keeps_dying_is_replaced_after_growing_pauses(run):
     times = [event["time"] for event in run.take_events()]
     gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
     assert len(gaps) >= 3 and gaps[2] >= 0.7 and gaps[1] >= 0.3  # pauses of 0.1, 0.3, 0.7 s before restarts
+
+
+def test_an_env_reward_that_is_no_finite_number_is_reported_and_never_sent(run):
+    """A NaN reward reached the replay: DQN trained on it, and every weight of final.safetensors was NaN."""
+
+    class NanRewardEnv(MaskedEnv):
+        def step(self, action):
+            obs, _, terminated, truncated, info = super().step(action)
+            return obs, float("nan"), terminated, truncated, info
+
+    actor = Actor(run, 0, settings(epsilon=1.0), lambda: NanRewardEnv())
+    run_actor_until(actor, lambda: actor.replaced >= 1, "a replacement")
+    events = run.take_events()
+    assert events and "actor 0 thread 0's env returned reward nan at step 0 of its episode" in events[0]["error"]
+    assert pop_transitions(run) == []

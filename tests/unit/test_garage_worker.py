@@ -600,3 +600,22 @@ def test_a_zero_argument_env_factory_is_refused_with_the_way_to_pass_it():
         check_env_update(lambda old_env, another: old_env)
     for accepted in (NewEnvUpdate(fixtures.make_cartpole), lambda old_env: old_env, FixedLengthEnv, None):
         check_env_update(accepted)
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), None], ids=["nan", "inf", "none"])
+def test_an_env_reward_that_is_no_finite_number_is_refused_at_its_step(reward):
+    """A NaN reward went into the episode; PPO trained on it and every weight, best.safetensors included, went NaN."""
+
+    class BadRewardAtStepThree(gymnasium.Wrapper):
+        steps = 0
+
+        def step(self, action):
+            obs, good, terminated, truncated, info = self.env.step(action)
+            self.steps += 1
+            return obs, (reward if self.steps == 3 else good), terminated, truncated, info
+
+    built = worker(BadRewardAtStepThree(gymnasium.make("CartPole-v1")), fixtures.mlp_policy(), number=2,
+                   max_length=50)
+    with pytest.raises(EnvError, match=rf"worker 2's env returned reward {reward} at step 2 of its episode; "
+                                       r"rewards must be finite numbers"):
+        built.rollout()
