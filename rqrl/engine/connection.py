@@ -182,7 +182,8 @@ def first_contact(url: str, seconds: float = FIRST_CONTACT_SECONDS) -> None:
                 if time.monotonic() > deadline:
                     raise RedisUnavailableError(
                         f"nothing answers at Redis {redact_url(url)} ({error}): start redis-server there, or check "
-                        f"the host, port or socket path; without --redis-url rqrl starts a private Redis") from error
+                        f"the host, port or socket path; given no Redis URL (no --redis-url or redis_url=, no "
+                        f"REDIS_URL) rqrl starts a private Redis") from error
                 time.sleep(0.25)
             except redis.RedisError:
                 return  # it answered: whatever it said is the caller's to report

@@ -104,7 +104,7 @@ def load_signed(run_name: str, *blobs: bytes) -> tuple[bytes, list[Any]]:
         secret = worker_secret()
         return secret, [loads_object(blob, secret) for blob in blobs]
     except SignatureError as error:
-        raise WorkerUnfitError(f"this worker cannot verify run {run_name!r}'s signed payload: {error}") from error
+        raise WorkerUnfitError(f"this worker cannot verify the signed payload of run {run_name!r}: {error}") from error
     except Exception as error:  # unpickling imports the user's code: ModuleNotFoundError, AttributeError, ...
         raise WorkerUnfitError(
             f"this worker cannot load run {run_name!r}'s env factory or policy ({type(error).__name__}: {error}); "

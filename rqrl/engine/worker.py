@@ -45,6 +45,7 @@ from rqrl.engine.rq_safety import (
     rollout_queue,
 )
 from rqrl.engine.timings import protocol_timings
+from rqrl.errors import WorkerUnfitError
 
 __all__ = ["DEFAULT_QUEUE", "RolloutJob", "RolloutWorker", "run_worker", "send_heartbeat"]
 
@@ -145,8 +146,8 @@ class RolloutWorker(SimpleWorker):
         callback: ``_stop_requested`` stops it all the same (``dequeue_job_and_maintain_ttl``)."""
         self._mark_stopping(signum, frame)
         if self.get_state() == "busy":
-            log.warning("worker %s: shutting down; the running job hands its actor group back after its current "
-                        "rollout", self.name)
+            log.warning("worker %s: shutting down; the running job ends after the rollout or episode in hand and "
+                        "hands the rest of its work back to the queue", self.name)
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
     @property
@@ -218,6 +219,15 @@ class RolloutWorker(SimpleWorker):
             return
         super().handle_job_failure(rollout_job, rollout_queue(queue.name, self.connection), started_job_registry,
                                    exc_string)
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        """RQ's logging and handlers of a job's exception; a WorkerUnfitError goes to them without its traceback
+        and cause: ``sideline`` said in one line why this worker cannot run the run, and the frames (a signature
+        check, an import) add a screen per job handed back."""
+        error = exc_info[1] if len(exc_info) > 1 else None
+        if isinstance(error, WorkerUnfitError):
+            exc_info = (WorkerUnfitError, WorkerUnfitError(str(error)), None)
+        super().handle_exception(job, *exc_info)
 
     def handle_job_success(self, job: Job, queue: Queue, started_job_registry: StartedJobRegistry) -> None:
         """RQ's success handling; a job that Redis lost while it ran (a restart without persistence; its hash has no

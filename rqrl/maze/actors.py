@@ -224,6 +224,7 @@ class RedisDistributedActors(DistributedActors):
         self._record_spec = RecordSpec(n_steps=n_rollout_steps, n_actors=n_actors)  # start() probes the rest
         self._inbox = self._new_inbox()
         self._started = False
+        self._stopped = False  # stop() ended a start(): a collect then needs a start() again
         self._last_collect = time.monotonic()
         self._last_run_check = -float("inf")  # the first collect publishes the learner's figures
         self._learner_token = uuid.uuid4().hex  # whose the run is: a resume by another learner stops this one
@@ -485,7 +486,9 @@ class RedisDistributedActors(DistributedActors):
         """Pop ``batch_size`` rollouts; raise ActorFailedError, NoWorkersError, CollectTimeoutError or
         RedisUnavailableError instead of hanging."""
         if not self._started:
-            raise RqrlError("call start() before collect_outputs()")
+            raise RqrlError("call start() before collect_outputs()" + (
+                ": stop() ended the run these actors had started, and a start() starts them again" if self._stopped
+                else ""))
         with self._redis_errors():
             return self._collect(learner_device)
 
@@ -725,6 +728,7 @@ class RedisDistributedActors(DistributedActors):
                     self._run_store.stop(self._rq_queue, timeout)
             finally:
                 self.local_workers.stop_workers(timeout)
+                self._stopped = self._stopped or self._started
                 self._started = False
                 if embedded:
                     self.connection.close()

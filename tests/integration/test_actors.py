@@ -198,3 +198,13 @@ def test_a_run_rqrl_stop_removed_while_its_learner_looked_dead_is_not_stored_aga
         with pytest.raises(RunStoppedError, match="stopped from outside this learner"):
             actors.collect_outputs("cpu")
         assert not connection.exists(actors.keys.config), "the stopped run was stored again"
+
+
+def test_a_collect_after_stop_says_that_stop_ended_the_run(connection, redis_url, run_name):
+    from rqrl import RqrlError
+
+    actors = local_actors(redis_url, run_name, n_local_workers=0)
+    actors.start()
+    actors.stop()
+    with pytest.raises(RqrlError, match=r"call start\(\) before collect_outputs\(\): stop\(\) ended the run"):
+        actors.collect_outputs("cpu")

@@ -175,3 +175,25 @@ def test_a_job_that_redis_lost_while_it_ran_finishes_with_a_warning_not_an_error
         worker.handle_job_success(job, queue, StartedJobRegistry(queue.name, connection=connection))
     assert f"job {job.id} finished, but Redis lost it meanwhile" in caplog.text
     assert not connection.exists(job.key)
+
+
+def test_a_job_this_worker_cannot_run_is_logged_without_its_traceback(connection, caplog):
+    """A worker with another RQRL_SECRET logged a chained traceback of two screens per job it handed back."""
+    import logging
+
+    from rqrl.engine.worker import RolloutWorker
+    from rqrl.errors import SignatureError, WorkerUnfitError
+
+    worker = RolloutWorker(["rqrl"], connection=connection, name="unfit", secret=TEST_SECRET)
+    job = enqueue_raw(connection, "rqrl.maze.jobs.run_actor_group", "r", 0, 0)
+    try:
+        try:
+            raise SignatureError("refusing a payload whose signature does not match")
+        except SignatureError as cause:
+            raise WorkerUnfitError("this worker cannot verify the signed payload of run 'r'") from cause
+    except WorkerUnfitError as error:
+        exc_info = (WorkerUnfitError, error, error.__traceback__)
+    with caplog.at_level(logging.ERROR, logger="rq.worker"):
+        worker.handle_exception(job, *exc_info)
+    assert "WorkerUnfitError: this worker cannot verify the signed payload of run 'r'" in caplog.text
+    assert "Traceback" not in caplog.text and "SignatureError" not in caplog.text
