@@ -405,6 +405,18 @@ class RedisDistributedActors(DistributedActors):
                  "actors_per_job to choose)", self.run_name, self.n_actors, len(self.config.actor_groups), per_job,
                  workers, self.config.queue_name)
 
+    def _warn_of_groups_past_the_bound(self) -> None:
+        """A group pushes its actors' rollouts of one rollout id together, so a group larger than the queue's bound
+        makes the queue hold a whole group (the bound rounds up to one entry): say so, and what lag it costs."""
+        group_size, bound = self.config.group_size, self.config.queue_bound
+        if group_size <= bound:
+            return
+        log.warning("run %s: a group of %d actors pushes %d rollouts at a time, more than the queue's bound of %d "
+                    "(batch_size x queue_out_of_sync_factor): the queue holds a whole group, and an actor's rollout "
+                    "waits about n_actors / batch_size = %.0f updates to be trained on (its policy lag). For less "
+                    "lag: fewer actors, a larger batch_size, or smaller groups (actors_per_job)", self.run_name,
+                    group_size, group_size, bound, self.n_actors / self.batch_size)
+
     def _workers_to_split_over(self) -> int:
         """The live workers on the run's queue; with ``wait_for_workers``, once the first registered and no more
         came for WORKERS_SETTLE_SECONDS, or when that wait ends."""
@@ -440,6 +452,7 @@ class RedisDistributedActors(DistributedActors):
     def _start(self) -> None:
         keep_freed_memory()  # the learner's buffers per rollout: no page faults (rqrl.engine.memory)
         self._split_for_workers()
+        self._warn_of_groups_past_the_bound()
         config, is_new = self._run_store.open(self.config, self.env_factory, self.policy, self.options.resume)
         taken_from = self._run_store.previous_token
         if config is not self.config:  # adopted: the previous learner's run id, so its records stay readable

@@ -208,3 +208,14 @@ def test_a_collect_after_stop_says_that_stop_ended_the_run(connection, redis_url
     actors.stop()
     with pytest.raises(RqrlError, match=r"call start\(\) before collect_outputs\(\): stop\(\) ended the run"):
         actors.collect_outputs("cpu")
+
+
+def test_a_group_larger_than_the_queue_bound_is_warned_of_with_its_lag(connection, redis_url, run_name, caplog):
+    """n_actors=20000 ran with the queue at twice its bound and a policy lag of 390, without a word."""
+    import logging
+
+    actors = local_actors(redis_url, run_name, n_local_workers=0, n_actors=40, batch_size=4, actors_per_job=20)
+    with caplog.at_level(logging.WARNING, logger="rqrl.maze.actors"), actors:
+        actors.start()
+    assert ("a group of 20 actors pushes 20 rollouts at a time, more than the queue's bound of 8" in caplog.text
+            and "n_actors / batch_size = 10 updates" in caplog.text), caplog.text
