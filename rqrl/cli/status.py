@@ -3,11 +3,12 @@ the workers on its queue and what each runs, and its recent failures. Reads only
 
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import redis
@@ -15,8 +16,9 @@ from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from rqrl.engine.health import heartbeat_age
 from rqrl.engine.keys import PREFIX, RunKeys
+from rqrl.engine.leases import learner_gone
 from rqrl.engine.rq_safety import RolloutJob, failed_registry, rollout_queue, started_registry
-from rqrl.engine.run_config import RunConfig
+from rqrl.engine.run_config import SAMPLER_KIND, SEED_KIND, RunConfig
 from rqrl.engine.supervisor import read_sideline_reports
 from rqrl.engine.timings import protocol_timings
 from rqrl.engine.worker_times import WORKER_TIME_PARTS
@@ -51,9 +53,16 @@ class RunStatus:
     n_actors: int
     n_groups: int
     learner: dict[str, float] = field(default_factory=dict)
-    """What the learner published with its last heartbeat (RedisDistributedActors._learner_facts)."""
+    """What the learner published with its last heartbeat: IMPALA's actors (RedisDistributedActors._learner_facts),
+    the garage sampler and the SEED trainer each publish their own figures; only those are shown."""
+    learner_deadline: bytes | str | None = None
+    """The run's learner deadline as Redis holds it (RunKeys.learner_deadline); None: there is none."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """The run record's ``extra``: its family's ``kind`` (none: IMPALA's actor groups), and for a SEED run what
+    runs its ``actors`` (``processes`` of the trainer's own, or RQ ``jobs``)."""
     stopped: bool = False
-    queued_rollouts: int = 0
+    queued_rollouts: int | None = 0
+    """Rollouts in the run's out-of-sync queue; None for the families whose learner reads none (sampler, SEED)."""
     jobs_queued: int = 0
     jobs_started: int = 0
     jobs_failed: int = 0
@@ -72,6 +81,17 @@ class RunStatus:
     def learner_age(self, now: float) -> float | None:
         """Seconds since the learner's last heartbeat; None if it published none."""
         return now - self.learner["beat"] if "beat" in self.learner else None
+
+    def learner_alive(self, now: float) -> bool:
+        """Whether the learner's heartbeat deadline has not passed: ``rqrl health --run``'s answer
+        (rqrl.engine.health.learner_is_healthy), so the two never disagree."""
+        return self.learner_deadline is not None and not learner_gone(self.learner_deadline, now)
+
+    @property
+    def local_actors(self) -> bool:
+        """Whether the run's actors are processes its learner started itself (a SEED run without queue_name),
+        not jobs on RQ workers: no queue, jobs or workers of its own to show."""
+        return self.extra.get("kind") == SEED_KIND and self.extra.get("actors") == "processes"
 
 
 def read_status(connection: redis.Redis, run_name: str | None = None) -> list[RunStatus]:
@@ -92,7 +112,10 @@ def read_status(connection: redis.Redis, run_name: str | None = None) -> list[Ru
 
 
 def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
-    raw_config = connection.get(keys.config)
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.get(keys.config)  # GET: a record of the wrong type is a problem to show, not a run to hide
+        pipe.mget([keys.learner_deadline])  # as `rqrl health --run` reads it: one of the wrong type reads as none
+        raw_config, (deadline,) = pipe.execute()
     if raw_config is None:
         return None
     config = RunConfig.from_json(raw_config)
@@ -102,6 +125,12 @@ def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
             learner[_text(name)] = float(value)
         except ValueError:
             continue
+    status = RunStatus(
+        run_name=keys.run_name, queue_name=config.queue_name, n_actors=config.n_actors,
+        n_groups=len(config.actor_groups), learner=learner, learner_deadline=deadline, extra=dict(config.extra),
+        stopped=bool(connection.exists(keys.stopped)), queued_rollouts=None)
+    if status.local_actors:  # no jobs, no workers: the queue in its record is a default no worker serves for it
+        return status
     queue_name = config.queue_name
     published = read_published(connection, keys)
     queued, started, failed = ([job_id for job_id in job_ids if job_id.startswith(keys.job_id_prefix)]
@@ -109,12 +138,11 @@ def _read_run(connection: redis.Redis, keys: RunKeys) -> RunStatus | None:
                                                started_registry(queue_name, connection).get_job_ids(cleanup=False),
                                                failed_registry(queue_name, connection).get_job_ids(cleanup=False)))
     recent = failed[-RECENT_FAILURES:]
-    return RunStatus(
-        run_name=keys.run_name, queue_name=config.queue_name, n_actors=config.n_actors,
-        n_groups=len(config.actor_groups), learner=learner, stopped=bool(connection.exists(keys.stopped)),
-        queued_rollouts=int(connection.llen(keys.trajectories)), jobs_queued=len(queued), jobs_started=len(started),
-        jobs_failed=len(failed), failures=[(job_id, _failure(connection, job_id)) for job_id in recent],
-        workers=read_workers(connection, config.queue_name), worker_rates=worker_rates(published),
+    return replace(
+        status, queued_rollouts=None if "kind" in config.extra else int(connection.llen(keys.trajectories)),
+        jobs_queued=len(queued), jobs_started=len(started), jobs_failed=len(failed),
+        failures=[(job_id, _failure(connection, job_id)) for job_id in recent],
+        workers=read_workers(connection, queue_name), worker_rates=worker_rates(published),
         worker_times=worker_times(published),
         sidelined={name: report["error"] for name, report in read_sideline_reports(connection, keys).items()})
 
@@ -236,11 +264,17 @@ def format_status(runs: list[RunStatus], now: float | None = None) -> str:
             blocks.append(f"run {printable(run.run_name)}: its record in Redis cannot be read "
                           f"({printable(run.problem)})")
             continue
+        if run.local_actors:
+            lines = [f"run {run.run_name}: SEED trainer, {run.n_actors} actors in {run.n_groups} actor process(es)"
+                     + (", STOPPING" if run.stopped else ""), "  learner   " + _learner_line(run, now),
+                     f"  workers   none on a queue: the trainer runs its {run.n_groups} actor process(es) itself"]
+            blocks.append("\n".join(lines))
+            continue
         lines = [f"run {run.run_name}: queue {run.queue_name}, {run.n_actors} actors in {run.n_groups} job(s)"
                  + (", STOPPING" if run.stopped else "")]
         lines.append("  learner   " + _learner_line(run, now))
-        lines.append(f"  jobs      queued {run.jobs_queued}, started {run.jobs_started}, failed {run.jobs_failed}; "
-                     f"rollouts waiting for the learner {run.queued_rollouts}")
+        lines.append(f"  jobs      queued {run.jobs_queued}, started {run.jobs_started}, failed {run.jobs_failed}"
+                     + _jobs_note(run))
         alive = [worker for worker in run.workers if worker.alive]
         lines.append(f"  workers   {len(alive)} alive of {len(run.workers)} registered on queue {run.queue_name}")
         keys = RunKeys(run.run_name)
@@ -264,16 +298,56 @@ def format_status(runs: list[RunStatus], now: float | None = None) -> str:
     return "\n\n".join(blocks)
 
 
+def _jobs_note(run: RunStatus) -> str:
+    """What follows the job counts: the rollouts waiting in the run's queue where its learner reads one."""
+    if run.queued_rollouts is not None:
+        return f"; rollouts waiting for the learner {run.queued_rollouts}"
+    if run.extra.get("kind") == SAMPLER_KIND:
+        return " (a sampler's jobs run only during its obtain_* calls)"
+    return ""
+
+
 def _learner_line(run: RunStatus, now: float) -> str:
-    learner = run.learner
+    """Whether the learner is alive (as ``rqrl health --run`` says), its last heartbeat, and the figures it
+    published with it: only those, never a 0 for one it does not publish."""
     age = run.learner_age(now)
-    if age is None:
-        return "no heartbeat published yet"
-    timeout = learner.get("learner_timeout")
-    state = "alive" if timeout is None or age <= timeout else "GONE (past its learner_timeout: jobs stop)"
-    return (f"{state}, heartbeat {age:.1f} s ago; env steps {learner.get('env_steps', 0):,.0f}, "
-            f"{learner.get('steps_per_second_10s', 0):,.0f} steps/s (10 s), "
-            f"{learner.get('steps_per_second_60s', 0):,.0f} (60 s); policy version "
-            f"{learner.get('policy_version', 0):.0f}, lag {learner.get('lag_mean', 0):.1f} mean / "
-            f"{learner.get('lag_max', 0):.0f} max; queue {learner.get('queue_size', 0):.0f}/"
-            f"{learner.get('queue_bound', 0):.0f}; records rejected {learner.get('records_rejected', 0):.0f}")
+    heartbeat = f", heartbeat {age:.1f} s ago" if age is not None else ""
+    if run.learner_alive(now):
+        deadline = _number(run.learner_deadline)
+        state = "alive" + (heartbeat or ("" if deadline is None else f", heartbeat deadline in {deadline - now:.0f} s"))
+    elif run.learner_deadline is not None:
+        state = "GONE (past its learner_timeout: jobs stop)" + heartbeat
+    elif age is None:
+        return "no heartbeat yet"
+    else:
+        state = "GONE (its heartbeat deadline is no longer in Redis)" + heartbeat
+    figures = _learner_figures(run.learner)
+    return state + "; " + ("; ".join(figures) if figures else "no figures published")
+
+
+def _number(value: bytes | str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _learner_figures(learner: dict[str, float]) -> list[str]:
+    """The learner line's groups of figures, each figure only where the learner published what it needs (IMPALA
+    publishes all but train steps, episodes and the sampler call; the sampler and the SEED trainer fewer)."""
+    get = collections.defaultdict(float, learner)  # every part is formatted; those whose figures are absent are dropped
+    per_second = "" if "steps_per_second_10s" in learner else " steps/s"
+    groups: list[list[tuple[tuple[str, ...], str]]] = [
+        [(("env_steps",), f"env steps {get['env_steps']:,.0f}"),
+         (("steps_per_second_10s",), f"{get['steps_per_second_10s']:,.0f} steps/s (10 s)"),
+         (("steps_per_second_60s",), f"{get['steps_per_second_60s']:,.0f}{per_second} (60 s)")],
+        [(("policy_version",), f"policy version {get['policy_version']:.0f}"),
+         (("sampler_version",), f"sampler call {get['sampler_version']:.0f}"),
+         (("lag_mean", "lag_max"), f"lag {get['lag_mean']:.1f} mean / {get['lag_max']:.0f} max")],
+        [(("train_steps",), f"train steps {get['train_steps']:,.0f}"),
+         (("episodes",), f"episodes {get['episodes']:,.0f}")],
+        [(("queue_size", "queue_bound"), f"queue {get['queue_size']:.0f}/{get['queue_bound']:.0f}")],
+        [(("records_rejected",), f"records rejected {get['records_rejected']:.0f}")],
+    ]
+    shown = (", ".join(text for names, text in group if all(name in learner for name in names)) for group in groups)
+    return [text for text in shown if text]

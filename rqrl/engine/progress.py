@@ -50,6 +50,29 @@ class Throughput:
         return (last - first) / (end - start) if end > start else None
 
 
+class StepRates:
+    """A learner's env steps per second over 10 s and 60 s, under the names its heartbeat publishes them by for
+    ``rqrl status`` (every family's learner: the same names, the same windows)."""
+
+    WINDOWS = {"steps_per_second_10s": 10.0, "steps_per_second_60s": 60.0}
+
+    def __init__(self) -> None:
+        self.windows = {name: Throughput(seconds) for name, seconds in self.WINDOWS.items()}
+
+    def add(self, now: float, steps: int) -> None:
+        """Record the cumulative step count ``steps`` at time ``now`` in every window."""
+        for throughput in self.windows.values():
+            throughput.add(now, steps)
+
+    def recent(self) -> float | None:
+        """Steps per second over the shortest window; None before two samples."""
+        return self.windows["steps_per_second_10s"].rate()
+
+    def facts(self) -> dict[str, float]:
+        """The rates known so far (none before two samples: no made-up 0 for ``rqrl status`` to show)."""
+        return {name: rate for name, throughput in self.windows.items() if (rate := throughput.rate()) is not None}
+
+
 PACE_SHARE = 0.8
 """A consumer waiting for steps sleeps this share of their expected delivery time: early enough that a steady
 stream is not kept waiting."""

@@ -56,6 +56,12 @@ def split_actors(n_actors: int, actors_per_job: int) -> list[list[int]]:
     return [list(range(start, min(start + actors_per_job, n_actors))) for start in range(0, n_actors, actors_per_job)]
 
 
+SAMPLER_KIND = "garage-sampler"
+"""``RunConfig.extra["kind"]`` of a garage sampler's run (its jobs refuse a run of another kind)."""
+SEED_KIND = "seed-trainer"
+"""``RunConfig.extra["kind"]`` of a SEED trainer's run; IMPALA's actor groups write no kind."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Everything a worker needs to run rollouts of one run."""

@@ -35,7 +35,7 @@ from rqrl.engine.jobs import (
     shutdown_requested,
 )
 from rqrl.engine.keys import RunKeys
-from rqrl.engine.run_config import RunConfig
+from rqrl.engine.run_config import SAMPLER_KIND, RunConfig
 from rqrl.errors import ForbiddenJobError, LeaseLostError, RecordError, RunStoppedError, WorkerUnfitError
 from rqrl.garage.episodes import EpisodeBatch, encode_episodes
 from rqrl.garage.lockstep import Lockstep, lockstep_ready
@@ -63,8 +63,6 @@ OVER_CHECK_SECONDS = 0.1
 """How often a stepping job asks whether its call is over: its episodes in flight are then dropped at once
 rather than run to their end (a Pong episode takes seconds) and refused."""
 
-SAMPLER_KIND = "garage-sampler"
-"""``RunConfig.extra["kind"]`` of a sampler run: its job refuses runs of any other kind."""
 
 
 def enqueue_sampler_group(connection: redis.Redis, config: RunConfig, group_id: int, version: int,

@@ -42,15 +42,16 @@ from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import LocalWorkers, local_worker_prefix
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
+from rqrl.engine.progress import StepRates
 from rqrl.engine.rq_safety import rollout_queue
-from rqrl.engine.run_config import RunConfig, split_actors
+from rqrl.engine.run_config import SAMPLER_KIND, RunConfig, split_actors
 from rqrl.engine.run_store import RunStore
 from rqrl.engine.supervisor import Supervisor, live_worker_names
 from rqrl.engine.teardown import tearing_down
 from rqrl.engine.timings import protocol_timings
 from rqrl.errors import CollectTimeoutError, RecordError, RunStoppedError, SignatureError
 from rqrl.garage.episodes import EnvSpec, EpisodeBatch, decode_episodes
-from rqrl.garage.jobs import SAMPLER_KIND, enqueue_sampler_group
+from rqrl.garage.jobs import enqueue_sampler_group
 from rqrl.garage.store import (
     AGENT,
     ENV,
@@ -146,6 +147,7 @@ class MultiprocessingSampler:
         """Episode entries refused: unsigned, tampered, malformed, or of another call."""
         self.runs_restored = 0
         """Times Redis had lost the run (a restart without persistence) and the sampler stored it again."""
+        self._rates = StepRates()  # total_env_steps at each heartbeat (rqrl status)
         # validated now, sent at the first call (version 0)
         self._initial = (self._messages(AGENT, agents), self._messages(ENV, envs))
         self._started = False
@@ -511,13 +513,23 @@ class MultiprocessingSampler:
         if not force and now - self._last_check_in < 1.0:
             return False
         self._last_check_in = now
-        exists, stopped = self._run_store.check_in(self.options.learner_timeout)
+        exists, stopped = self._run_store.check_in(self.options.learner_timeout, self._heartbeat_facts(now))
         if stopped:  # also a run `rqrl stop` removed while this sampler trained between calls: not stored again
             raise RunStoppedError(f"run {self.config.run_name!r} was stopped from outside this sampler (rqrl stop)")
         if not exists:
             self._reseed()
             return True
         return False
+
+    def _heartbeat_facts(self, now: float) -> dict[str, float]:
+        """What ``rqrl status`` shows of this sampler, in the field names IMPALA's learner uses where they mean the
+        same: the env steps its calls returned, steps/s over 10 s and 60 s (from its second heartbeat on), its call
+        (version; the steps of a call count from the next call's first heartbeat), entries rejected."""
+        facts = {"beat": time.time(), "learner_timeout": self.options.learner_timeout,
+                 "env_steps": float(self.total_env_steps), "sampler_version": float(self._version),
+                 "records_rejected": float(self.records_rejected)}
+        self._rates.add(now, self.total_env_steps)
+        return {**facts, **self._rates.facts()}
 
     def _reseed(self) -> None:
         """Redis lost the run (restarted without persistence): store it again with the current call's updates;

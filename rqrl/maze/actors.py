@@ -44,7 +44,7 @@ from rqrl.engine.observations import stack_obs, to_array, to_tensor
 from rqrl.engine.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
 from rqrl.engine.policy import Policy, check_state_dict, make_act_function, select_policy_state, state_dict_of
 from rqrl.engine.process import ProcessContext
-from rqrl.engine.progress import MAX_PACE_SECONDS, Throughput, pace_seconds
+from rqrl.engine.progress import MAX_PACE_SECONDS, StepRates, pace_seconds
 from rqrl.engine.rq_safety import rollout_queue
 from rqrl.engine.run_config import RunConfig, check_seeds, queue_bound, split_actors
 from rqrl.engine.run_store import RunStore
@@ -233,7 +233,7 @@ class RedisDistributedActors(DistributedActors):
         self._transport: _Transport | None = None
         # what the learner publishes with its heartbeat, for `rqrl status`
         self._steps_collected = 0
-        self._throughputs = (Throughput(10.0), Throughput(60.0))
+        self._rates = StepRates()
         self._emptied_at: float | None = None  # when the learner's last pop left the queue empty (see _pause_for)
         self._waited = 0.0  # idle seconds of the collect in hand (see last_wait_seconds)
         self._last_batch: dict[str, float] = {}
@@ -626,7 +626,7 @@ class RedisDistributedActors(DistributedActors):
         # no longer than the queue takes to fill (queue_out_of_sync_factor < 1): full, it would stall the workers
         entries = min(entries, self.config.entries_bound(per_entry))
         steps = entries * per_entry * self.n_rollout_steps
-        pause = pace_seconds(self._emptied_at, time.monotonic(), steps, self._throughputs[0].rate(),
+        pause = pace_seconds(self._emptied_at, time.monotonic(), steps, self._rates.recent(),
                              min(MAX_PACE_SECONDS, time_left))
         if pause > 0.001:
             time.sleep(pause)
@@ -689,18 +689,15 @@ class RedisDistributedActors(DistributedActors):
 
     def _learner_facts(self) -> dict[str, float]:
         """What `rqrl status` shows of this learner: counters, windowed throughput, the last batch's lag and queue."""
-        rates = [throughput.rate() for throughput in self._throughputs]
         return {"beat": time.time(), "learner_timeout": self.options.learner_timeout,
-                "policy_version": self.policy_version, "env_steps": self._steps_collected,
-                "steps_per_second_10s": rates[0] or 0.0, "steps_per_second_60s": rates[1] or 0.0,
+                "policy_version": self.policy_version, "env_steps": self._steps_collected, **self._rates.facts(),
                 "queue_bound": self.queue_capacity, "records_rejected": self.records_rejected,
                 **self._last_batch}
 
     def _record_stats(self, records: list[RolloutRecord], size_before: int, dequeue_time: float) -> None:
         now = time.monotonic()
         self._steps_collected += sum(record.n_steps for record in records)
-        for throughput in self._throughputs:
-            throughput.add(now, self._steps_collected)
+        self._rates.add(now, self._steps_collected)
         lags = [self.policy_version - record.policy_version for record in records] or [0]
         self._last_batch = {"lag_mean": sum(lags) / len(lags), "lag_max": max(lags), "queue_size": size_before}
         elapsed, self._last_collect = now - self._last_collect, now

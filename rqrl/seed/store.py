@@ -35,7 +35,7 @@ from rqrl.engine.codec import (
 )
 from rqrl.engine.compression import compress, decompress, worth_compressing
 from rqrl.engine.keys import DEFAULT_QUEUE, RunKeys
-from rqrl.engine.run_config import RunConfig, split_actors
+from rqrl.engine.run_config import SEED_KIND, RunConfig, split_actors
 from rqrl.engine.run_store import RunStore, raise_stop_flag
 from rqrl.errors import ConfigError, RecordError, RunStoppedError, SignatureError
 
@@ -73,8 +73,6 @@ _EVENT_FIELDS: dict[str, type] = {"kind": str, "actor": int, "thread": int, "err
 LEARNER_TIMEOUT = 60.0
 """Seconds after the trainer's last heartbeat that ``rqrl health --run`` calls it dead and ``rqrl stop`` cleans
 the run up itself."""
-SEED_KIND = "seed-trainer"
-"""``RunConfig.extra["kind"]`` of a SEED trainer's run."""
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from rqrl.engine.keys import RunKeys
 from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.process import stop_processes
+from rqrl.engine.progress import StepRates
 from rqrl.engine.screen import MAX_ENTRY_BYTES, screened_lpop
 from rqrl.engine.server import EmbeddedRedis, redis_errors_naming
 from rqrl.engine.teardown import tearing_down
@@ -106,6 +107,7 @@ class Trainer:
         self.agent, self.config, self.environment = agent, config, environment
         self.on_progress, self.progress_seconds = on_progress, progress_seconds
         self.stats = TrainerStats()
+        self._rates = StepRates()  # transitions received at each heartbeat
         self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
         self.run_name: str | None = None
         self._restart_after: dict[str, float] = {}
@@ -150,6 +152,7 @@ class Trainer:
         self._thread_deaths.clear()
         self._restart_after.clear()
         self.stats = TrainerStats()
+        self._rates = StepRates()
         self._last_sequence = {}
         # REDIS_URL, the ecosystem's convention, where no redis_url is given; with it, RQRL_SECRET signs the run
         environment_url = os.environ.get("REDIS_URL") if config.redis_url is None else None
@@ -255,11 +258,15 @@ class Trainer:
                 time.sleep(max(0.0, min(0.005, deadline - time.monotonic())))
 
     def _facts(self) -> dict[str, float]:
-        """What ``rqrl status`` shows of this trainer."""
+        """What ``rqrl status`` shows of this trainer, in the field names IMPALA's learner uses where they mean the
+        same: env steps are the transitions received (one per actor step), steps/s over 10 s and 60 s from the
+        second heartbeat on."""
         stats = self.stats
-        return {"beat": time.time(), "learner_timeout": LEARNER_TIMEOUT, "policy_version": stats.weights_version,
-                "env_steps": stats.transitions_received, "train_steps": stats.train_steps,
-                "episodes": stats.episodes, "records_rejected": stats.messages_rejected}
+        facts = {"beat": time.time(), "learner_timeout": LEARNER_TIMEOUT, "policy_version": stats.weights_version,
+                 "env_steps": stats.transitions_received, "train_steps": stats.train_steps,
+                 "episodes": stats.episodes, "records_rejected": stats.messages_rejected}
+        self._rates.add(time.monotonic(), stats.transitions_received)
+        return {**facts, **self._rates.facts()}
 
     def _may_train(self) -> bool:
         """Whether one more train step keeps the samples trained on within replay_ratio per transition received."""

@@ -14,13 +14,13 @@ import redis
 from rqrl.cli.status import read_status
 from rqrl.engine.health import learner_is_healthy
 from rqrl.engine.keys import RunKeys
-from rqrl.engine.run_config import RunConfig
+from rqrl.engine.run_config import SEED_KIND, RunConfig
 from rqrl.engine.screen import MAX_ENTRY_BYTES
 from rqrl.errors import ConfigError, RunStoppedError, SignatureError
 from rqrl.seed.actor import TransitionSender, encode_transitions
 from rqrl.seed.config import Config
 from rqrl.seed.nstep import TransitionBatch
-from rqrl.seed.store import SEED_KIND, SeedRecord, SeedRun
+from rqrl.seed.store import SeedRecord, SeedRun
 from rqrl.seed.trainer import Trainer
 from tests.cli_runner import invoke
 from tests.conftest import TEST_SECRET
