@@ -25,7 +25,12 @@ log = logging.getLogger(__name__)
 def tearing_down(client: redis.Redis, url: str | None, run_name: str, *, embedded: bool = False) -> Iterator[None]:
     """The block is run ``run_name``'s tear-down in Redis at ``url``: its commands ride out an outage until
     SHUTDOWN_REDIS_GRACE_SECONDS after it began, and one that lasts longer is logged, not raised (a refused login
-    is raised). ``embedded``: the learner's own Redis, which goes with everything in it once stopped."""
+    is raised). ``embedded``: the learner's own Redis, which goes with everything in it once stopped.
+
+    The tear-down starts on fresh connections: a signal (Ctrl-C, SIGTERM) between a command and its reply leaves
+    that idle connection owing a reply to whatever runs next on it (a pipeline then reads "Wrong number of
+    response items")."""
+    client.connection_pool.disconnect(inuse_connections=False)
     with riding_out_briefly(client, SHUTDOWN_REDIS_GRACE_SECONDS):
         try:
             yield

@@ -730,9 +730,6 @@ class RedisDistributedActors(DistributedActors):
                                                 embedded=embedded):
             if self._ahead is not None:
                 self._ahead.close()  # one pop at most; what it moved stays unacknowledged, and the keys go below
-            # a Ctrl-C between a command and its reply leaves that idle connection owing a reply to whatever runs
-            # next on it: the clean-up starts on fresh connections
-            self.connection.connection_pool.disconnect(inuse_connections=False)
             try:
                 if self._started:
                     self._run_store.stop(self._rq_queue, timeout)
