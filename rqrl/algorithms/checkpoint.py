@@ -7,7 +7,9 @@ as JSON in the safetensors metadata.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,11 +23,22 @@ from rqrl.errors import CheckpointError, ConfigError
 
 
 def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write a temporary file, then rename it over ``path``: a save that fails (a full or read-only disk) or is
+    killed leaves the earlier file whole. CheckpointError naming the file, the system's reason and the fix."""
     temporary = path.with_suffix(path.suffix + ".tmp")
-    safetensors.torch.save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-                                str(temporary), metadata=metadata)
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        safetensors.torch.save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
+                                    str(temporary), metadata=metadata)
+        os.replace(temporary, path)
+    except (OSError, safetensors.SafetensorError) as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        kept = f"the {path.name} written before stays" if path.is_file() else f"no {path.name} was written"
+        raise CheckpointError(f"cannot write {path}: {reason}; {kept}. Free space on that disk (or make "
+                              f"{path.parent} writable), then resume the run with `rqrl train --resume "
+                              f"{path.parent}`") from error
 
 
 def save_weights(path: str | Path, state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
@@ -45,6 +58,31 @@ def load_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch
     except (OSError, ValueError, safetensors.SafetensorError) as error:
         raise CheckpointError(f"cannot read weights file {path}: {error}") from error
     return tensors, metadata
+
+
+def recorded_mean_return(path: str | Path) -> float | None:
+    """The mean return a weights file (best.safetensors) records: None if there is no file, it cannot be read, or
+    its figure is no finite number (an older learner's NaN best)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as handle:
+            value = json.loads((handle.metadata() or {}).get("rqrl", "{}")).get("mean_return")
+    except (OSError, ValueError, AttributeError, safetensors.SafetensorError):
+        return None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def load_into(module: torch.nn.Module | torch.optim.Optimizer, state: Mapping[str, Any], path: str | Path,
+              fix: str) -> None:
+    """``module.load_state_dict(state)``; ConfigError naming ``path`` and ``fix`` if the state does not fit (another
+    network size, another algorithm's checkpoint) instead of torch's size-mismatch traceback."""
+    try:
+        module.load_state_dict(state)  # type: ignore[arg-type]
+    except (RuntimeError, ValueError, KeyError) as error:
+        first = str(error).strip().splitlines()[0:3]
+        raise ConfigError(f"{path} does not fit this {type(module).__name__} ({' '.join(first)}): {fix}") from error
 
 
 def weights_file(path: str | Path) -> Path:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import logging
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -14,8 +16,11 @@ import gymnasium
 import numpy as np
 
 from rqrl.algorithms.atari import check_atari_options, is_atari, make_atari_env, register_atari_envs
+from rqrl.algorithms.metrics import MetricsWriter
 from rqrl.engine.connection import redact_url
 from rqrl.errors import ConfigError, RunStoppedError, RunTakenOverError
+
+log = logging.getLogger(__name__)
 
 ALGORITHMS = ("impala", "ppo", "dqn")
 FROZEN_ON_RESUME: dict[str, tuple[str, ...]] = {
@@ -191,6 +196,83 @@ def run_folder(resume: str | Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
+def resumed_folder(resume: str | Path) -> Path | None:
+    """The run folder a resumed run goes on writing: ``resume`` if it is a folder, the folder of a file in a run
+    folder (one with config.json); None for a loose checkpoint file, which starts a new run folder."""
+    path = Path(resume)
+    if path.is_dir():
+        return path
+    return path.parent if (path.parent / "config.json").is_file() else None
+
+
+def checkpoint_to_resume(resume: str | Path) -> Path | None:
+    """The checkpoint file ``resume`` names; None, said in one log line, where it is a run folder's and the run
+    wrote none yet (its learner was stopped before its first checkpoint): nothing was saved to go on from, so
+    the run starts again from its first step, with its recorded settings."""
+    path = Path(resume)
+    checkpoint = path / "checkpoint.safetensors" if path.is_dir() else path
+    if checkpoint.is_file() or resumed_folder(resume) is None:
+        return checkpoint  # a missing loose file: load_checkpoint says so
+    log.warning("%s holds no checkpoint (its learner stopped before writing one): nothing to go on from, so the run "
+                "starts again from its first step, with its recorded settings", checkpoint.parent)
+    return None
+
+
+def check_checkpoint(path: str | Path, counters: dict[str, Any], config: Any, algo: str) -> None:
+    """ConfigError naming both values if the checkpoint at ``path`` (its ``counters``) is another algorithm's, or
+    was trained with other network-shaping settings (FROZEN_ON_RESUME) than ``config``: what a loose checkpoint
+    file, which has no config.json beside it, is checked by. A checkpoint that records no ``algo`` is IMPALA's
+    (older IMPALA checkpoints recorded none); a setting it does not record is not checked."""
+    recorded = counters.get("algo", "impala")
+    if recorded != algo:
+        raise ConfigError(f"{path} is a checkpoint of {recorded}, not of {algo}: resume it with `rqrl train "
+                          f"{recorded} --resume {path}`")
+    changed = [f"--{name.replace('_', '-')} {getattr(config, name)!r} (the checkpoint's: {counters[name]!r})"
+               for name in FROZEN_ON_RESUME[algo] if name in counters and counters[name] != getattr(config, name)]
+    if changed:
+        raise ConfigError(f"cannot resume {path} with other network-shaping settings: {', '.join(changed)}; give "
+                          f"the checkpoint's")
+
+
+def improves(mean_return: float | None, best: float | None) -> bool:
+    """Whether ``mean_return`` beats the best so far (None: none yet): a NaN or infinite one never does, and any
+    finite one beats a NaN best an older learner recorded."""
+    return (mean_return is not None and math.isfinite(mean_return)
+            and (best is None or not math.isfinite(best) or mean_return > best))
+
+
+def close_quietly(metrics: MetricsWriter) -> None:
+    """Close a run's metrics after a save failed: on a full disk their last row fails too, and that second error
+    (logged here) would bury the save's, which says what to do."""
+    try:
+        metrics.close()
+    except OSError as error:
+        log.warning("could not finish metrics.csv after the failed save: %s", error)
+
+
+def check_unfinished(resume: str | Path, *, env_steps: int, total_env_steps: int, solved: bool,
+                     mean_return: float | None, target_return: float | None, seconds: float | None = None,
+                     time_budget: float | None = None) -> None:
+    """ConfigError if the run ``resume`` names has nothing left to train: it reached its step budget, or its time
+    budget (DQN's --seconds, over all its sessions), or is solved. Said at once, before Redis and workers start
+    and before its folder is written; the message names the flag to raise."""
+    reasons, flags = [], []
+    if env_steps >= total_env_steps:
+        reasons.append(f"it reached its step budget ({env_steps:,} env steps of --total-env-steps "
+                       f"{total_env_steps:,})")
+        flags.append("--total-env-steps")
+    if time_budget is not None and seconds is not None and seconds >= time_budget:
+        reasons.append(f"it used its time budget ({seconds:,.1f} s of --seconds {time_budget:g})")
+        flags.append("--seconds")
+    if solved:
+        reasons.append(f"it is solved (the mean return of its last 100 episodes, {mean_return:.2f}, reached "
+                       f"--target-return {target_return:g})")
+        flags.append("--target-return")
+    if reasons:
+        raise ConfigError(f"{resume} is finished: {' and '.join(reasons)}; nothing to train. To train it further, "
+                          f"resume it with a higher {' and a higher '.join(flags)}")
+
+
 def recorded_settings(resume: str | Path) -> dict[str, Any]:
     """The config.json of the run ``resume`` names (a run folder or a file in it); ConfigError if it has none.
     A run written before config.json recorded ``algo`` was an IMPALA run."""
@@ -208,7 +290,8 @@ def recorded_settings(resume: str | Path) -> dict[str, Any]:
 
 def check_resume(config: Any, algo: str) -> None:
     """ConfigError, naming each setting, if ``config.resume`` is another algorithm's run or ``config`` changes a
-    setting that shapes its networks (FROZEN_ON_RESUME). Nothing to check for a checkpoint outside a run folder."""
+    setting that shapes its networks (FROZEN_ON_RESUME). A checkpoint outside a run folder has no config.json:
+    check_checkpoint checks it by what it records."""
     if not config.resume or not (run_folder(config.resume) / "config.json").is_file():
         return
     recorded = recorded_settings(config.resume)

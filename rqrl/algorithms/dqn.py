@@ -33,6 +33,7 @@ from rqrl.algorithms.checkpoint import (
     TrainingState,
     load_checkpoint,
     load_weights,
+    recorded_mean_return,
     save_checkpoint,
     save_weights,
     weights_file,
@@ -41,9 +42,15 @@ from rqrl.algorithms.cnn import torso_for
 from rqrl.algorithms.common import (
     Tracking,
     TrainResult,
+    check_checkpoint,
     check_resume,
+    check_unfinished,
+    checkpoint_to_resume,
+    close_quietly,
     env_factory,
     env_spaces,
+    improves,
+    resumed_folder,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -53,7 +60,7 @@ from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.devices import check_device
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
-from rqrl.errors import ConfigError, RqrlError
+from rqrl.errors import CheckpointError, ConfigError, RqrlError
 from rqrl.seed import Config, Trainer
 from rqrl.seed.agent import Agent, AgentConfig, QModel
 
@@ -71,7 +78,9 @@ class DqnConfig(Tracking):
                                                                   "Discrete actions; ALE/... for Atari)."})
     terminal_on_life_loss: bool = field(default=False, metadata={"help": TERMINAL_ON_LIFE_LOSS_HELP})
     repeat_action_probability: float | None = field(default=None, metadata={"help": REPEAT_ACTION_PROBABILITY_HELP})
-    seconds: float = field(default=600.0, metadata={"help": "Time budget of the run."})
+    seconds: float = field(default=600.0, metadata={
+        "help": "Time budget of the run, all its sessions together (as --total-env-steps): a resumed run trains for "
+                "what is left of it."})
     total_env_steps: int = field(default=2_000_000, metadata={"help": "Step budget: stop after this many env steps."})
     target_return: float | None = field(default=None, metadata={
         "help": "Stop when the mean return of the last 100 episodes reaches this (default: the env's threshold)."})
@@ -159,14 +168,17 @@ def save_agent_checkpoint(path: str | Path, agent: Agent, counters: dict[str, An
                                         {**counters, "agent_train_steps": agent.train_steps}))
 
 
-def load_agent_checkpoint(path: str | Path, agent: Agent) -> dict[str, Any]:
-    """Load what save_agent_checkpoint wrote into ``agent`` (a run folder or the file); returns the counters."""
+def load_agent_checkpoint(path: str | Path, agent: Agent, config: DqnConfig | None = None) -> dict[str, Any]:
+    """Load what save_agent_checkpoint wrote into ``agent`` (a run folder or the file); returns the counters.
+    ``config``: the resumed run's, whose network-shaping settings the checkpoint's must match (check_checkpoint)."""
     path = Path(path)
     checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path
     state = load_checkpoint(checkpoint_path, str(agent.device))
     if state.counters.get("algo") != "dqn":
-        raise ConfigError(f"{checkpoint_path} is no DQN checkpoint (algo {state.counters.get('algo')!r}); resume it "
-                          f"with `rqrl train --resume`, which takes the run's own algorithm")
+        raise ConfigError(f"{checkpoint_path} is no DQN checkpoint (algo {state.counters.get('algo', 'impala')!r}); "
+                          f"resume it with `rqrl train --resume`, which takes the run's own algorithm")
+    if config is not None:
+        check_checkpoint(checkpoint_path, state.counters, config, "dqn")
     try:
         for prefix, module in (("online.", agent.model_instance), ("target.", agent.target)):
             module.load_state_dict({key[len(prefix):]: value for key, value in state.model.items()
@@ -194,13 +206,16 @@ def _train(run: _DqnRun, config: DqnConfig, secret: str | bytes | None, redis_se
     trainer = Trainer(run.agent, run.seed_config(secret, redis_server), env_factory(config), on_progress=run.tick)
     stopped_by: str | None = None
     try:
-        trainer.start(config.seconds)
+        trainer.start(run.seconds_left())
         if trainer.stopped_from_outside:
             stopped_by = "rqrl stop"
             log.warning(run.folder.stopping("stopped by rqrl stop"))
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM where the CLI turned it into Terminated
         stopped_by = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         log.warning(run.folder.stopping(f"interrupted ({stopped_by})"))
+    except CheckpointError:  # a save failed (a full or read-only disk): the files written before stay as they are
+        run.writable = False
+        raise
     finally:
         run.close(trainer)
     final = run.counters(trainer)
@@ -224,8 +239,9 @@ class _DqnRun:
         self.target_return = config.target_return if config.target_return is not None else threshold
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.learner_threads)
-        if config.resume and config.run_name is None and Path(config.resume).is_dir():
-            config.run_name, config.run_dir = Path(config.resume).name, str(Path(config.resume).parent)
+        continued = resumed_folder(config.resume) if config.resume else None
+        if config.run_name is None and continued is not None:  # the run goes on in its folder
+            config.run_name, config.run_dir = continued.name, str(continued.parent)
         self.run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / self.run_name
         self.agent_config = AgentConfig(
@@ -240,14 +256,47 @@ class _DqnRun:
         self.agent = Agent(self.agent_config, network, functools.partial(torch.optim.Adam, lr=config.learning_rate))
         self.before: dict[str, Any] = {"env_steps": 0, "train_steps": 0, "episodes": 0, "seconds": 0.0,
                                        "recent_returns": [], "best_mean_return": None, "weights_version": 0}
-        if config.resume:
-            self.before.update(load_agent_checkpoint(config.resume, self.agent))
+        self.best: float | None = None
+        self.folder = RunFolder(self.run_dir, config.resume)  # held before the checkpoint is read: one learner reads
+        try:
+            if config.resume:
+                self._resume(config.resume)
+            self._prepare()
+        except BaseException:
+            self.folder.close()
+            raise
+
+    def _resume(self, resume: str) -> None:
+        """Take the counters and networks of the run ``resume`` names, and the best return of the best.safetensors
+        this run writes (newer than the checkpoint's); ConfigError if they do not fit or nothing is left to train."""
+        config = self.config
+        checkpoint_path = checkpoint_to_resume(resume)
+        if checkpoint_path is not None:
+            self.before.update(load_agent_checkpoint(checkpoint_path, self.agent, config))
             log.warning("resumed from %s at %d env steps; the replay starts empty and refills to %d transitions",
-                        config.resume, self.before["env_steps"], config.minimum_buffer_size)
-        self.best: float | None = self.before["best_mean_return"]
+                        checkpoint_path, self.before["env_steps"], config.minimum_buffer_size)
+        self.best = recorded_mean_return(self.run_dir / "best.safetensors")
+        returns = self.before["recent_returns"][-100:]
+        mean = sum(returns) / len(returns) if returns else None
+        solved = self.target_return is not None and len(returns) == 100 and mean is not None and \
+            mean >= self.target_return
+        check_unfinished(resume, env_steps=int(self.before["env_steps"]), total_env_steps=config.total_env_steps,
+                         solved=solved, mean_return=mean, target_return=self.target_return,
+                         seconds=float(self.before["seconds"]), time_budget=config.seconds)
+
+    def seconds_left(self) -> float:
+        """What is left of the time budget (--seconds), which counts every session of the run, as the step
+        budget does: a resumed run trains for the rest of it."""
+        return self.config.seconds - float(self.before["seconds"])
+
+    def _prepare(self) -> None:
+        """The bookkeeping of a run whose folder is held and whose checkpoint (if any) is loaded."""
+        config = self.config
         self.metrics: MetricsWriter | None = None
         """Made with the run folder at the first tick after the first transition: a launch that fails leaves none."""
         self.announced = False
+        self.writable = True
+        """False once a save failed: close() then writes no end state over the files that stay."""
         self.shown = Progress(f"DQN {config.env_id}", total=config.total_env_steps,
                               initial=int(self.before["env_steps"]), enabled=config.progress,
                               interval=config.progress_seconds)
@@ -257,7 +306,6 @@ class _DqnRun:
             repeat_action_probability=config.repeat_action_probability)
         # the counters of the last metrics row (a resumed run: the checkpoint's, whose row is already in metrics.csv)
         self.last_row = (self.before["env_steps"], self.before["train_steps"]) if config.resume else None
-        self.folder = RunFolder(self.run_dir, config.resume)  # last: a constructor that fails holds no folder
 
     def seed_config(self, secret: str | bytes | None, redis_server: str | None) -> Config:
         """The SEED trainer's settings for this run."""
@@ -289,7 +337,10 @@ class _DqnRun:
     def counters(self, trainer: Trainer) -> dict[str, Any]:
         """The run's totals, earlier sessions of a resumed run included (what its checkpoint keeps)."""
         stats, before = trainer.stats, self.before
-        return {"algo": "dqn", "env_id": self.config.env_id, "env_steps": self.env_steps(trainer),
+        config = self.config
+        return {"algo": "dqn", "env_id": config.env_id, "hidden_size": config.hidden_size,
+                "distributional": config.distributional, "dueling": config.dueling, "v_min": config.v_min,
+                "v_max": config.v_max, "env_steps": self.env_steps(trainer),
                 "train_steps": int(before["train_steps"]) + stats.train_steps,
                 "episodes": int(before["episodes"]) + stats.episodes,
                 "seconds": float(before["seconds"]) + time.monotonic() - self.started,
@@ -318,7 +369,7 @@ class _DqnRun:
         self.write_row(trainer, now)
         self.shown.update(now["env_steps"], mean_return=self.mean_return(trainer))
         value = self.mean_return(trainer)
-        if value is not None and len(self.recent_returns(trainer)) >= 10 and (self.best is None or value > self.best):
+        if len(self.recent_returns(trainer)) >= 10 and improves(value, self.best):
             self.best = value
             save_weights(self.run_dir / "best.safetensors", self.agent.model_instance.network.state_dict(),
                          self.weights_metadata(trainer))
@@ -353,7 +404,14 @@ class _DqnRun:
         self.metrics.flush()  # once a second: metrics.csv can be followed while the run goes on
 
     def close(self, trainer: Trainer) -> None:
-        """The run's end state on disk: the last row, final weights, checkpoint, metrics and plot."""
+        """The run's end state on disk: the last row, final weights, checkpoint, metrics and plot (after a failed
+        save, only the metrics: the files written before stay)."""
+        if not self.writable:
+            self.shown.close()
+            self.evaluation.close()
+            if self.metrics is not None:
+                close_quietly(self.metrics)
+            return
         self.tick(trainer)  # the last row (and the folder, if the first transition came after the last tick)
         if self.metrics is None:  # the run never started: no folder, no untrained weights for evaluate or --resume
             self.shown.close()
@@ -386,15 +444,22 @@ def load_q_model(path: str | Path, device: str = "cpu") -> tuple[QModel, dict[st
     state_dict, metadata = load_weights(weights_file(path), device)
     if metadata.get("algo") != "dqn":
         raise ConfigError(f"{path} holds no DQN weights (written by rqrl.algorithms.dqn)")
-    obs_shape, n_actions, _ = env_spaces(metadata["env_id"])
+    model = q_model(metadata)
+    model.network.load_state_dict(state_dict)
+    return model.to(device).eval(), metadata
+
+
+def q_model(facts: dict[str, Any]) -> QModel:
+    """An untrained Q-model of the shape a DQN run's ``facts`` give (its weights file's metadata, or its
+    checkpoint's counters over its config.json): env_id and hidden_size, the head's settings or their defaults."""
+    obs_shape, n_actions, _ = env_spaces(facts["env_id"])
     defaults = DqnConfig()
-    distributional = bool(metadata.get("distributional", defaults.distributional))
+    distributional = bool(facts.get("distributional", defaults.distributional))
     agent_config = AgentConfig(state_shape=obs_shape, action_space_size=n_actions,
-                               n_atoms=int(metadata.get("n_atoms", 51)), use_distributional=distributional,
-                               dueling=bool(metadata.get("dueling", defaults.dueling)),
-                               v_min=float(metadata.get("v_min", defaults.v_min)),
-                               v_max=float(metadata.get("v_max", defaults.v_max)))
-    network = QNetwork(obs_shape, n_actions, int(metadata["hidden_size"]),
+                               n_atoms=int(facts.get("n_atoms", 51)), use_distributional=distributional,
+                               dueling=bool(facts.get("dueling", defaults.dueling)),
+                               v_min=float(facts.get("v_min", defaults.v_min)),
+                               v_max=float(facts.get("v_max", defaults.v_max)))
+    network = QNetwork(obs_shape, n_actions, int(facts["hidden_size"]),
                        agent_config.n_atoms if distributional else None, agent_config.dueling)
-    network.load_state_dict(state_dict)
-    return QModel(network, agent_config).to(device).eval(), metadata
+    return QModel(network, agent_config)

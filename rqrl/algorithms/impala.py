@@ -37,7 +37,9 @@ from rqrl.algorithms.atari import REPEAT_ACTION_PROBABILITY_HELP, TERMINAL_ON_LI
 from rqrl.algorithms.checkpoint import (
     TrainingState,
     load_checkpoint,
+    load_into,
     load_weights,
+    recorded_mean_return,
     save_checkpoint,
     save_weights,
     weights_file,
@@ -46,10 +48,16 @@ from rqrl.algorithms.cnn import torso_for
 from rqrl.algorithms.common import (
     Tracking,
     TrainResult,
+    check_checkpoint,
     check_resume,
+    check_unfinished,
     check_workers,
+    checkpoint_to_resume,
+    close_quietly,
     env_factory,
     env_spaces,
+    improves,
+    resumed_folder,
     stopped_reason,
     write_config,
 )
@@ -62,7 +70,7 @@ from rqrl.engine.observations import TensorObs, map_tree
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
 from rqrl.engine.run_config import check_seconds
-from rqrl.errors import ConfigError, RunStoppedError
+from rqrl.errors import CheckpointError, ConfigError, RunStoppedError
 from rqrl.maze.actors import DistributedActors, RedisDistributedActors
 from rqrl.maze.records import BatchedRecord
 
@@ -382,31 +390,46 @@ class Learner:
         self.elapsed_before = 0.0
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.best_mean_return: float | None = None
-        if config.resume:
-            self._resume(Path(config.resume))
+        continued = resumed_folder(config.resume) if config.resume else None
+        if config.run_name is None and continued is not None:  # the run goes on in its folder
+            config.run_name, config.run_dir = continued.name, str(continued.parent)
         if config.run_name is None:
             config.run_name = f"impala-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / config.run_name
-        self.folder = RunFolder(self.run_dir, config.resume)
+        self.folder = RunFolder(self.run_dir, config.resume)  # held before the checkpoint is read: one learner reads
+        try:
+            if config.resume:
+                self._resume(config.resume)
+        except BaseException:
+            self.folder.close()
+            raise
+
+    def _resume(self, resume: str) -> None:
+        """Take the state of the run ``resume`` names, and the best return of the best.safetensors this run writes
+        (newer than the checkpoint's); ConfigError if it does not fit or the run has nothing left to train."""
+        checkpoint_path = checkpoint_to_resume(resume)
+        if checkpoint_path is not None:
+            self._load(checkpoint_path)
+        self.best_mean_return = recorded_mean_return(self.run_dir / "best.safetensors")
+        check_unfinished(resume, env_steps=self.env_steps, total_env_steps=self.config.total_env_steps,
+                         solved=self.solved, mean_return=self.mean_return, target_return=self.target_return)
 
     def open_run_folder(self) -> None:
         """The run folder and its config.json, once the run has started: a launch that fails leaves none."""
         self.folder.open()
         write_config(self.run_dir, self.config, "impala")
 
-    def _resume(self, path: Path) -> None:
-        checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path
+    def _load(self, checkpoint_path: Path) -> None:
+        """Model, optimizer and counters from the checkpoint file; ConfigError if it is another run's kind."""
         state = load_checkpoint(checkpoint_path, str(self.device))
-        self.model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
+        check_checkpoint(checkpoint_path, state.counters, self.config, "impala")
+        fix = "resume with the settings it was trained with (--hidden-size, --env-id)"
+        load_into(self.model, state.model, checkpoint_path, fix)
+        load_into(self.optimizer, state.optimizer, checkpoint_path, fix)
         counters = state.counters
         self.env_steps, self.updates = counters["env_steps"], counters["updates"]
         self.episodes, self.elapsed_before = counters["episodes"], counters["seconds"]
         self.recent_returns.extend(counters.get("recent_returns", []))
-        self.best_mean_return = counters.get("best_mean_return")
-        if self.config.run_name is None and path.is_dir():
-            self.config.run_name = path.name
-            self.config.run_dir = str(path.parent)
         log.info("resumed from %s at %d env steps", checkpoint_path, self.env_steps)
 
     @property
@@ -429,7 +452,7 @@ class Learner:
         return terms
 
     def checkpoint(self, seconds: float) -> None:
-        counters = {"env_id": self.config.env_id, "hidden_size": self.config.hidden_size,
+        counters = {"algo": "impala", "env_id": self.config.env_id, "hidden_size": self.config.hidden_size,
                     "env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
                     "seconds": seconds, "recent_returns": list(self.recent_returns),
                     "best_mean_return": self.best_mean_return}
@@ -482,6 +505,9 @@ def _train(learner: Learner, config: ImpalaConfig, actors: DistributedActors | N
     except RunStoppedError as error:
         stopped_by = stopped_reason(error)
         log.warning(learner.folder.stopping(str(error)))
+    except CheckpointError:  # a save failed (a full or read-only disk): the files written before stay as they are
+        loop.writable = False
+        raise
     finally:
         seconds = loop.close()
     result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=stopped_by is not None,
@@ -503,6 +529,8 @@ class _TrainingLoop:
         self.learner, self.actors = learner, actors
         self.metrics: MetricsWriter | None = None
         """Made once the run has started (run())."""
+        self.writable = True
+        """False once a save failed: close() then writes no end state over the files that stay."""
         self.progress = Progress(f"IMPALA {config.env_id}", total=config.total_env_steps, initial=learner.env_steps,
                                  enabled=config.progress, interval=config.progress_seconds)
         self.started = self.last_checkpoint = self.step_started = time.monotonic()
@@ -569,8 +597,7 @@ class _TrainingLoop:
     def save(self) -> None:
         """The best weights when the mean return improved; a checkpoint every checkpoint_seconds."""
         learner = self.learner
-        if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
-                learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
+        if len(learner.recent_returns) >= 10 and improves(learner.mean_return, learner.best_mean_return):
             learner.best_mean_return = learner.mean_return
             learner.save_weights("best")
         if time.monotonic() - self.last_checkpoint > self.config.checkpoint_seconds and self.metrics is not None:
@@ -594,6 +621,9 @@ class _TrainingLoop:
         self.evaluation.close()
         seconds = self.seconds
         if self.metrics is None:  # the run never started: no folder, no untrained weights for evaluate or --resume
+            return seconds
+        if not self.writable:
+            close_quietly(self.metrics)
             return seconds
         self.learner.checkpoint(seconds)
         self.learner.save_weights("final")

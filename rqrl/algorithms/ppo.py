@@ -40,15 +40,28 @@ from rqrl.algorithms.atari import (
     check_atari_options,
     is_atari,
 )
-from rqrl.algorithms.checkpoint import TrainingState, load_checkpoint, save_checkpoint, save_weights
+from rqrl.algorithms.checkpoint import (
+    TrainingState,
+    load_checkpoint,
+    load_into,
+    recorded_mean_return,
+    save_checkpoint,
+    save_weights,
+)
 from rqrl.algorithms.common import (
     Tracking,
     TrainResult,
+    check_checkpoint,
     check_resume,
+    check_unfinished,
     check_workers,
+    checkpoint_to_resume,
+    close_quietly,
     env_factory,
     env_spaces,
+    improves,
     make_train_env,
+    resumed_folder,
     stopped_reason,
     write_config,
 )
@@ -61,7 +74,7 @@ from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.devices import check_device
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
-from rqrl.errors import ConfigError, RunStoppedError
+from rqrl.errors import CheckpointError, ConfigError, RunStoppedError
 from rqrl.garage.episodes import EpisodeBatch, StepType
 from rqrl.garage.sampler import RQSampler
 from rqrl.garage.worker import NewEnvUpdate
@@ -256,30 +269,46 @@ class PpoLearner:
         self.elapsed_before = 0.0
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.best_mean_return: float | None = None
-        if config.resume:
-            self._resume(Path(config.resume))
+        continued = resumed_folder(config.resume) if config.resume else None
+        if config.run_name is None and continued is not None:  # the run goes on in its folder
+            config.run_name, config.run_dir = continued.name, str(continued.parent)
         if config.run_name is None:
             config.run_name = f"ppo-{uuid.uuid4().hex[:8]}"
         self.run_dir = Path(config.run_dir) / config.run_name
-        self.folder = RunFolder(self.run_dir, config.resume)
+        self.folder = RunFolder(self.run_dir, config.resume)  # held before the checkpoint is read: one learner reads
+        try:
+            if config.resume:
+                self._resume(config.resume)
+        except BaseException:
+            self.folder.close()
+            raise
 
     def open_run_folder(self) -> None:
         """The run folder and its config.json, once the run has started: a launch that fails leaves none."""
         self.folder.open()
         write_config(self.run_dir, self.config, "ppo")
 
-    def _resume(self, path: Path) -> None:
-        checkpoint_path = path / "checkpoint.safetensors" if path.is_dir() else path
+    def _resume(self, resume: str) -> None:
+        """Take the state of the run ``resume`` names, and the best return of the best.safetensors this run writes
+        (newer than the checkpoint's); ConfigError if it does not fit or the run has nothing left to train."""
+        checkpoint_path = checkpoint_to_resume(resume)
+        if checkpoint_path is not None:
+            self._load(checkpoint_path)
+        self.best_mean_return = recorded_mean_return(self.run_dir / "best.safetensors")
+        check_unfinished(resume, env_steps=self.env_steps, total_env_steps=self.config.total_env_steps,
+                         solved=self.solved, mean_return=self.mean_return, target_return=self.target_return)
+
+    def _load(self, checkpoint_path: Path) -> None:
+        """Model, optimizer and counters from the checkpoint file; ConfigError if it is another run's kind."""
         state = load_checkpoint(checkpoint_path, str(self.device))
-        self.model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
+        check_checkpoint(checkpoint_path, state.counters, self.config, "ppo")
+        fix = "resume with the settings it was trained with (--hidden-size, --env-id)"
+        load_into(self.model, state.model, checkpoint_path, fix)
+        load_into(self.optimizer, state.optimizer, checkpoint_path, fix)
         counters = state.counters
         self.env_steps, self.updates = counters["env_steps"], counters["updates"]
         self.episodes, self.elapsed_before = counters["episodes"], counters["seconds"]
         self.recent_returns.extend(counters.get("recent_returns", []))
-        self.best_mean_return = counters.get("best_mean_return")
-        if self.config.run_name is None and path.is_dir():
-            self.config.run_name, self.config.run_dir = path.name, str(path.parent)
         log.info("resumed from %s at %d env steps", checkpoint_path, self.env_steps)
 
     @property
@@ -359,6 +388,7 @@ def _train(learner: PpoLearner, config: PpoConfig, sampler: Any, secret: str | b
     evaluation = PeriodicEvaluation(config.env_id, config.eval_every, config.eval_episodes, config.seed,
                                     repeat_action_probability=config.repeat_action_probability)
     stopped_by: str | None = None
+    writable = True  # False once a save failed: no end state is written over the files that stay
     try:
         with sampler:
             getattr(sampler, "start_worker", lambda: None)()  # garage's: start now, so the Redis URL is known
@@ -380,11 +410,16 @@ def _train(learner: PpoLearner, config: PpoConfig, sampler: Any, secret: str | b
     except RunStoppedError as error:
         stopped_by = stopped_reason(error)
         log.warning(learner.folder.stopping(str(error)))
+    except CheckpointError:  # a save failed (a full or read-only disk): the files written before stay as they are
+        writable = False
+        raise
     finally:
         progress.close()
         evaluation.close()
         seconds = learner.elapsed_before + time.monotonic() - started
-        if metrics is not None:  # else the run never started: no folder, no untrained weights
+        if metrics is not None and not writable:
+            close_quietly(metrics)
+        elif metrics is not None:  # else the run never started: no folder, no untrained weights
             _close_run_folder(learner, metrics, seconds)
     result = TrainResult(run_dir=learner.run_dir, solved=learner.solved, interrupted=stopped_by is not None,
                          env_steps=learner.env_steps, updates=learner.updates, seconds=seconds,
@@ -417,8 +452,7 @@ def _iterate(learner: PpoLearner, sampler: Any, ahead: SampleAhead | None, metri
             "episodes": learner.episodes, "policy_loss": terms.policy, "value_loss": terms.value,
             "entropy": terms.entropy, "clip_fraction": terms.clip_fraction,
             "dropped_episodes": getattr(sampler, "dropped_episodes", 0)})
-        if learner.mean_return is not None and len(learner.recent_returns) >= 10 and (
-                learner.best_mean_return is None or learner.mean_return > learner.best_mean_return):
+        if len(learner.recent_returns) >= 10 and improves(learner.mean_return, learner.best_mean_return):
             learner.best_mean_return = learner.mean_return
             learner.save_weights("best")
         if time.monotonic() - last_checkpoint > config.checkpoint_seconds:

@@ -8,11 +8,16 @@ released by ``close`` or when the process ends however it ends, so a killed lear
 Such a lock cannot tell two learners of one process apart (and closing any handle on the file drops it), so a
 process also keeps the folders its own learners hold, and opens the lock file once per folder. A folder shared
 between machines (NFS) may not carry the lock: there only the refusal of a new run stands.
+
+A learner also checks, before anything starts, that it can write its folder (a read-only disk or --run-dir is a
+RunFolderError naming the folder, not an OSError once the run is under way), and the learner that takes a folder
+removes the temporary files of a save that a killed learner left half written (``TEMPORARIES``).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import weakref
@@ -21,10 +26,16 @@ from typing import BinaryIO
 
 from rqrl.errors import RunFolderError
 
+log = logging.getLogger(__name__)
+
 LOCK_NAME = ".learner.lock"
 """The file in a run folder that its learner holds a lock on, and that names that learner."""
 
-__all__ = ["LOCK_NAME", "RunFolder"]
+TEMPORARIES = ("*.safetensors.tmp", ".tmp" + "[A-Za-z0-9]" * 6)
+"""Files a save writes before it renames them into place (rqrl.algorithms.checkpoint's, then safetensors' own, the
+``tempfile`` crate's ``.tmp`` and six characters): left behind only by a learner killed mid-save."""
+
+__all__ = ["LOCK_NAME", "TEMPORARIES", "RunFolder"]
 
 _held: weakref.WeakValueDictionary[Path, RunFolder] = weakref.WeakValueDictionary()
 """The folders this process's learners hold, by resolved path (a learner dropped unclosed lets go of its own)."""
@@ -38,6 +49,7 @@ class RunFolder:
         self.path = Path(path)
         self.opened = False
         self._lock: BinaryIO | None = None
+        _check_writable(self.path)
         if (self.path / "config.json").is_file() and not _resumes(resumed, self.path):
             raise RunFolderError(
                 f"{self.path} holds a run already: resume it with `rqrl train --resume {self.path}` (in Python: "
@@ -73,7 +85,11 @@ class RunFolder:
             raise RunFolderError(
                 f"{self.path} is being written by another learner of this process (process {os.getpid()}): let "
                 f"its train() end first")
-        lock = open(self.path / LOCK_NAME, "a+b")  # noqa: SIM115 - held open until close()
+        try:
+            lock = open(self.path / LOCK_NAME, "a+b")  # noqa: SIM115 - held open until close()
+        except OSError as error:
+            raise RunFolderError(f"cannot write the run folder {self.path} ({error.strerror or error}): give a "
+                                 f"writable --run-dir (in Python: run_dir=...)") from error
         try:
             fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -89,6 +105,31 @@ class RunFolder:
         lock.flush()
         self._lock = lock
         _held[self.path.resolve()] = self
+        _remove_temporaries(self.path)
+
+
+def _check_writable(path: Path) -> None:
+    """RunFolderError unless this process can write ``path``, or make it in its nearest existing parent."""
+    existing = next((folder for folder in (path, *path.parents) if folder.exists()), Path("."))
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return
+    if not existing.is_dir():
+        why = f"{existing} is a file, not a folder"
+    elif os.statvfs(existing).f_flag & os.ST_RDONLY:
+        why = f"{existing} is on a read-only file system"
+    else:
+        why = f"{existing} is not writable by this user"
+    raise RunFolderError(f"cannot write the run folder {path}: {why}; give a writable --run-dir (in Python: "
+                         f"run_dir=...)")
+
+
+def _remove_temporaries(path: Path) -> None:
+    """Delete what saves cut short by a killed learner left in ``path`` (TEMPORARIES): its holder writes no other."""
+    for pattern in TEMPORARIES:
+        for leftover in path.glob(pattern):
+            if leftover.is_file():
+                leftover.unlink(missing_ok=True)
+                log.info("removed %s, a save cut short by an earlier learner", leftover)
 
 
 def _resumes(resumed: str | Path | None, path: Path) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -127,8 +128,10 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_with_the_same_weights(
     assert checkpoint.counters["train_steps"] == summary["updates"]
 
     # a replay that cannot fill in 10 s: no train step, so the resumed networks must be the checkpoint's, bit for
-    # bit (10 s, not less: on a loaded machine the actors may take seconds to start)
-    resumed = run_rqrl("train", "dqn", "--resume", str(run), "--env", TRIVIAL_ENV, "--seconds", "10",
+    # bit (10 s, not less: on a loaded machine the actors may take seconds to start); --seconds counts the run's
+    # sessions together, so 10 s more than the first one's
+    seconds = str(math.ceil(checkpoint.counters["seconds"]) + 10)
+    resumed = run_rqrl("train", "dqn", "--resume", str(run), "--env", TRIVIAL_ENV, "--seconds", seconds,
                        "--minimum-buffer-size", "200000", "--replay-capacity", "200000", "--target-return", "1000",
                        timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -8,12 +8,14 @@ import pytest
 import safetensors.torch
 import torch
 
-from rqrl import RqrlError
+from rqrl import ConfigError, RqrlError
 from rqrl.algorithms.checkpoint import (
     CheckpointError,
     TrainingState,
     load_checkpoint,
+    load_into,
     load_weights,
+    recorded_mean_return,
     save_checkpoint,
     save_weights,
 )
@@ -142,3 +144,49 @@ def test_corrupt_files_raise(tmp_path, corrupt, loader):
     with pytest.raises(CheckpointError, match="cannot read weights file") as raised:
         loader(path)
     assert isinstance(raised.value, RqrlError) and raised.value.__cause__ is not None
+
+
+def test_a_save_that_fails_on_a_full_disk_is_one_error_and_keeps_the_file_written_before(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.safetensors"
+    save_weights(path, {"x": torch.zeros(2)}, {"version": 1})
+
+    def full_disk(tensors, filename, metadata=None):
+        open(filename, "wb").close()  # what a cut-short write leaves
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    with pytest.raises(CheckpointError) as raised:
+        save_weights(path, {"x": torch.ones(2)}, {"version": 2})
+    message = str(raised.value)
+    assert message.startswith(f"cannot write {path}: Error while serializing: I/O error: No space left on device")
+    assert "the checkpoint.safetensors written before stays" in message
+    assert f"then resume the run with `rqrl train --resume {tmp_path}`" in message
+    assert load_weights(path)[1] == {"version": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.safetensors"]  # no temporary left
+
+
+def test_a_read_only_folder_is_a_checkpoint_error_naming_the_file(tmp_path, monkeypatch):
+    def read_only(tensors, filename, metadata=None):
+        raise PermissionError(30, "Read-only file system", filename)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", read_only)
+    with pytest.raises(CheckpointError, match=f"cannot write {tmp_path / 'best.safetensors'}: Read-only file system; "
+                                              f"no best.safetensors was written"):
+        save_weights(tmp_path / "best.safetensors", {"x": torch.zeros(2)}, {})
+
+
+def test_the_mean_return_a_weights_file_records(tmp_path):
+    path = tmp_path / "best.safetensors"
+    assert recorded_mean_return(path) is None
+    for recorded, read in ((214.67, 214.67), (None, None), (float("nan"), None), (3, 3.0)):
+        save_weights(path, {"x": torch.zeros(1)}, {"mean_return": recorded})
+        assert recorded_mean_return(path) == read
+    path.write_bytes(b"garbage")
+    assert recorded_mean_return(path) is None
+
+
+def test_a_state_that_does_not_fit_is_a_config_error_not_a_torch_traceback(tmp_path):
+    with pytest.raises(ConfigError, match=r"x.safetensors does not fit this Sequential \(Error\(s\) in loading "
+                                          r"state_dict.*\): use the right size") as raised:
+        load_into(small_model(), torch.nn.Linear(3, 9).state_dict(), tmp_path / "x.safetensors", "use the right size")
+    assert isinstance(raised.value.__cause__, RuntimeError)

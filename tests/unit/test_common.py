@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from rqrl.algorithms.common import check_resume, env_spaces, recorded_settings, write_config
+from rqrl.algorithms.common import (
+    check_checkpoint,
+    check_resume,
+    check_unfinished,
+    env_spaces,
+    improves,
+    recorded_settings,
+    write_config,
+)
 from rqrl.algorithms.dqn import DqnConfig
 from rqrl.algorithms.impala import ImpalaConfig
 from rqrl.algorithms.ppo import PpoConfig
@@ -77,3 +85,35 @@ def test_negative_workers_name_the_flag():
     for config_class in (ImpalaConfig, PpoConfig):
         with pytest.raises(ConfigError, match="expected --workers >= 0"):
             config_class(workers=-1)
+
+
+def test_a_checkpoint_is_checked_by_what_it_records_and_an_old_one_without_algo_was_impala(tmp_path):
+    path = tmp_path / "checkpoint.safetensors"
+    with pytest.raises(ConfigError, match=f"{path} is a checkpoint of impala, not of ppo: resume it with `rqrl train "
+                                          f"impala --resume {path}`"):
+        check_checkpoint(path, {"env_id": "CartPole-v1", "hidden_size": 64}, PpoConfig(), "ppo")
+    check_checkpoint(path, {"env_id": "CartPole-v1", "hidden_size": 64}, ImpalaConfig(), "impala")
+    with pytest.raises(ConfigError, match=r"--hidden-size 32 \(the checkpoint's: 64\)"):
+        check_checkpoint(path, {"algo": "impala", "hidden_size": 64}, ImpalaConfig(hidden_size=32), "impala")
+
+
+def test_a_nan_mean_return_is_never_the_best_and_any_return_beats_a_nan_best():
+    nan = float("nan")
+    assert not improves(nan, None) and not improves(None, None) and not improves(float("inf"), 1.0)
+    assert improves(5.0, nan) and improves(5.0, None) and improves(5.0, 4.0) and not improves(5.0, 5.0)
+
+
+@pytest.mark.parametrize(("settings", "flags"), [
+    ({"env_steps": 2048, "total_env_steps": 2048}, "a higher --total-env-steps$"),
+    ({"solved": True, "mean_return": 480.0, "target_return": 475.0}, r"\(the mean return of its last 100 episodes, "
+                                                                      r"480.00, reached --target-return 475\).*"
+                                                                      r"a higher --target-return$"),
+    ({"seconds": 12.5, "time_budget": 12.0}, r"time budget \(12.5 s of --seconds 12\).*a higher --seconds$"),
+])
+def test_a_finished_run_names_why_and_the_flag_to_raise(settings, flags):
+    arguments = {"env_steps": 10, "total_env_steps": 2048, "solved": False, "mean_return": None,
+                 "target_return": None, **settings}
+    with pytest.raises(ConfigError, match=f"^runs/x is finished: .*{flags}"):
+        check_unfinished("runs/x", **arguments)
+    check_unfinished("runs/x", env_steps=10, total_env_steps=2048, solved=False, mean_return=None,
+                     target_return=None, seconds=1.0, time_budget=12.0)

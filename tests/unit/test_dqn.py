@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -144,3 +146,69 @@ def test_image_weights_files_load_back_into_the_cnn(tmp_path):
     loaded, _ = load_q_model(tmp_path)
     frames = torch.randint(0, 256, (3, 2, 36, 36), dtype=torch.uint8)
     assert torch.allclose(loaded(frames), network(frames))
+
+
+# --------------------------------------------------------------- resume: time budget, best weights, finished runs
+
+
+def dqn_run_at(tmp_path, trained: float, best: float | None = None, **settings) -> _DqnRun:
+    """A DQN run folder whose checkpoint has trained for ``trained`` seconds, resumed with ``settings``."""
+    from types import SimpleNamespace
+
+    from rqrl.algorithms.common import write_config
+    from rqrl.algorithms.dqn import save_agent_checkpoint
+
+    first = _DqnRun(DqnConfig(run_dir=str(tmp_path), run_name="run", progress=False, hidden_size=16))
+    first.folder.open()
+    write_config(first.run_dir, first.config, "dqn")
+    first.best = best
+    stats = SimpleNamespace(transitions_received=500, train_steps=10, episodes=5, weights_version=3,
+                            recent_returns=[20.0] * 5)
+    save_agent_checkpoint(first.run_dir / "checkpoint.safetensors", first.agent,
+                          {**first.counters(SimpleNamespace(stats=stats)), "seconds": trained})
+    first.folder.close()
+    return _DqnRun(DqnConfig(resume=str(first.run_dir), progress=False, hidden_size=16, **settings))
+
+
+class StartOnly:
+    """A SEED trainer that records the duration it is started for and trains nothing."""
+
+    durations: list[float] = []
+
+    def __init__(self, agent, config, env_factory, on_progress=None):
+        from types import SimpleNamespace
+
+        self.stats = SimpleNamespace(transitions_received=0, train_steps=0, episodes=0, weights_version=0,
+                                     recent_returns=[])
+        self.redis_url, self.stopped_from_outside = None, False
+
+    def start(self, duration: float) -> None:
+        StartOnly.durations.append(duration)
+
+
+def test_a_resumed_run_trains_for_what_is_left_of_its_time_budget(tmp_path, monkeypatch):
+    """--seconds counts every session of a run, as --total-env-steps does (and as the report's seconds do)."""
+    from rqrl.algorithms import dqn
+
+    run = dqn_run_at(tmp_path, trained=8.0, seconds=12.0)
+    run.folder.close()
+    monkeypatch.setattr(dqn, "Trainer", StartOnly)
+    StartOnly.durations.clear()
+    dqn.train(dataclasses.replace(run.config, resume=str(run.run_dir), run_name=None))
+    assert len(StartOnly.durations) == 1 and 3.5 < StartOnly.durations[0] <= 4.0
+
+
+def test_resuming_a_dqn_run_past_its_time_budget_says_it_is_finished(tmp_path):
+    with pytest.raises(ConfigError, match=r"is finished: it used its time budget \(12.5 s of --seconds 12\).*"
+                                          r"a higher --seconds"):
+        dqn_run_at(tmp_path, trained=12.5, seconds=12.0)
+
+
+def test_a_resumed_dqn_run_takes_the_best_return_of_its_best_weights_file(tmp_path):
+    run = dqn_run_at(tmp_path, trained=1.0, best=12.0)
+    assert run.best is None  # no best.safetensors: the checkpoint's 12.0 has no weights behind it
+    run.folder.close()
+    save_weights(run.run_dir / "best.safetensors", {"x": torch.zeros(1)}, {"mean_return": 214.67})
+    resumed = _DqnRun(DqnConfig(resume=str(run.run_dir), progress=False, hidden_size=16))
+    resumed.folder.close()
+    assert resumed.best == 214.67

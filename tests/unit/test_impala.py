@@ -8,15 +8,18 @@ import functools
 import importlib.util
 import json
 import math
+import shutil
 import time
 
 import gymnasium
 import numpy as np
 import pytest
+import safetensors
+import safetensors.torch
 import torch
 
 from rqrl import ConfigError, RqrlError
-from rqrl.algorithms.checkpoint import load_checkpoint, load_weights
+from rqrl.algorithms.checkpoint import CheckpointError, load_checkpoint, load_weights, save_checkpoint, save_weights
 from rqrl.algorithms.cnn import NatureCNN
 from rqrl.algorithms.common import env_factory, make_flat_env
 from rqrl.algorithms.evaluation import evaluate
@@ -32,6 +35,7 @@ from rqrl.algorithms.impala import (
     train,
     vtrace,
 )
+from rqrl.algorithms.ppo import PpoConfig, PpoLearner
 from rqrl.maze.records import BatchedRecord, batch_records
 from rqrl.maze.serial import SerialDistributedActors
 from tests import fixtures
@@ -739,3 +743,84 @@ def test_the_weights_refresh_interval_reaches_the_runs_config():
     assert actors._run_config(bound=4).weights_refresh_seconds == 2.5
     with pytest.raises(ConfigError, match="expected weights_refresh_seconds >= 0 seconds, got -1"):
         ImpalaConfig(weights_refresh_seconds=-1)
+
+
+# --------------------------------------------------------------- resume: checks, best weights, finished runs
+
+
+def copy_of(trained_run, tmp_path, name: str = "smoke"):
+    run, result = trained_run
+    copy = tmp_path / name
+    shutil.copytree(run, copy)
+    return copy, result
+
+
+def test_a_loose_checkpoint_of_other_sizes_is_a_config_error_naming_both(trained_run, tmp_path):
+    loose = tmp_path / "x" / "checkpoint.safetensors"
+    loose.parent.mkdir()
+    shutil.copy(trained_run[0] / "checkpoint.safetensors", loose)  # hidden_size 32, no config.json beside it
+    with pytest.raises(ConfigError, match=r"--hidden-size 64 \(the checkpoint's: 32\)"):
+        Learner(small_config(tmp_path, hidden_size=64, run_name=None, resume=str(loose)))
+    state = load_checkpoint(loose)
+    del state.counters["hidden_size"], state.counters["algo"]  # an older checkpoint that recorded neither
+    save_checkpoint(loose, state)
+    with pytest.raises(ConfigError, match="does not fit this ActorCritic .*size mismatch.*--hidden-size"):
+        Learner(small_config(tmp_path, hidden_size=64, run_name=None, resume=str(loose)))
+
+
+def test_a_loose_impala_checkpoint_is_refused_by_ppo(trained_run, tmp_path):
+    loose = tmp_path / "checkpoint.safetensors"
+    shutil.copy(trained_run[0] / "checkpoint.safetensors", loose)
+    with pytest.raises(ConfigError, match="is a checkpoint of impala, not of ppo"):
+        PpoLearner(PpoConfig(resume=str(loose), hidden_size=32, run_dir=str(tmp_path), progress=False))
+
+
+def test_a_resume_never_replaces_a_better_best_weights_file(trained_run, tmp_path):
+    """best.safetensors is newer than the checkpoint: its own mean return is the best to beat."""
+    run, _ = copy_of(trained_run, tmp_path)
+    state = load_checkpoint(run / "checkpoint.safetensors")
+    state.counters["best_mean_return"] = 0.0  # older than the file: any CartPole return beats it
+    save_checkpoint(run / "checkpoint.safetensors", state)
+    weights, metadata = load_weights(run / "best.safetensors")
+    save_weights(run / "best.safetensors", weights, {**metadata, "mean_return": 214.67})
+    config = small_config(tmp_path, total_env_steps=6144, run_name=None, resume=str(run))
+    result = train(config, actors=serial_actors(config, seed_offset=7))
+    assert load_weights(run / "best.safetensors")[1]["mean_return"] == 214.67
+    assert result.best_mean_return == 214.67
+
+
+def files_of(run):
+    """Every file of a run folder but the lock file (which a learner that takes the folder rewrites) and its bytes."""
+    return {path: path.read_bytes() for path in run.rglob("*") if path.is_file() and path.name != ".learner.lock"}
+
+
+def test_resuming_a_finished_run_says_so_and_leaves_its_folder_alone(trained_run, tmp_path):
+    run, result = copy_of(trained_run, tmp_path)
+    before = files_of(run)
+    config = small_config(tmp_path, run_name=None, resume=str(run))  # total_env_steps 4096: reached
+    with pytest.raises(ConfigError, match=rf"{run} is finished: it reached its step budget \(4,096 env steps of "
+                                          r"--total-env-steps 4,096\); nothing to train.*higher --total-env-steps"):
+        train(config, actors=serial_actors(config))
+    assert files_of(run) == before
+    Learner(dataclasses.replace(config, total_env_steps=4160)).folder.close()  # the lock was let go
+
+
+def test_a_save_that_fails_mid_run_is_one_error_and_the_earlier_checkpoint_stays(tmp_path, monkeypatch):
+    saves = []
+    real_save_file = safetensors.torch.save_file
+
+    def disk_fills_up(tensors, filename, metadata=None):
+        saves.append(filename)
+        if len(saves) > 4:
+            raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os "
+                                              "error 28)")
+        real_save_file(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_fills_up)
+    config = small_config(tmp_path, checkpoint_seconds=0)
+    with pytest.raises(CheckpointError, match="cannot write .*smoke/.*safetensors: .*No space left") as raised:
+        train(config, actors=serial_actors(config))
+    assert raised.value.__context__ is raised.value.__cause__, "no second error from writing the end state"
+    assert len(saves) == 5, "nothing more written after the failed save"
+    assert load_checkpoint(tmp_path / "smoke" / "checkpoint.safetensors").counters["env_steps"] > 0
+    assert not list((tmp_path / "smoke").glob("*.tmp")) and not (tmp_path / "smoke" / "final.safetensors").exists()

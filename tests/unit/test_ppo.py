@@ -142,3 +142,22 @@ def test_ppo_trains_the_cnn_on_an_episode_batch_of_uint8_images(monkeypatch, one
 def test_an_atari_episode_is_capped_at_v5s_length_unless_given():
     assert max_episode_length(PpoConfig(env_id="ALE/Pong-v5")) == 27_000  # 108,000 frames, 4 a step
     assert max_episode_length(PpoConfig(env_id="ALE/Pong-v5", max_episode_length=500)) == 500
+
+
+def test_resuming_a_solved_run_says_so_at_once_naming_the_flag(tmp_path):
+    from rqrl.algorithms.common import write_config
+    from rqrl.errors import ConfigError
+
+    first = ppo.PpoLearner(PpoConfig(run_dir=str(tmp_path), run_name="run", progress=False))
+    first.folder.open()
+    write_config(first.run_dir, first.config, "ppo")
+    first.env_steps, first.updates = 60_000, 30
+    first.recent_returns.extend([500.0] * 100)  # CartPole's threshold is 475
+    first.checkpoint(30.0)
+    first.folder.close()
+    with pytest.raises(ConfigError, match=r"run is finished: it is solved \(the mean return of its last 100 "
+                                          r"episodes, 500.00, reached --target-return 475\).*a higher --target-return"):
+        train(PpoConfig(resume=str(first.run_dir), progress=False), sampler=object())
+    resumed = ppo.PpoLearner(PpoConfig(resume=str(first.run_dir), progress=False, target_return=600))
+    resumed.folder.close()
+    assert resumed.env_steps == 60_000
