@@ -74,6 +74,57 @@ def evaluate(model: nn.Module, env_id: str, episodes: int = 10, seed: int = 0, g
         env.close()
 
 
+def load_trained_model(path: str | Path, device: str = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """The model ``rqrl evaluate`` plays with, and the facts of its weights (env_id, env steps, ...), from a run
+    folder (its best, else final weights) or a file of any algorithm: a DQN weights file or checkpoint gives the
+    Q-model (argmax of its Q-values is greedy), IMPALA's and PPO's the ActorCritic."""
+    from rqrl.algorithms.checkpoint import load_weights, weights_file
+    from rqrl.algorithms.dqn import load_q_model
+    from rqrl.algorithms.impala import load_policy
+
+    path = weights_file(path)
+    tensors, metadata = load_weights(path, device)
+    if is_dqn_checkpoint(metadata):
+        return dqn_checkpoint_model(path, tensors, metadata["counters"], device)
+    if metadata.get("algo") == "dqn":
+        return load_q_model(path, device)
+    return load_policy(path, device)
+
+
+def is_dqn_checkpoint(metadata: dict[str, Any]) -> bool:
+    """Whether a weights file's ``metadata`` is a DQN training checkpoint's: its facts sit under ``counters`` (with
+    ``algo``), where a weights file has them at the top level, and its networks under ``model.online.`` and
+    ``model.target.``."""
+    counters = metadata.get("counters")
+    return isinstance(counters, dict) and counters.get("algo") == "dqn"
+
+
+def dqn_checkpoint_model(path: Path, tensors: dict[str, torch.Tensor], counters: dict[str, Any],
+                         device: str) -> tuple[nn.Module, dict[str, Any]]:
+    """The online Q-model of the DQN checkpoint at ``path`` and its facts: the network's settings come from the
+    checkpoint's counters (this version's record them) over the config.json of its run folder (older ones)."""
+    from rqrl.algorithms.common import recorded_settings
+    from rqrl.algorithms.dqn import q_model
+
+    has_config = (path.parent / "config.json").is_file()
+    if "hidden_size" not in counters and not has_config:
+        raise ConfigError(f"{path} is a DQN checkpoint of an older rqrl, whose network settings (hidden_size, "
+                          f"dueling, ...) are in the config.json of its run folder, and {path.parent} has none: "
+                          f"evaluate it inside its run folder, or evaluate the run's best or final weights")
+    facts = {**(recorded_settings(path) if has_config else {}), **counters}
+    env_id = facts["env_id"]
+    model = q_model(facts)
+    prefix = "model.online."  # a training checkpoint's model tensors are under model., the online network's then
+    online = {key.removeprefix(prefix): value for key, value in tensors.items() if key.startswith(prefix)}
+    try:
+        model.load_state_dict(online)
+    except RuntimeError as error:
+        raise ConfigError(f"{path} does not fit the network its run's config.json describes: {error}") from error
+    recent = counters.get("recent_returns") or []
+    facts = {**counters, "env_id": env_id, "mean_return": float(np.mean(recent)) if recent else None}
+    return model.to(device).eval(), facts
+
+
 def check_evaluation(eval_every: float | None, eval_episodes: int) -> None:
     """ConfigError naming the setting unless ``eval_every`` is None or > 0 and ``eval_episodes`` an int >= 1."""
     if eval_every is not None and not eval_every > 0:

@@ -88,7 +88,8 @@ class _RqrlGroup(click.Group):
         if not names:
             return
         limit = formatter.width - 6 - max(len(name) for name in names)
-        shown = {**{name: click.Command(name, help=text) for name, text in self.lazy_commands.items()}, **self.commands}
+        # a lazy command's line is the same whether or not it was built (a built train group's help is longer)
+        shown = {**self.commands, **{name: click.Command(name, help=text) for name, text in self.lazy_commands.items()}}
         rows = [(name, shown[name].get_short_help_str(limit)) for name in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
@@ -142,15 +143,15 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
     exits with 0, and its jobs end, freeing their workers.
 
     A run whose learner is gone (no heartbeat within its learner_timeout) is cleaned up here instead: its jobs
-    are stopped and its keys removed; `rqrl train --resume` can still continue it from its run folder.
+    are stopped and its keys removed; `rqrl train --resume` can still continue it from its run folder. So is one
+    whose learner's heartbeat deadline passes during --wait; a learner whose heartbeat does not move in --wait
+    is said to look dead, with when its deadline passes.
     """
     import redis
 
     from rqrl.engine.keys import RunKeys
     from rqrl.engine.leases import learner_gone
-    from rqrl.engine.rq_safety import rollout_queue
     from rqrl.engine.run_config import RunConfig
-    from rqrl.engine.run_store import RunStore
     from rqrl.errors import RqrlError
 
     try:
@@ -162,21 +163,14 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
                                        f"stopped, or another Redis or database?)")
         config = RunConfig.from_json(raw_config)
         if deadline is None or learner_gone(deadline):
-            store = RunStore(connection, keys, b"")
-            store.stop(rollout_queue(config.queue_name, connection), wait)
-            store.mark_stopped()
-            click.echo(f"run {run_name}: no live learner; stopped its jobs and removed its keys (its stop flag stays "
-                       f"a day: a learner of it that was only slow stops at its next call)")
+            _remove_run(connection, keys, config.queue_name, wait)
             return
         connection.set(keys.stopped, 1)
         click.echo(f"run {run_name}: stop requested; waiting up to {wait:g} s for its learner to finish")
-        deadline_at = time.monotonic() + wait
         try:
-            while connection.exists(keys.config):
-                if time.monotonic() > deadline_at:
-                    raise click.ClickException(f"run {run_name}: its learner has not finished within {wait:g} s; "
-                                               f"it stops at its next collect (raise --wait to wait longer)")
-                time.sleep(0.2)
+            if not _learner_finished(connection, keys, wait, deadline):
+                _remove_run(connection, keys, config.queue_name, wait)  # its deadline passed while we waited
+                return
         except redis.exceptions.ConnectionError:
             if not _socket_gone(connection):
                 raise
@@ -191,6 +185,45 @@ def stop(run_name: str, redis_url: str, wait: float) -> None:
     except (redis.RedisError, RqrlError) as error:
         raise click.ClickException(f"cannot stop run {run_name!r}: {error}") from error
     click.echo(f"run {run_name}: stopped by its learner (checkpoint written, keys removed)")
+
+
+def _remove_run(connection: Any, keys: Any, queue_name: str, wait: float) -> None:
+    """Stop the jobs of a run whose learner is gone and remove its keys, leaving its stop flag for a day."""
+    from rqrl.engine.rq_safety import rollout_queue
+    from rqrl.engine.run_store import RunStore
+
+    store = RunStore(connection, keys, b"")
+    store.stop(rollout_queue(queue_name, connection), wait)
+    store.mark_stopped()
+    click.echo(f"run {keys.run_name}: no live learner; stopped its jobs and removed its keys (its stop flag stays "
+               f"a day: a learner of it that was only slow stops at its next call)")
+
+
+def _learner_finished(connection: Any, keys: Any, wait: float, deadline: bytes | str) -> bool:
+    """Wait up to ``wait`` seconds for the run's learner to remove the run's keys as it stops: True once it has,
+    False once its heartbeat ``deadline`` (as first read) passes without it (a dead learner: the caller cleans up).
+    ClickException past ``wait``, saying whether the learner looks dead: a collecting learner moves its deadline
+    about once a second, a dead one never, and then the message says when the deadline passes."""
+    from rqrl.engine.leases import learner_gone
+    from rqrl.engine.run_store import deadline_text
+
+    name, ends = keys.run_name, time.monotonic() + wait
+    while True:
+        exists, current = connection.mget([keys.config, keys.learner_deadline])
+        if exists is None:
+            return True
+        if current is None or learner_gone(current):
+            return False
+        if time.monotonic() > ends:
+            break
+        time.sleep(0.2)
+    if current == deadline:
+        raise click.ClickException(
+            f"run {name}: its learner looks dead: its heartbeat did not move in the {wait:g} s waited (a learner "
+            f"beats about once a second while it collects); its heartbeat deadline {deadline_text(current)}, "
+            f"after which `rqrl stop {name}` removes the run at once")
+    raise click.ClickException(f"run {name}: its learner has not finished within {wait:g} s though its heartbeat "
+                               f"goes on; it stops at its next collect (raise --wait to wait longer)")
 
 
 def _socket_gone(connection: Any) -> bool:
@@ -364,9 +397,8 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
 
     from rqrl.algorithms.checkpoint import weights_file
     from rqrl.algorithms.common import recorded_settings
-    from rqrl.algorithms.evaluation import check_video_support
+    from rqrl.algorithms.evaluation import check_video_support, load_trained_model
     from rqrl.algorithms.evaluation import evaluate as run_episodes
-    from rqrl.algorithms.impala import load_policy
     from rqrl.errors import RqrlError
 
     source = _weights_to_evaluate(run_dir, checkpoint)
@@ -376,10 +408,8 @@ def evaluate(run_dir: str | None, checkpoint: str | None, episodes: int, seed: i
     except RqrlError as error:
         raise click.ClickException(str(error)) from None
     try:
-        from rqrl.algorithms.dqn import is_dqn_weights, load_q_model
-
         path = weights_file(source)
-        model, metadata = load_q_model(path) if is_dqn_weights(path) else load_policy(path)
+        model, metadata = load_trained_model(path)
     except (RqrlError, KeyError) as error:
         raise click.ClickException(f"cannot load a policy from {source}: {error}") from error
     click.echo(f"weights: {path} ({describe_weights(metadata)})")

@@ -160,6 +160,7 @@ def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | N
         algo, settings = chosen or "impala", options
     if settings.get("redis_url") is None:
         settings["redis_url"] = os.environ.get("REDIS_URL")
+    check_workers_can_join_run(settings)
     trainers: dict[str, Callable[..., TrainResult]] = {"impala": impala.train, "ppo": ppo.train, "dqn": dqn.train}
     train = trainers[algo]
     try:
@@ -172,6 +173,18 @@ def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | N
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
     report(result)
+
+
+def check_workers_can_join_run(settings: dict[str, Any]) -> None:
+    """ClickException at once for --workers 0 without a Redis URL (flag or REDIS_URL): the run's embedded Redis
+    would be one no external worker can join, and the run would fail only after waiting for workers."""
+    from rqrl.engine.options import check_workers_can_join
+    from rqrl.errors import ConfigError
+
+    try:
+        check_workers_can_join(settings.get("workers"), embedded=not settings.get("redis_url"))
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from error
 
 
 def report(result: TrainResult) -> None:
@@ -204,15 +217,56 @@ def algorithm_command(algo: str) -> click.Command:
     return command
 
 
+def option_value(args: list[str], flag: str) -> str | None:
+    """The value ``args`` give ``flag`` (``--flag VALUE`` or ``--flag=VALUE``; the last one wins, as click's), else
+    None."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
+
+
+def resumed_algorithm(args: list[str]) -> str | None:
+    """The algorithm recorded in the config.json of the run that ``--resume RUN_DIR`` names in the bare group's
+    ``args``; None with no --resume, with an algorithm named in ``args``, or for a run whose config.json does not
+    say (``resume_options`` then refuses it in one line)."""
+    from rqrl.algorithms.common import recorded_settings
+    from rqrl.errors import ConfigError
+
+    resume = option_value(args, "--resume")
+    if resume is None or any(arg in SUMMARY and arg != resume for arg in args):  # `--resume runs/x dqn`: refused
+        return None
+    try:
+        algo = recorded_settings(resume)["algo"]
+    except ConfigError:
+        return None
+    return algo if algo in SUMMARY else None
+
+
+class TrainGroup(click.Group):
+    """``rqrl train``'s group. ``rqrl train --resume RUN_DIR [flags]`` runs the command of the run's recorded
+    algorithm, ``rqrl train ALGO --resume RUN_DIR [flags]``: the group's options are IMPALA's, so click would refuse
+    PPO's and DQN's flags (``--num-samples``, ``--seconds``) before the run's algorithm is known."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        algo = resumed_algorithm(args)
+        return super().parse_args(ctx, args if algo is None else [algo, *args])
+
+
 def train_group() -> click.Group:
     """``rqrl train``: IMPALA with its flags, or an algorithm's subcommand."""
     from rqrl.algorithms.impala import ImpalaConfig
 
-    @click.group(name="train", cls=click.Group, invoke_without_command=True, help=(
+    @click.group(name="train", cls=TrainGroup, invoke_without_command=True, help=(
         "Train until the env is solved or the budget ends: IMPALA by default (the flags below), `rqrl train ppo` "
         "or `rqrl train dqn` for the others (each with its own --help). `rqrl train --resume RUN_DIR` continues "
-        "any run with its recorded algorithm and settings; `rqrl train --config FILE` starts a new run with a "
-        "file's (a run's config.json repeats that run)."))
+        "any run with its recorded algorithm and settings, and takes that algorithm's flags to override them; "
+        "`rqrl train --config FILE` starts a new run with a file's (a run's config.json repeats that run)."))
     @config_options(ImpalaConfig)
     @common_options
     @click.option("--algo", hidden=True, expose_value=False, callback=_refuse_algo)

@@ -143,10 +143,23 @@ def run_secret(options: RunOptions, embedded: bool, redis_from_environment: bool
     return secret
 
 
+def check_workers_can_join(n_local_workers: int | None, embedded: bool) -> None:
+    """ConfigError for no local workers beside an embedded Redis: no other worker can ever join that run (its
+    Redis is a private unix socket, its secret a fresh random token), so it would only wait out no_worker_timeout."""
+    if embedded and n_local_workers == 0:
+        raise ConfigError(
+            "n_local_workers=0 (--workers 0) with an embedded Redis: no worker can ever join the run, since the "
+            "embedded Redis is a private unix socket and its secret a fresh random token; for external workers give "
+            "a Redis they reach (--redis-url or REDIS_URL, redis_url= in Python) and the secret they have "
+            "(RQRL_SECRET, secret= in Python), or leave --workers out (n_local_workers=None) for local workers"
+        )
+
+
 def resolve_workers(options: RunOptions, n_actors: int, embedded: bool, has_url: bool) -> RunOptions:
     """``options`` with n_local_workers (one per core with an embedded Redis, else none) and actors_per_job
     (actors spread evenly over the local workers, else one per job) filled in and checked against the run."""
     n_local_workers = options.n_local_workers
+    check_workers_can_join(n_local_workers, embedded)
     if n_local_workers is None:
         n_local_workers = min(n_actors, os.cpu_count() or 1) if embedded else 0
     actors_per_job = options.actors_per_job

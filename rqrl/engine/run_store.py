@@ -19,7 +19,7 @@ from rq.job import Job
 from rqrl.engine.codec import dumps_object
 from rqrl.engine.keys import RunKeys
 from rqrl.engine.learner_token import held_by_another, taken_over_error
-from rqrl.engine.leases import group_is_leased, set_progress
+from rqrl.engine.leases import group_is_leased, learner_gone, set_progress
 from rqrl.engine.rq_safety import started_registry
 from rqrl.engine.run_config import RunConfig
 from rqrl.errors import ConfigError
@@ -57,13 +57,8 @@ class RunStore:
         if existing is None:
             self.write(config, env_factory, policy)
             return config, True
-        if not resume:
-            raise ConfigError(
-                f"run {self.keys.run_name!r} already exists in this Redis (its keys start with "
-                f"'rqrl:{self.keys.run_name}:'): its learner runs, or died before it cleaned up. Stop it, or clean "
-                f"up after it, with `rqrl stop {self.keys.run_name}`; or give this run another name (--run-name, "
-                f"run_name= in Python); or take the run over (`rqrl train --resume RUN_DIR`, resume=True in Python)"
-            )
+        if not resume:  # a learner with a token can fence the one it takes over from: IMPALA's actors
+            raise run_exists_error(self.connection, self.keys, can_take_over=self.learner_token is not None)
         adopted = adopt(RunConfig.from_json(existing), config)
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.stopped)
@@ -176,6 +171,40 @@ class RunStore:
             if job_id.startswith(self.keys.job_id_prefix):
                 queue.remove(job_id)
                 self.connection.delete(Job.key_for(job_id))
+
+
+def deadline_text(deadline: bytes | str | None, now: float | None = None) -> str:
+    """When a learner's heartbeat deadline (unix seconds, ``RunKeys.learner_deadline``) passes, for a message:
+    ``"passes at 14:03:07 (in 212 s)"``, ``"passed at 14:03:07"``, or that it has none."""
+    if deadline is None:
+        return "is not set"
+    try:
+        value = float(deadline)
+    except ValueError:
+        return f"is {deadline!r}, no time"
+    left = value - (time.time() if now is None else now)
+    clock = time.strftime("%H:%M:%S", time.localtime(value))
+    return f"passes at {clock} (in {left:.0f} s)" if left > 0 else f"passed at {clock}"
+
+
+def run_exists_error(connection: redis.Redis, keys: RunKeys, can_take_over: bool) -> ConfigError:
+    """Why a new learner cannot store run ``keys.run_name``, which Redis still holds, and what works: ``rqrl stop``
+    (at once after its learner's heartbeat deadline, which the message says when), another name, and,
+    where the learner ``can_take_over`` a live run (IMPALA's), a resume."""
+    name = keys.run_name
+    deadline = connection.get(keys.learner_deadline)
+    if deadline is not None and not learner_gone(deadline):
+        stop = (f"If its learner died (kill -9, OOM, a lost machine), its heartbeat deadline "
+                f"{deadline_text(deadline)}; after that `rqrl stop {name}` removes the run at once (before it, "
+                f"`rqrl stop` asks a live learner to stop and waits for it). ")
+    else:
+        stop = f"Its learner's heartbeat deadline {deadline_text(deadline)}: `rqrl stop {name}` removes the run now. "
+    takeover = ("; or take the run over (`rqrl train --resume RUN_DIR`, resume=True in Python)" if can_take_over
+                else " (only IMPALA's learner takes over a run still in Redis)")
+    return ConfigError(
+        f"run {name!r} already exists in this Redis (its keys start with 'rqrl:{name}:'): its learner runs, or died "
+        f"before it cleaned up. {stop}Or give this run another name (--run-name, run_name= in Python){takeover}"
+    )
 
 
 def raise_stop_flag(connection: redis.Redis, keys: RunKeys) -> bool:

@@ -41,6 +41,7 @@ from rqrl.engine.local_workers import multiprocessing_context
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.process import stop_processes
 from rqrl.engine.progress import StepRates
+from rqrl.engine.run_store import run_exists_error
 from rqrl.engine.screen import MAX_ENTRY_BYTES, screened_lpop
 from rqrl.engine.server import EmbeddedRedis, redis_errors_naming
 from rqrl.engine.teardown import tearing_down
@@ -182,7 +183,7 @@ class Trainer:
             run = SeedRun(connection, RunKeys(self.run_name), secret, uuid.uuid4().hex)
             if connection.exists(run.keys.seed("settings"), run.keys.config):
                 run = None
-                raise ConfigError(f"run {self.run_name!r} is running in this Redis already; pick another run_name")
+                raise run_exists_error(connection, RunKeys(self.run_name), can_take_over=False)
             run.write(self._settings(), functools.partial(build_model, self.agent.config, self.agent.network_factory),
                       self.environment)
             run.record(SeedRecord(config.queue_name, config.actor_processes, config.actor_threads))

@@ -154,9 +154,12 @@ def test_with_no_worker_registered_yet_each_actor_is_a_job_of_its_own(connection
 
 def test_an_embedded_redis_that_dies_is_said_at_once_not_waited_for(monkeypatch):
     from rqrl import RedisUnavailableError
+    from rqrl.engine.local_workers import LocalWorkers
 
     monkeypatch.delenv("REDIS_URL", raising=False)
-    actors = redis_actors(None, "embedded-dies", n_local_workers=0, redis_outage_seconds=60)
+    # an embedded Redis needs local workers (n_local_workers=0 is refused there); this test needs none running
+    monkeypatch.setattr(LocalWorkers, "start_workers", lambda *args, **kwargs: None)
+    actors = redis_actors(None, "embedded-dies", n_local_workers=1, redis_outage_seconds=60)
     with actors:
         actors.queue_size()
         server = actors.local_workers.server

@@ -52,3 +52,62 @@ def test_status_shows_every_run_when_one_record_is_junk_and_escapes_worker_names
     assert "run junk: its record in Redis cannot be read" in result.stdout
     assert "run typed: its record in Redis cannot be read" in result.stdout
     assert "evil\\x1b[2J" in result.stdout and "\x1b" not in result.stdout and "\x07" not in result.stdout
+
+
+def _left_run(connection, run_name: str, deadline_in: float) -> None:
+    """Run ``run_name`` in Redis as a learner left it, its heartbeat deadline ``deadline_in`` seconds on."""
+    import time
+
+    from rqrl.engine.keys import RunKeys
+    from rqrl.engine.run_config import RunConfig
+
+    keys = RunKeys(run_name)
+    connection.set(keys.config, RunConfig(run_name=run_name, run_id="r", queue_name="rqrl", n_rollout_steps=4,
+                                          n_actors=1, batch_size=1, queue_bound=1, actor_env_seeds=[0],
+                                          actor_agent_seeds=[0], actor_groups=[[0]]).to_json())
+    connection.set(keys.learner_deadline, f"{time.time() + deadline_in:.3f}")
+
+
+def test_stop_says_a_learner_whose_heartbeat_never_moves_looks_dead_and_when_its_deadline_passes(
+        redis_url, connection, run_name):
+    """It said "it stops at its next collect" of a learner killed with -9, which never collects again."""
+    _left_run(connection, run_name, 300)
+    result = invoke("stop", run_name, "--redis-url", redis_url, "--wait", "0.5")
+    assert result.exit_code == 1, result.stdout
+    assert "its learner looks dead: its heartbeat did not move in the 0.5 s waited" in result.stderr
+    assert "its heartbeat deadline passes at " in result.stderr
+    assert f"after which `rqrl stop {run_name}` removes the run at once" in result.stderr
+    assert "next collect" not in result.stderr
+
+
+def test_stop_removes_the_run_once_its_learner_s_deadline_passes_during_the_wait(redis_url, connection, run_name):
+    """It waited out --wait and failed, though the deadline had passed and the run was its to remove."""
+    _left_run(connection, run_name, 0.5)
+    result = invoke("stop", run_name, "--redis-url", redis_url, "--wait", "10")
+    assert result.exit_code == 0, result.stderr
+    assert "no live learner; stopped its jobs and removed its keys" in result.stdout
+    assert connection.keys(f"rqrl:{run_name}:config") == []
+
+
+def test_stop_of_a_learner_that_beats_but_does_not_stop_in_time_says_it_stops_at_its_next_collect(
+        redis_url, connection, run_name):
+    import threading
+    import time
+
+    from rqrl.engine.keys import RunKeys
+
+    _left_run(connection, run_name, 300)
+    done = threading.Event()
+
+    def beat() -> None:  # a learner that collects but has not reached its stop yet
+        while not done.wait(0.05):
+            connection.set(RunKeys(run_name).learner_deadline, f"{time.time() + 300:.3f}")
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    try:
+        result = invoke("stop", run_name, "--redis-url", redis_url, "--wait", "0.5")
+    finally:
+        done.set()
+        beating.join(5)
+    assert result.exit_code == 1 and "though its heartbeat goes on; it stops at its next collect" in result.stderr

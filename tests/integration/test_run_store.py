@@ -91,3 +91,26 @@ def test_the_stop_flag_a_stop_leaves_reads_as_stopped_and_a_new_run_of_the_name_
     assert connection.keys(f"rqrl:{run_name}:*") != [] and connection.ttl(keys.stopped) > 0
     _, new = RunStore(connection, keys, b"s").open(config, dict, dict, resume=False)
     assert new and RunStore(connection, keys, b"s").check_in(10) == (True, False)
+
+
+def test_a_run_left_by_a_dead_learner_is_refused_with_what_works_and_when(connection, run_name):
+    """After kill -9 of a PPO or DQN learner the refusal offered a takeover (`rqrl train --resume`), which only
+    IMPALA's learner does, and said nothing of when `rqrl stop` would remove the run."""
+    from rqrl.errors import ConfigError
+
+    keys = RunKeys(run_name)
+    config = RunConfig(run_name=run_name, run_id="r", queue_name="rqrl", n_rollout_steps=4, n_actors=1, batch_size=1,
+                       queue_bound=1, actor_env_seeds=[0], actor_agent_seeds=[0], actor_groups=[[0]])
+    RunStore(connection, keys, b"s").open(config, dict, dict, resume=False)
+    connection.set(keys.learner_deadline, f"{time.time() + 300:.3f}")  # a dead learner's last heartbeat
+    with pytest.raises(ConfigError) as sampler_like:  # no learner token: no takeover (PPO's sampler)
+        RunStore(connection, keys, b"s").open(config, dict, dict, resume=False)
+    message = str(sampler_like.value)
+    assert "its heartbeat deadline passes at " in message and "(in 300 s)" in message, message
+    assert f"after that `rqrl stop {run_name}` removes the run at once" in message
+    assert "take the run over" not in message and "only IMPALA's learner takes over a run still in Redis" in message
+    with pytest.raises(ConfigError, match=r"take the run over \(`rqrl train --resume RUN_DIR`"):
+        RunStore(connection, keys, b"s", learner_token="impala").open(config, dict, dict, resume=False)
+    connection.set(keys.learner_deadline, f"{time.time() - 1:.3f}")
+    with pytest.raises(ConfigError, match=rf"deadline passed at .*: `rqrl stop {run_name}` removes the run now"):
+        RunStore(connection, keys, b"s").open(config, dict, dict, resume=False)

@@ -67,7 +67,7 @@ def test_a_trainer_refuses_a_run_name_another_familys_run_holds(connection, run_
     connection.set(RunKeys(run_name).config, "{}")
     config = Config(redis_url=redis_url, run_name=run_name, secret=TEST_SECRET)
     trainer = Trainer(cartpole_agent(), config, make_cartpole)
-    with pytest.raises(ConfigError, match="running in this Redis already"):
+    with pytest.raises(ConfigError, match="already exists in this Redis"):
         trainer.start(1.0)
     assert connection.get(RunKeys(run_name).config) == b"{}"
 

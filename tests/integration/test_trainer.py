@@ -54,7 +54,7 @@ def test_an_env_the_learner_cannot_make_is_left_to_the_actors_to_report():
 def test_a_second_trainer_on_a_running_run_name_is_refused(redis_url, connection, run_name):
     connection.set(f"rqrl:{run_name}:seed:settings", "{}")
     trainer = Trainer(cartpole_agent(), config(redis_url, run_name), make_cartpole)
-    with pytest.raises(ConfigError, match="running in this Redis already"):
+    with pytest.raises(ConfigError, match="already exists in this Redis"):
         trainer.start(1.0)
     assert connection.exists(f"rqrl:{run_name}:seed:settings")  # not its run: left alone
 

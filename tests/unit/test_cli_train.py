@@ -53,8 +53,8 @@ def test_another_algorithm_or_its_flags_are_refused(ppo_run):
 
 
 def test_the_commands_refuse_before_training(ppo_run, tmp_path):
-    result = invoke("train", "--resume", str(ppo_run), "--n-actors", "3")
-    assert result.exit_code == 2 and "--n-actors: no flag of ppo" in result.stderr
+    result = invoke("train", "--resume", str(ppo_run), "--n-actors", "3")  # parsed by `rqrl train ppo`'s flags
+    assert result.exit_code == 2 and "No such option '--n-actors'" in result.stderr and "train ppo" in result.stderr
     result = invoke("train", "dqn", "--resume", str(ppo_run))
     assert result.exit_code == 2 and "`rqrl train ppo --resume" in result.stderr
     folder = tmp_path / "dqn-run"
@@ -73,3 +73,52 @@ def test_terminal_on_life_loss_is_a_flag_of_every_algorithm_and_refused_for_an_e
     assert result.exit_code == 1, result.stderr
     assert "--terminal-on-life-loss is for Atari env ids (ALE/...), not 'CartPole-v1'" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def trained(monkeypatch):
+    """The configs `rqrl train` would train, by algorithm; each training call stops at once with a ConfigError."""
+    from rqrl.algorithms import dqn, impala, ppo
+    from rqrl.errors import ConfigError
+
+    configs: dict[str, object] = {}
+
+    def stand_in(algo):
+        def train(config, **_):
+            configs[algo] = config
+            raise ConfigError(f"{algo} stand-in")
+        return train
+
+    for algo, module in (("impala", impala), ("ppo", ppo), ("dqn", dqn)):
+        monkeypatch.setattr(module, "train", stand_in(algo))
+    monkeypatch.setattr("rqrl.engine.process.terminate_like_ctrl_c", lambda: None)  # no signal handler in pytest
+    return configs
+
+
+def test_the_bare_group_resumes_any_run_with_its_algorithm_s_flags(ppo_run, tmp_path, trained):
+    """`rqrl train --resume RUN_DIR` took IMPALA's flags only: PPO's and DQN's were refused before the run's
+    algorithm was read ("No such option: --seconds")."""
+    result = invoke("train", "--resume", str(ppo_run), "--num-samples", "800")
+    assert result.exit_code == 1 and "ppo stand-in" in result.stderr, result.stderr
+    assert trained["ppo"].num_samples == 800 and trained["ppo"].hidden_size == 32
+    assert "resuming with --num-samples 800 (recorded: 400)" in result.stderr
+    folder = tmp_path / "dqn-run"
+    folder.mkdir()
+    write_config(folder, DqnConfig(hidden_size=48), "dqn")
+    result = invoke("train", f"--resume={folder}", "--seconds", "12")
+    assert result.exit_code == 1 and "dqn stand-in" in result.stderr, result.stderr
+    assert trained["dqn"].seconds == 12 and trained["dqn"].hidden_size == 48
+    assert "--seconds" in invoke("train", "--resume", str(folder), "--help").stdout  # DQN's help, its flags
+
+
+@pytest.mark.parametrize("command", [(), ("ppo",)])
+def test_workers_0_without_a_redis_url_is_refused_before_anything_starts(command, tmp_path, trained):
+    """It used to start an embedded Redis no worker can join, wait 95 s for workers, and leave a run folder."""
+    result = invoke("train", *command, "--workers", "0", "--run-dir", str(tmp_path), "--total-env-steps", "100")
+    assert result.exit_code == 1 and not trained, result.stderr
+    assert "--workers 0) with an embedded Redis: no worker can ever join the run" in result.stderr
+    assert "--redis-url" in result.stderr and "RQRL_SECRET" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+    result = invoke("train", *command, "--workers", "0", "--redis-url", "redis://127.0.0.1:1/0",
+                    "--run-dir", str(tmp_path), "--total-env-steps", "100")
+    assert result.exit_code == 1 and "stand-in" in result.stderr, result.stderr  # external workers can join

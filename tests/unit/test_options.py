@@ -114,3 +114,20 @@ def test_the_secret_comes_from_rqrl_secret_only_when_redis_came_from_redis_url(m
     monkeypatch.delenv("RQRL_SECRET")
     with pytest.raises(ConfigError, match=r"set RQRL_SECRET \(for `rqrl train`, and for a script that takes Redis"):
         run_secret(RunOptions(), embedded=False, redis_from_environment=True)
+
+
+def test_no_local_workers_beside_an_embedded_redis_is_refused_at_once():
+    """No worker can join a run on an embedded Redis (a private unix socket, a fresh random secret): n_local_workers=0
+    there used to wait out the worker timeouts (95 s for `rqrl train --workers 0`) before NoWorkersError."""
+    from rqrl import RQSampler
+    from rqrl.engine.options import resolve_workers
+
+    with pytest.raises(ConfigError, match=r"n_local_workers=0 \(--workers 0\) with an embedded Redis: no worker can"):
+        resolve_workers(RunOptions(n_local_workers=0), 4, embedded=True, has_url=False)
+    assert resolve_workers(RunOptions(n_local_workers=0), 4, embedded=False, has_url=True).n_local_workers == 0
+    with pytest.raises(ConfigError, match="give a Redis they reach"):
+        RedisDistributedActors(fixtures.make_cartpole, fixtures.mlp_policy(), 16, 2, 2, 2.0, n_local_workers=0)
+    sampler = RQSampler(fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2, n_local_workers=0,
+                        progress=False, max_episode_length=10)
+    with pytest.raises(ConfigError, match="with an embedded Redis: no worker can ever join"):
+        sampler.start_worker()  # refused before its embedded Redis starts
