@@ -36,9 +36,10 @@ def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: di
             temporary.unlink(missing_ok=True)
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         kept = f"the {path.name} written before stays" if path.is_file() else f"no {path.name} was written"
+        resume = (f", then resume the run with `rqrl train --resume {path.parent}`"
+                  if (path.parent / "config.json").is_file() else "")
         raise CheckpointError(f"cannot write {path}: {reason}; {kept}. Free space on that disk (or make "
-                              f"{path.parent} writable), then resume the run with `rqrl train --resume "
-                              f"{path.parent}`") from error
+                              f"{path.parent} writable){resume}") from error
 
 
 def save_weights(path: str | Path, state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:

@@ -206,13 +206,15 @@ def resumed_folder(resume: str | Path) -> Path | None:
 
 
 def checkpoint_to_resume(resume: str | Path) -> Path | None:
-    """The checkpoint file ``resume`` names; None, said in one log line, where it is a run folder's and the run
-    wrote none yet (its learner was stopped before its first checkpoint): nothing was saved to go on from, so
-    the run starts again from its first step, with its recorded settings."""
+    """The checkpoint file ``resume`` names; None, said in one log line, where ``resume`` is a run folder (it has
+    config.json) that holds no checkpoint yet (its learner was stopped before its first one): nothing was saved to
+    go on from, so the run starts again from its first step, with its recorded settings. A file that is not there
+    (a typo, a name without .safetensors) is returned as it is, for load_checkpoint to say so: it never restarts
+    a run whose checkpoint is only misnamed."""
     path = Path(resume)
     checkpoint = path / "checkpoint.safetensors" if path.is_dir() else path
-    if checkpoint.is_file() or resumed_folder(resume) is None:
-        return checkpoint  # a missing loose file: load_checkpoint says so
+    if checkpoint.is_file() or not (path.is_dir() and (path / "config.json").is_file()):
+        return checkpoint
     log.warning("%s holds no checkpoint (its learner stopped before writing one): nothing to go on from, so the run "
                 "starts again from its first step, with its recorded settings", checkpoint.parent)
     return None

@@ -60,7 +60,7 @@ from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.devices import check_device
 from rqrl.engine.process import Terminated
 from rqrl.engine.progress import Progress
-from rqrl.errors import CheckpointError, ConfigError, RqrlError
+from rqrl.errors import CheckpointError, ConfigError
 from rqrl.seed import Config, Trainer
 from rqrl.seed.agent import Agent, AgentConfig, QModel
 
@@ -429,14 +429,6 @@ class _DqnRun:
                                 target=self.target_return, title=f"DQN (SEED) on {self.config.env_id}")
         except Exception:  # a missing plot must not lose the run's other outputs
             log.exception("could not plot the learning curve")
-
-
-def is_dqn_weights(path: str | Path) -> bool:
-    """Whether ``path`` (a run folder or weights file) holds weights written by this module."""
-    try:
-        return load_weights(weights_file(path))[1].get("algo") == "dqn"
-    except RqrlError:
-        return False
 
 
 def load_q_model(path: str | Path, device: str = "cpu") -> tuple[QModel, dict[str, Any]]:

@@ -119,7 +119,7 @@ def dqn_checkpoint_model(path: Path, tensors: dict[str, torch.Tensor], counters:
     try:
         model.load_state_dict(online)
     except RuntimeError as error:
-        raise ConfigError(f"{path} does not fit the network its run's config.json describes: {error}") from error
+        raise ConfigError(f"{path} does not fit the network its recorded settings describe: {error}") from error
     recent = counters.get("recent_returns") or []
     facts = {**counters, "env_id": env_id, "mean_return": float(np.mean(recent)) if recent else None}
     return model.to(device).eval(), facts

@@ -127,9 +127,14 @@ def _remove_temporaries(path: Path) -> None:
     """Delete what saves cut short by a killed learner left in ``path`` (TEMPORARIES): its holder writes no other."""
     for pattern in TEMPORARIES:
         for leftover in path.glob(pattern):
-            if leftover.is_file():
+            if not leftover.is_file():
+                continue
+            try:
                 leftover.unlink(missing_ok=True)
-                log.info("removed %s, a save cut short by an earlier learner", leftover)
+            except OSError as error:  # it costs disk space, not the run
+                log.warning("cannot remove %s, a save cut short by an earlier learner: %s", leftover, error)
+                continue
+            log.info("removed %s, a save cut short by an earlier learner", leftover)
 
 
 def _resumes(resumed: str | Path | None, path: Path) -> bool:

@@ -192,11 +192,14 @@ def _remove_run(connection: Any, keys: Any, queue_name: str, wait: float) -> Non
     from rqrl.engine.rq_safety import rollout_queue
     from rqrl.engine.run_store import RunStore
 
-    store = RunStore(connection, keys, b"")
-    store.stop(rollout_queue(queue_name, connection), wait)
-    store.mark_stopped()
+    RunStore(connection, keys, b"").stop(rollout_queue(queue_name, connection), wait, leave_stop_flag=True)
     click.echo(f"run {keys.run_name}: no live learner; stopped its jobs and removed its keys (its stop flag stays "
                f"a day: a learner of it that was only slow stops at its next call)")
+
+
+JUDGED_DEAD_AFTER_SECONDS = 3.0
+"""A wait this long with no heartbeat (learners beat about once a second while they collect) is a learner that looks
+dead; a shorter one says nothing of it."""
 
 
 def _learner_finished(connection: Any, keys: Any, wait: float, deadline: bytes | str) -> bool:
@@ -217,13 +220,14 @@ def _learner_finished(connection: Any, keys: Any, wait: float, deadline: bytes |
         if time.monotonic() > ends:
             break
         time.sleep(0.2)
-    if current == deadline:
+    if current == deadline and wait >= JUDGED_DEAD_AFTER_SECONDS:
         raise click.ClickException(
             f"run {name}: its learner looks dead: its heartbeat did not move in the {wait:g} s waited (a learner "
             f"beats about once a second while it collects); its heartbeat deadline {deadline_text(current)}, "
             f"after which `rqrl stop {name}` removes the run at once")
-    raise click.ClickException(f"run {name}: its learner has not finished within {wait:g} s though its heartbeat "
-                               f"goes on; it stops at its next collect (raise --wait to wait longer)")
+    beating = "though its heartbeat goes on" if current != deadline else "(too short a wait to tell a dead one)"
+    raise click.ClickException(f"run {name}: its learner has not finished within {wait:g} s {beating}; its stop flag "
+                               f"stays set, so it stops at its next collect (raise --wait to wait longer)")
 
 
 def _socket_gone(connection: Any) -> bool:

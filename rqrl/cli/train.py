@@ -154,13 +154,15 @@ def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | N
         options["env_id"], given = env_alias, given | {"env_id"}
     if config_file is not None:
         algo, settings = file_options(chosen, config_file, options, given)
-    elif options.get("resume"):
+    elif options.get("resume") is not None:
+        if not options["resume"]:
+            raise click.UsageError("--resume needs a run folder or checkpoint file, got ''")
         algo, settings = resume_options(chosen, options, given)
     else:
         algo, settings = chosen or "impala", options
     if settings.get("redis_url") is None:
         settings["redis_url"] = os.environ.get("REDIS_URL")
-    check_workers_can_join_run(settings)
+    check_workers_can_join_run(settings, recorded="workers" not in given and config_file is None)
     trainers: dict[str, Callable[..., TrainResult]] = {"impala": impala.train, "ppo": ppo.train, "dqn": dqn.train}
     train = trainers[algo]
     try:
@@ -175,15 +177,21 @@ def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | N
     report(result)
 
 
-def check_workers_can_join_run(settings: dict[str, Any]) -> None:
+def check_workers_can_join_run(settings: dict[str, Any], recorded: bool = False) -> None:
     """ClickException at once for --workers 0 without a Redis URL (flag or REDIS_URL): the run's embedded Redis
-    would be one no external worker can join, and the run would fail only after waiting for workers."""
+    would be one no external worker can join, and the run would fail only after waiting for workers. ``recorded``:
+    the 0 is a resumed run's (its config.json keeps --workers, not the Redis URL), which the user did not type."""
     from rqrl.engine.options import check_workers_can_join
     from rqrl.errors import ConfigError
 
     try:
         check_workers_can_join(settings.get("workers"), embedded=not settings.get("redis_url"))
     except ConfigError as error:
+        if recorded and settings.get("resume"):
+            raise click.ClickException(
+                f"the run {settings['resume']} was recorded with --workers 0 (external workers only), and no Redis "
+                f"URL is given (its config.json does not keep one): give the Redis its workers use (--redis-url or "
+                f"REDIS_URL, with RQRL_SECRET), or --workers N for N local workers") from error
         raise click.ClickException(str(error)) from error
 
 
@@ -231,30 +239,51 @@ def option_value(args: list[str], flag: str) -> str | None:
     return value
 
 
-def resumed_algorithm(args: list[str]) -> str | None:
-    """The algorithm recorded in the config.json of the run that ``--resume RUN_DIR`` names in the bare group's
-    ``args``; None with no --resume, with an algorithm named in ``args``, or for a run whose config.json does not
-    say (``resume_options`` then refuses it in one line)."""
+def positional_args(args: list[str], valued: set[str]) -> list[str]:
+    """The arguments of ``args`` that are no option nor an option's value (``valued``: the options that take one):
+    where a subcommand's name would be, so `--run-name ppo` names no algorithm."""
+    positional, value_next = [], False
+    for arg in args:
+        if value_next:
+            value_next = False
+        elif arg == "--":
+            break
+        elif arg.startswith("-"):
+            value_next = arg in valued  # `--flag=VALUE` carries its value
+        else:
+            positional.append(arg)
+    return positional
+
+
+def recorded_algorithm(args: list[str], valued: set[str]) -> str | None:
+    """The algorithm a bare ``rqrl train`` runs: the one recorded in the config.json of the run ``--resume`` names,
+    else the ``algo`` of the ``--config`` file; None where ``args`` name an algorithm themselves, or where no
+    algorithm is recorded (the commands then refuse or default as before, each in one line)."""
     from rqrl.algorithms.common import recorded_settings
+    from rqrl.cli.config_file import read_settings
     from rqrl.errors import ConfigError
 
-    resume = option_value(args, "--resume")
-    if resume is None or any(arg in SUMMARY and arg != resume for arg in args):  # `--resume runs/x dqn`: refused
+    if any(arg in SUMMARY for arg in positional_args(args, valued)):  # `--resume runs/x dqn`: dqn's own command
         return None
+    resume, config_file = option_value(args, "--resume"), option_value(args, "--config")
     try:
-        algo = recorded_settings(resume)["algo"]
-    except ConfigError:
+        algo = (recorded_settings(resume)["algo"] if resume else
+                read_settings(config_file).get("algo") if config_file else None)
+    except (ConfigError, click.UsageError):
         return None
     return algo if algo in SUMMARY else None
 
 
 class TrainGroup(click.Group):
     """``rqrl train``'s group. ``rqrl train --resume RUN_DIR [flags]`` runs the command of the run's recorded
-    algorithm, ``rqrl train ALGO --resume RUN_DIR [flags]``: the group's options are IMPALA's, so click would refuse
-    PPO's and DQN's flags (``--num-samples``, ``--seconds``) before the run's algorithm is known."""
+    algorithm, ``rqrl train ALGO --resume RUN_DIR [flags]`` (and ``--config FILE`` that of the file's ``algo``): the
+    group's options are IMPALA's, so click would refuse PPO's and DQN's flags (``--num-samples``, ``--seconds``)
+    before the run's algorithm is known."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        algo = resumed_algorithm(args)
+        valued = {name for param in self.params if isinstance(param, click.Option) and not param.is_flag
+                  and not param.count for name in (*param.opts, *param.secondary_opts)}
+        algo = recorded_algorithm(args, valued)
         return super().parse_args(ctx, args if algo is None else [algo, *args])
 
 

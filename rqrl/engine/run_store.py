@@ -7,6 +7,7 @@ samplers) own one RunStore each and know nothing of the keys it writes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -110,7 +111,7 @@ class RunStore:
             pipe.set(self.keys.env_factory, env_factory_blob)
             pipe.set(self.keys.policy, policy_blob)
             pipe.set(self.keys.config, config.to_json())
-            pipe.delete(self.keys.stopped)  # a marker an earlier run of this name left (``mark_stopped``)
+            pipe.delete(self.keys.stopped)  # the flag `rqrl stop` leaves a day (``stop``)
             if self.learner_token is not None:
                 pipe.set(self.keys.learner_token, self.learner_token)
             pipe.execute()
@@ -128,11 +129,16 @@ class RunStore:
             pipe.delete(self.keys.unacknowledged, self.keys.acknowledged)
             pipe.execute()
 
-    def stop(self, queue: Queue, timeout: float) -> None:
+    def stop(self, queue: Queue, timeout: float, leave_stop_flag: bool = False) -> None:
         """Tell jobs to stop, wait up to ``timeout`` for running ones, then delete the run's queued jobs and
         every key of the run. Its failed jobs stay in RQ's failed registry, with their tracebacks, for
         rq-dashboard and ``rq`` to show until their failure_ttl (a day) ends. A learner that was taken over
-        leaves them all to the learner that took the run over."""
+        leaves them all to the learner that took the run over.
+
+        ``leave_stop_flag`` (``rqrl stop`` of a run whose learner looks dead) keeps the run's stop flag for
+        STOPPED_MARKER_SECONDS, set in the same transaction as the keys' removal: a learner that only looked dead
+        (a sampler trains between its calls, and beats no heartbeat then) raises RunStoppedError at its next
+        check-in instead of storing the run again. A new run of the same name clears it."""
         connection = self.connection
         if held_by_another(connection.get(self.keys.learner_token), self.learner_token):
             log.warning("run %s was taken over by another learner: leaving its keys and jobs to it",
@@ -156,15 +162,26 @@ class RunStore:
                 break
             time.sleep(0.05)
         self._remove_queued_jobs(queue)
-        keys = list(connection.scan_iter(match=self.keys.pattern, count=1000))
-        if keys:
-            connection.delete(*keys)
+        self._delete_keys(list(connection.scan_iter(match=self.keys.pattern, count=1000)), leave_stop_flag)
 
-    def mark_stopped(self) -> None:
-        """Leave the run's stop flag for STOPPED_MARKER_SECONDS after ``stop`` removed the rest: a learner that only
-        looked dead (a sampler trains between its calls, and beats no heartbeat then) raises RunStoppedError at its
-        next check-in instead of storing the run again. A new run of the same name clears it."""
-        self.connection.set(self.keys.stopped, 1, ex=STOPPED_MARKER_SECONDS)
+    def _delete_keys(self, keys: list[Any], leave_stop_flag: bool) -> None:
+        """Delete ``keys``; with ``leave_stop_flag``, set the stop flag for a day in the same transaction. A full
+        Redis refuses that transaction (it holds a write): the keys go first then, which frees the memory."""
+        if not leave_stop_flag:
+            if keys:
+                self.connection.delete(*keys)
+            return
+        try:
+            with self.connection.pipeline(transaction=True) as pipe:
+                if keys:
+                    pipe.delete(*keys)
+                pipe.set(self.keys.stopped, 1, ex=STOPPED_MARKER_SECONDS)
+                pipe.execute()
+        except redis.exceptions.OutOfMemoryError:
+            if keys:
+                self.connection.delete(*keys)
+            with contextlib.suppress(redis.exceptions.OutOfMemoryError):  # still full: raise_stop_flag said so
+                self.connection.set(self.keys.stopped, 1, ex=STOPPED_MARKER_SECONDS)
 
     def _remove_queued_jobs(self, queue: Queue) -> None:
         for job_id in queue.get_job_ids():

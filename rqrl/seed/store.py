@@ -148,7 +148,7 @@ class SeedRun:
         with self.connection.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.seed("model"), model_blob)
             pipe.set(self.keys.seed("environment"), environment_blob)
-            pipe.delete(self.keys.stopped)  # a marker an earlier run of this name left (RunStore.mark_stopped)
+            pipe.delete(self.keys.stopped)  # the flag `rqrl stop` leaves a day (RunStore.stop)
             pipe.set(self.keys.seed("settings"), sign(json.dumps(dict(settings)).encode(), self.settings_key,
                                                       SETTINGS_MAGIC))
             pipe.execute()

@@ -388,7 +388,9 @@ def test_a_run_whose_learner_died_frees_its_workers_and_rqrl_stop_cleans_it_up(t
     stop = rqrl("stop", "orphaned", "--redis-url", redis_url, timeout=90)
     assert stop.returncode == 0, stop.stderr
     assert "no live learner" in stop.stdout
-    assert connection.keys("rqrl:orphaned:*") == [] and run_jobs(connection, "orphaned") == []
+    # all but the stop flag, kept a day so a learner that only looked dead stops instead of storing the run again
+    assert connection.keys("rqrl:orphaned:*") == [b"rqrl:orphaned:stopped"] and run_jobs(connection, "orphaned") == []
+    assert 0 < connection.ttl("rqrl:orphaned:stopped") <= 24 * 3600
 
 
 def test_sigterm_to_a_busy_worker_hands_its_job_back_within_seconds(tmp_path, connection, redis_url, workers):

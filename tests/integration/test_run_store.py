@@ -21,7 +21,8 @@ def fill_up(client: redis.Redis) -> None:
     client.config_set("maxmemory", 1)
 
 
-def test_a_full_redis_refuses_the_stop_flag_and_the_run_is_deleted_all_the_same(caplog):
+@pytest.mark.parametrize("leave_stop_flag", [False, True], ids=["learner", "rqrl-stop"])
+def test_a_full_redis_refuses_the_stop_flag_and_the_run_is_deleted_all_the_same(caplog, leave_stop_flag):
     """The stop that would free a full Redis used to fail on its first write (the flag), leaving every key."""
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
@@ -31,9 +32,9 @@ def test_a_full_redis_refuses_the_stop_flag_and_the_run_is_deleted_all_the_same(
         fill_up(client)
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, "rqrl.engine.run_store"):
-            RunStore(client, keys, b"").stop(rollout_queue(None, client), timeout=10)
+            RunStore(client, keys, b"").stop(rollout_queue(None, client), timeout=10, leave_stop_flag=leave_stop_flag)
         assert time.monotonic() - started < 5, "no wait for jobs that were never told"
-        assert client.keys("rqrl:full-run:*") == []
+        assert client.keys("rqrl:full-run:*") == []  # a Redis still full (maxmemory 1 byte) takes no flag either
         assert "refused the stop flag; deleting the run's keys without it" in caplog.text
         assert "still running" not in caplog.text
 
@@ -85,8 +86,7 @@ def test_the_stop_flag_a_stop_leaves_reads_as_stopped_and_a_new_run_of_the_name_
                        queue_bound=1, actor_env_seeds=[0], actor_agent_seeds=[0], actor_groups=[[0]])
     store = RunStore(connection, keys, b"s")
     store.open(config, dict, dict, resume=False)
-    store.stop(rollout_queue(None, connection), timeout=1)
-    store.mark_stopped()
+    store.stop(rollout_queue(None, connection), timeout=1, leave_stop_flag=True)
     assert store.check_in(10) == (False, True), "a learner that looked dead would store the stopped run again"
     assert connection.keys(f"rqrl:{run_name}:*") != [] and connection.ttl(keys.stopped) > 0
     _, new = RunStore(connection, keys, b"s").open(config, dict, dict, resume=False)

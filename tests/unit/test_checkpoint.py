@@ -148,6 +148,7 @@ def test_corrupt_files_raise(tmp_path, corrupt, loader):
 
 def test_a_save_that_fails_on_a_full_disk_is_one_error_and_keeps_the_file_written_before(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.safetensors"
+    (tmp_path / "config.json").write_text("{}")  # a run folder: the message says how to go on with the run
     save_weights(path, {"x": torch.zeros(2)}, {"version": 1})
 
     def full_disk(tensors, filename, metadata=None):
@@ -161,6 +162,10 @@ def test_a_save_that_fails_on_a_full_disk_is_one_error_and_keeps_the_file_writte
     assert message.startswith(f"cannot write {path}: Error while serializing: I/O error: No space left on device")
     assert "the checkpoint.safetensors written before stays" in message
     assert f"then resume the run with `rqrl train --resume {tmp_path}`" in message
+    (tmp_path / "config.json").unlink()  # a file of the user's own: no run to resume
+    with pytest.raises(CheckpointError) as raised:
+        save_weights(path, {"x": torch.ones(2)}, {"version": 2})
+    assert "--resume" not in str(raised.value)
     assert load_weights(path)[1] == {"version": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.safetensors"]  # no temporary left
 

@@ -7,6 +7,7 @@ import pytest
 
 from rqrl.algorithms.common import write_config
 from rqrl.algorithms.dqn import DqnConfig
+from rqrl.algorithms.impala import ImpalaConfig
 from rqrl.algorithms.ppo import PpoConfig
 from rqrl.cli.train import resume_options
 from tests.cli_runner import invoke
@@ -111,6 +112,21 @@ def test_the_bare_group_resumes_any_run_with_its_algorithm_s_flags(ppo_run, tmp_
     assert "--seconds" in invoke("train", "--resume", str(folder), "--help").stdout  # DQN's help, its flags
 
 
+def test_routing_reads_option_values_as_values_and_a_config_file_s_algorithm(ppo_run, tmp_path, trained):
+    """An option's value that names an algorithm (`--run-name dqn`) was taken for the subcommand and turned the
+    routing off; `--config FILE` of a DQN file refused DQN's flags; `--resume=` started a new run."""
+    result = invoke("train", "--resume", str(ppo_run), "--run-name", "dqn", "--num-samples", "800")
+    assert result.exit_code == 1 and "ppo stand-in" in result.stderr, result.stderr
+    settings = tmp_path / "dqn.json"
+    settings.write_text('{"algo": "dqn", "hidden_size": 40}')
+    result = invoke("train", "--config", str(settings), "--seconds", "3", "--run-dir", str(tmp_path))
+    assert result.exit_code == 1 and "dqn stand-in" in result.stderr, result.stderr
+    assert trained["dqn"].seconds == 3 and trained["dqn"].hidden_size == 40
+    result = invoke("train", "--resume=", "--run-dir", str(tmp_path))
+    assert result.exit_code == 2 and "--resume needs a run folder or checkpoint file" in result.stderr
+    assert "impala" not in trained
+
+
 @pytest.mark.parametrize("command", [(), ("ppo",)])
 def test_workers_0_without_a_redis_url_is_refused_before_anything_starts(command, tmp_path, trained):
     """It used to start an embedded Redis no worker can join, wait 95 s for workers, and leave a run folder."""
@@ -122,3 +138,15 @@ def test_workers_0_without_a_redis_url_is_refused_before_anything_starts(command
     result = invoke("train", *command, "--workers", "0", "--redis-url", "redis://127.0.0.1:1/0",
                     "--run-dir", str(tmp_path), "--total-env-steps", "100")
     assert result.exit_code == 1 and "stand-in" in result.stderr, result.stderr  # external workers can join
+
+
+
+def test_a_resumed_run_recorded_with_workers_0_and_no_redis_url_says_what_to_give(tmp_path, trained):
+    """It said to "leave --workers out", which the user never typed: the 0 was the run's config.json's."""
+    folder = tmp_path / "external"
+    folder.mkdir()
+    write_config(folder, ImpalaConfig(workers=0), "impala")
+    result = invoke("train", "--resume", str(folder))
+    assert result.exit_code == 1 and not trained, result.stderr
+    assert f"the run {folder} was recorded with --workers 0" in result.stderr
+    assert "or --workers N for N local workers" in result.stderr

@@ -89,7 +89,9 @@ def test_the_command_refuses_another_algorithms_file_or_flags_and_resume(tmp_pat
     assert result.exit_code == 2
     assert f"holds ppo settings: run it with `rqrl train ppo --config {path}`" in result.stderr
     result = invoke("train", "--config", path, "--n-actors", "3")
-    assert result.exit_code == 2 and f"--n-actors: no flag of ppo, the algorithm of --config {path}" in result.stderr
+    # the file's algorithm's command parses the flags (rqrl.cli.train.TrainGroup), and IMPALA's are none of it
+    assert result.exit_code == 2 and "Usage: main train ppo" in result.stderr, result.stderr
+    assert "No such option '--n-actors'" in result.stderr
     result = invoke("train", "--config", path, "--resume", str(tmp_path))
     assert result.exit_code == 2 and "--config with --resume" in result.stderr
     result = invoke("train", "--config", str(tmp_path / "missing.json"))

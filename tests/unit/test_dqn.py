@@ -10,7 +10,7 @@ import torch
 
 from rqrl.algorithms.checkpoint import save_weights
 from rqrl.algorithms.cnn import NatureCNN
-from rqrl.algorithms.dqn import DqnConfig, QNetwork, _DqnRun, is_dqn_weights, load_q_model
+from rqrl.algorithms.dqn import DqnConfig, QNetwork, _DqnRun, load_q_model
 from rqrl.errors import ConfigError
 from rqrl.seed.agent import AgentConfig, QModel
 
@@ -38,7 +38,6 @@ def test_weights_files_load_back_into_the_same_model(tmp_path, distributional):
     save_weights(tmp_path / "final.safetensors", network.state_dict(),
                  {"algo": "dqn", "env_id": "CartPole-v1", "hidden_size": 8, "distributional": distributional,
                   "dueling": True, "n_atoms": 7, "v_min": 0, "v_max": 50})
-    assert is_dqn_weights(tmp_path)
     loaded, metadata = load_q_model(tmp_path)
     obs = torch.randn(3, 4)
     assert torch.allclose(loaded(obs), QModel(network, config)(obs))
@@ -47,7 +46,6 @@ def test_weights_files_load_back_into_the_same_model(tmp_path, distributional):
 
 def test_other_weights_are_not_taken_for_dqn(tmp_path):
     save_weights(tmp_path / "final.safetensors", {"w": torch.zeros(1)}, {"env_id": "CartPole-v1", "hidden_size": 8})
-    assert not is_dqn_weights(tmp_path) and not is_dqn_weights(tmp_path / "missing")
     with pytest.raises(ConfigError, match="no DQN weights"):
         load_q_model(tmp_path)
 

@@ -144,6 +144,20 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_its_start(tmp_pat
 
 
 @pytest.mark.parametrize("algo", ["impala", "ppo", "dqn"])
+@pytest.mark.parametrize("name", ["checkpoint", "chekpoint.safetensors"], ids=["no-suffix", "typo"])
+def test_a_misnamed_checkpoint_file_is_refused_not_taken_for_a_run_to_start_over(tmp_path: Path, algo: str,
+                                                                               name: str) -> None:
+    """A file name that is not there, in a run folder that has a checkpoint, restarted the run from step 0 and
+    dropped every row of its metrics.csv."""
+    from rqrl.algorithms.checkpoint import CheckpointError
+
+    run = recorded_run(tmp_path, algo, checkpoint=True)
+    with pytest.raises(CheckpointError, match=f"no weights file at {run / name}"):
+        make_learner(algo, resume=str(run / name))
+    assert (run / "checkpoint.safetensors").is_file()
+
+
+@pytest.mark.parametrize("algo", ["impala", "ppo", "dqn"])
 def test_a_second_resume_of_a_held_run_is_refused_by_the_lock_before_any_checkpoint(tmp_path: Path,
                                                                                     algo: str) -> None:
     run = recorded_run(tmp_path, algo, checkpoint=False)
