@@ -8,6 +8,9 @@ import functools
 import json
 import logging
 import math
+import uuid
+from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -16,7 +19,9 @@ import gymnasium
 import numpy as np
 
 from rqrl.algorithms.atari import check_atari_options, is_atari, make_atari_env, register_atari_envs
+from rqrl.algorithms.checkpoint import recorded_mean_return
 from rqrl.algorithms.metrics import MetricsWriter
+from rqrl.algorithms.run_folder import RunFolder
 from rqrl.engine.connection import redact_url
 from rqrl.errors import ConfigError, RunStoppedError, RunTakenOverError
 
@@ -205,6 +210,64 @@ def resumed_folder(resume: str | Path) -> Path | None:
     return path.parent if (path.parent / "config.json").is_file() else None
 
 
+def name_run_folder(config: Any, algo: str) -> Path:
+    """The folder a learner writes, named in ``config`` (run_name, run_dir): a resumed run's own (the folder
+    ``resume`` names, or the run folder its checkpoint file lies in), else ``run_dir/run_name``, the name made up
+    (``ALGO-xxxxxxxx``) where none is given."""
+    continued = resumed_folder(config.resume) if config.resume else None
+    if config.run_name is None and continued is not None:  # the run goes on in its folder
+        config.run_name, config.run_dir = continued.name, str(continued.parent)
+    if config.run_name is None:
+        config.run_name = f"{algo}-{uuid.uuid4().hex[:8]}"
+    return Path(config.run_dir) / config.run_name
+
+
+def held_while(folder: RunFolder, step: Callable[[], None]) -> None:
+    """Run ``step`` (what a learner being built reads from its run folder: the checkpoint) with ``folder`` held,
+    and release the folder if it raises: the learner is never built, so nothing else would."""
+    try:
+        step()
+    except BaseException:
+        folder.close()
+        raise
+
+
+class ResumableLearner:
+    """What IMPALA's and PPO's learners share: the mean return of the last 100 episodes, whether it solves the env,
+    and resuming (each learner has ``_load``, its checkpoint's state, besides ``run_dir``, ``config`` and the
+    counters)."""
+
+    config: Any
+    run_dir: Path
+    env_steps: int
+    recent_returns: deque[float]
+    best_mean_return: float | None
+    target_return: float | None
+
+    def _load(self, checkpoint_path: Path) -> None:
+        raise NotImplementedError
+
+    @property
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+    @property
+    def solved(self) -> bool:
+        mean_return = self.mean_return
+        return (self.target_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
+                and mean_return is not None and mean_return >= self.target_return)
+
+    def _resume(self, resume: str) -> None:
+        """Take the state of the run ``resume`` names, and the best return of the best.safetensors this run writes
+        (newer than the checkpoint's); ConfigError if it does not fit or the run has nothing left to train."""
+        checkpoint_path = checkpoint_to_resume(resume)
+        if checkpoint_path is not None:
+            self._load(checkpoint_path)
+        self.best_mean_return = recorded_mean_return(self.run_dir / "best.safetensors")
+        check_unfinished(resume, env_steps=self.env_steps, total_env_steps=self.config.total_env_steps,
+                         solved=self.solved, mean_return=self.mean_return, target_return=self.target_return)
+
+
 def checkpoint_to_resume(resume: str | Path) -> Path | None:
     """The checkpoint file ``resume`` names; None, said in one log line, where ``resume`` is a run folder (it has
     config.json) that holds no checkpoint yet (its learner was stopped before its first one): nothing was saved to
@@ -229,11 +292,7 @@ def check_checkpoint(path: str | Path, counters: dict[str, Any], config: Any, al
     if recorded != algo:
         raise ConfigError(f"{path} is a checkpoint of {recorded}, not of {algo}: resume it with `rqrl train "
                           f"{recorded} --resume {path}`")
-    changed = [f"--{name.replace('_', '-')} {getattr(config, name)!r} (the checkpoint's: {counters[name]!r})"
-               for name in FROZEN_ON_RESUME[algo] if name in counters and counters[name] != getattr(config, name)]
-    if changed:
-        raise ConfigError(f"cannot resume {path} with other network-shaping settings: {', '.join(changed)}; give "
-                          f"the checkpoint's")
+    _check_frozen_settings(path, counters, config, algo, "the checkpoint's", "give the checkpoint's")
 
 
 def improves(mean_return: float | None, best: float | None) -> bool:
@@ -300,8 +359,15 @@ def check_resume(config: Any, algo: str) -> None:
     if recorded["algo"] != algo:
         raise ConfigError(f"{config.resume} is a {recorded['algo']} run, not {algo}: resume it with "
                           f"`rqrl train {recorded['algo']} --resume {config.resume}`")
-    changed = [f"--{name.replace('_', '-')} {getattr(config, name)!r} (recorded: {recorded[name]!r})"
+    _check_frozen_settings(config.resume, recorded, config, algo, "recorded",
+                           "leave them out to take the recorded ones (`rqrl train --resume` does)")
+
+
+def _check_frozen_settings(source: Any, recorded: dict[str, Any], config: Any, algo: str, whose: str,
+                           fix: str) -> None:
+    """ConfigError naming each network-shaping setting (FROZEN_ON_RESUME) ``config`` gives other than ``recorded``
+    (``source``'s: a run's config.json, or a checkpoint's counters); a setting not recorded is not checked."""
+    changed = [f"--{name.replace('_', '-')} {getattr(config, name)!r} ({whose}: {recorded[name]!r})"
                for name in FROZEN_ON_RESUME[algo] if name in recorded and recorded[name] != getattr(config, name)]
     if changed:
-        raise ConfigError(f"cannot resume {config.resume} with other network-shaping settings: {', '.join(changed)}; "
-                          f"leave them out to take the recorded ones (`rqrl train --resume` does)")
+        raise ConfigError(f"cannot resume {source} with other network-shaping settings: {', '.join(changed)}; {fix}")

@@ -18,7 +18,6 @@ import functools
 import json
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -49,8 +48,9 @@ from rqrl.algorithms.common import (
     close_quietly,
     env_factory,
     env_spaces,
+    held_while,
     improves,
-    resumed_folder,
+    name_run_folder,
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
@@ -239,11 +239,8 @@ class _DqnRun:
         self.target_return = config.target_return if config.target_return is not None else threshold
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.learner_threads)
-        continued = resumed_folder(config.resume) if config.resume else None
-        if config.run_name is None and continued is not None:  # the run goes on in its folder
-            config.run_name, config.run_dir = continued.name, str(continued.parent)
-        self.run_name = config.run_name or f"dqn-{uuid.uuid4().hex[:8]}"
-        self.run_dir = Path(config.run_dir) / self.run_name
+        self.run_dir = name_run_folder(config, "dqn")
+        self.run_name = self.run_dir.name
         self.agent_config = AgentConfig(
             state_shape=obs_shape, state_dtype="uint8" if len(obs_shape) == 3 else "float32",
             action_space_size=n_actions, replay_capacity=config.replay_capacity,
@@ -258,13 +255,12 @@ class _DqnRun:
                                        "recent_returns": [], "best_mean_return": None, "weights_version": 0}
         self.best: float | None = None
         self.folder = RunFolder(self.run_dir, config.resume)  # held before the checkpoint is read: one learner reads
-        try:
-            if config.resume:
-                self._resume(config.resume)
-            self._prepare()
-        except BaseException:
-            self.folder.close()
-            raise
+        held_while(self.folder, self._resume_and_prepare)
+
+    def _resume_and_prepare(self) -> None:
+        if self.config.resume:
+            self._resume(self.config.resume)
+        self._prepare()
 
     def _resume(self, resume: str) -> None:
         """Take the counters and networks of the run ``resume`` names, and the best return of the best.safetensors
@@ -276,10 +272,7 @@ class _DqnRun:
             log.warning("resumed from %s at %d env steps; the replay starts empty and refills to %d transitions",
                         checkpoint_path, self.before["env_steps"], config.minimum_buffer_size)
         self.best = recorded_mean_return(self.run_dir / "best.safetensors")
-        returns = self.before["recent_returns"][-100:]
-        mean = sum(returns) / len(returns) if returns else None
-        solved = self.target_return is not None and len(returns) == 100 and mean is not None and \
-            mean >= self.target_return
+        mean, solved = self._judged(self.before["recent_returns"][-100:])
         check_unfinished(resume, env_steps=int(self.before["env_steps"]), total_env_steps=config.total_env_steps,
                          solved=solved, mean_return=mean, target_return=self.target_return,
                          seconds=float(self.before["seconds"]), time_budget=config.seconds)
@@ -326,13 +319,17 @@ class _DqnRun:
         return [*self.before["recent_returns"], *trainer.stats.recent_returns][-100:]
 
     def mean_return(self, trainer: Trainer) -> float | None:
-        returns = self.recent_returns(trainer)
-        return sum(returns) / len(returns) if returns else None
+        return self._judged(self.recent_returns(trainer))[0]
 
     def solved(self, trainer: Trainer) -> bool:
-        value = self.mean_return(trainer)
-        return (self.target_return is not None and value is not None and len(self.recent_returns(trainer)) == 100
-                and value >= self.target_return)
+        return self._judged(self.recent_returns(trainer))[1]
+
+    def _judged(self, returns: list[float]) -> tuple[float | None, bool]:
+        """The mean of the last 100 episodes' ``returns``, and whether it solves the env (100 of them at or above
+        the target return)."""
+        mean = sum(returns) / len(returns) if returns else None
+        return mean, (self.target_return is not None and mean is not None and len(returns) == 100
+                      and mean >= self.target_return)
 
     def counters(self, trainer: Trainer) -> dict[str, Any]:
         """The run's totals, earlier sessions of a resumed run included (what its checkpoint keeps)."""

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import math
 import os
 import time
-import uuid
 from collections import deque
 from collections.abc import Sequence
 from contextlib import closing
@@ -39,25 +39,24 @@ from rqrl.algorithms.checkpoint import (
     load_checkpoint,
     load_into,
     load_weights,
-    recorded_mean_return,
     save_checkpoint,
     save_weights,
     weights_file,
 )
 from rqrl.algorithms.cnn import torso_for
 from rqrl.algorithms.common import (
+    ResumableLearner,
     Tracking,
     TrainResult,
     check_checkpoint,
     check_resume,
-    check_unfinished,
     check_workers,
-    checkpoint_to_resume,
     close_quietly,
     env_factory,
     env_spaces,
+    held_while,
     improves,
-    resumed_folder,
+    name_run_folder,
     stopped_reason,
     write_config,
 )
@@ -369,7 +368,7 @@ def make_actors(config: ImpalaConfig, model: ActorCritic, *, secret: str | bytes
     )
 
 
-class Learner:
+class Learner(ResumableLearner):
     """The training loop's state: model, optimizer, counters, recent returns, run folder."""
 
     def __init__(self, config: ImpalaConfig):
@@ -390,29 +389,10 @@ class Learner:
         self.elapsed_before = 0.0
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.best_mean_return: float | None = None
-        continued = resumed_folder(config.resume) if config.resume else None
-        if config.run_name is None and continued is not None:  # the run goes on in its folder
-            config.run_name, config.run_dir = continued.name, str(continued.parent)
-        if config.run_name is None:
-            config.run_name = f"impala-{uuid.uuid4().hex[:8]}"
-        self.run_dir = Path(config.run_dir) / config.run_name
+        self.run_dir = name_run_folder(config, "impala")
         self.folder = RunFolder(self.run_dir, config.resume)  # held before the checkpoint is read: one learner reads
-        try:
-            if config.resume:
-                self._resume(config.resume)
-        except BaseException:
-            self.folder.close()
-            raise
-
-    def _resume(self, resume: str) -> None:
-        """Take the state of the run ``resume`` names, and the best return of the best.safetensors this run writes
-        (newer than the checkpoint's); ConfigError if it does not fit or the run has nothing left to train."""
-        checkpoint_path = checkpoint_to_resume(resume)
-        if checkpoint_path is not None:
-            self._load(checkpoint_path)
-        self.best_mean_return = recorded_mean_return(self.run_dir / "best.safetensors")
-        check_unfinished(resume, env_steps=self.env_steps, total_env_steps=self.config.total_env_steps,
-                         solved=self.solved, mean_return=self.mean_return, target_return=self.target_return)
+        if config.resume:
+            held_while(self.folder, functools.partial(self._resume, config.resume))
 
     def open_run_folder(self) -> None:
         """The run folder and its config.json, once the run has started: a launch that fails leaves none."""
@@ -431,16 +411,6 @@ class Learner:
         self.episodes, self.elapsed_before = counters["episodes"], counters["seconds"]
         self.recent_returns.extend(counters.get("recent_returns", []))
         log.info("resumed from %s at %d env steps", checkpoint_path, self.env_steps)
-
-    @property
-    def mean_return(self) -> float | None:
-        return float(np.mean(self.recent_returns)) if self.recent_returns else None
-
-    @property
-    def solved(self) -> bool:
-        mean_return = self.mean_return
-        return (self.target_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
-                and mean_return is not None and mean_return >= self.target_return)
 
     def update(self, record: BatchedRecord) -> LossTerms:
         terms = impala_loss(self.model, record, self.config)

@@ -16,7 +16,7 @@ from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from rqrl.engine.health import heartbeat_age
 from rqrl.engine.keys import PREFIX, RunKeys
-from rqrl.engine.leases import learner_gone
+from rqrl.engine.leases import learner_alive
 from rqrl.engine.rq_safety import RolloutJob, failed_registry, rollout_queue, started_registry
 from rqrl.engine.run_config import SAMPLER_KIND, SEED_KIND, RunConfig
 from rqrl.engine.supervisor import read_sideline_reports
@@ -85,7 +85,7 @@ class RunStatus:
     def learner_alive(self, now: float) -> bool:
         """Whether the learner's heartbeat deadline has not passed: ``rqrl health --run``'s answer
         (rqrl.engine.health.learner_is_healthy), so the two never disagree."""
-        return self.learner_deadline is not None and not learner_gone(self.learner_deadline, now)
+        return learner_alive(self.learner_deadline, now)
 
     @property
     def local_actors(self) -> bool:

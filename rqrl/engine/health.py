@@ -11,7 +11,7 @@ from rq.utils import utcparse
 from rq.worker_registration import REDIS_WORKER_KEYS
 
 from rqrl.engine.keys import RunKeys
-from rqrl.engine.leases import learner_gone
+from rqrl.engine.leases import learner_alive
 from rqrl.engine.timings import protocol_timings
 
 WORKER_KEY_PREFIX = "rq:worker:"
@@ -80,6 +80,6 @@ def learner_is_healthy(connection: redis.Redis, run_name: str) -> tuple[bool, st
     config, deadline = connection.mget([keys.config, keys.learner_deadline])
     if config is None:
         return False, f"no run {run_name!r} in Redis"
-    if deadline is None or learner_gone(deadline):
+    if not learner_alive(deadline):
         return False, f"the learner of run {run_name} is past its heartbeat deadline (learner_timeout)"
     return True, f"the learner of run {run_name} is alive"

@@ -298,6 +298,12 @@ class Reaper:
         return True
 
 
+def learner_alive(deadline: bytes | str | None, now: float | None = None) -> bool:
+    """Whether a run's learner is alive by its heartbeat ``deadline`` as Redis holds it: there is one, and it has
+    not passed (``rqrl health --run`` and ``rqrl status`` both answer by this)."""
+    return deadline is not None and not learner_gone(deadline, now)
+
+
 def learner_gone(deadline: bytes | str | None, now: float | None = None) -> bool:
     """Whether the run's learner missed its heartbeat deadline (unix seconds; see RunKeys.learner_deadline).
     No deadline, or one that does not parse, counts as alive: stopping a run takes a positive sign."""

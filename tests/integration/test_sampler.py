@@ -20,7 +20,7 @@ from rqrl import (
 from rqrl.engine.rq_safety import rollout_queue
 from tests import fixtures
 from tests.conftest import TEST_SECRET
-from tests.in_process import work_burst
+from tests.in_process import obtain_in_process, work_burst
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -106,7 +106,7 @@ def test_a_run_rqrl_stop_removed_between_calls_stops_the_sampler_instead_of_bein
     with make_sampler(redis_url, fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2,
                       n_local_workers=0) as sampler:
         sampler.start_worker()
-        _obtain_with_a_burst(connection, sampler)
+        obtain_in_process(connection, sampler, 2)
         connection.delete(sampler.keys.learner_deadline)  # the sampler trains between calls: its deadline passed
         result = invoke("stop", sampler.config.run_name, "--redis-url", redis_url, "--wait", "1")
         assert result.exit_code == 0 and "no live learner" in result.output, result.output
@@ -115,15 +115,3 @@ def test_a_run_rqrl_stop_removed_between_calls_stops_the_sampler_instead_of_bein
             sampler.obtain_exact_episodes(1, None)
         assert not connection.exists(sampler.keys.config), "the stopped run was stored again"
 
-
-def _obtain_with_a_burst(connection, sampler) -> None:
-    """One ``obtain_exact_episodes(2)`` whose jobs run in this process."""
-    raised: list[BaseException] = []
-    call = threading.Thread(target=lambda: _record_error(raised, sampler.obtain_exact_episodes, 2, None),
-                            daemon=True)
-    call.start()
-    queue = rollout_queue(sampler.config.queue_name, connection)
-    wait_until(lambda: queue.count == len(sampler.config.actor_groups), 10, message="the call's jobs enqueued")
-    work_burst(connection, (sampler.config.queue_name,))
-    call.join(30)
-    assert not call.is_alive() and not raised, raised

@@ -4,7 +4,6 @@ started; tests/unit/test_status.py checks the screen from a RunStatus)."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -12,7 +11,6 @@ import pytest
 from rqrl import RQSampler
 from rqrl.cli.status import read_status
 from rqrl.engine.keys import RunKeys
-from rqrl.engine.rq_safety import rollout_queue
 from rqrl.engine.run_config import RunConfig
 from rqrl.seed.config import Config
 from rqrl.seed.store import SeedRecord, SeedRun
@@ -20,8 +18,7 @@ from rqrl.seed.trainer import Trainer
 from tests import fixtures
 from tests.cli_runner import invoke
 from tests.conftest import TEST_SECRET
-from tests.in_process import work_burst
-from tests.polling import wait_until
+from tests.in_process import obtain_in_process
 from tests.seed_fixtures import cartpole_agent, make_cartpole
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,8 +65,8 @@ def test_a_sampler_publishes_its_steps_rates_and_call_at_its_heartbeat(connectio
     with RQSampler(fixtures.VersionPolicy(1), fixtures.make_echo_env(), n_workers=2, max_episode_length=100,
                    redis_url=redis_url, secret=TEST_SECRET, n_local_workers=0, progress=False) as sampler:
         sampler.start_worker()
-        first = _obtain_with_a_burst(connection, sampler)
-        _obtain_with_a_burst(connection, sampler)  # its first heartbeat counts the first call's steps
+        first = int(obtain_in_process(connection, sampler, 1).lengths.sum())
+        obtain_in_process(connection, sampler, 1)  # its first heartbeat counts the first call's steps
         learner = read_status(connection, sampler.config.run_name)[0].learner
         screen = status_screen(redis_url, sampler.config.run_name)
     assert learner["env_steps"] == first > 0 and 1 <= learner["sampler_version"] <= 2, learner
@@ -81,19 +78,6 @@ def test_a_sampler_publishes_its_steps_rates_and_call_at_its_heartbeat(connectio
     assert "lag" not in line and "queue" not in line and "policy version" not in line, line
     assert "jobs      queued 0, started 0, failed 0 (a sampler's jobs run only during its obtain_* calls)" in screen
 
-
-def _obtain_with_a_burst(connection, sampler) -> int:
-    """One ``obtain_exact_episodes(1)`` whose jobs run in this process; returns its steps."""
-    steps: list[int] = []
-    call = threading.Thread(target=lambda: steps.append(int(sampler.obtain_exact_episodes(1, None).lengths.sum())),
-                            daemon=True)
-    call.start()
-    queue = rollout_queue(sampler.config.queue_name, connection)
-    wait_until(lambda: queue.count == len(sampler.config.actor_groups), 10, message="the call's jobs enqueued")
-    work_burst(connection, (sampler.config.queue_name,))
-    call.join(30)
-    assert not call.is_alive() and steps, "the call returned"
-    return steps[0]
 
 
 def test_a_seed_trainers_heartbeat_shows_its_rates_and_its_actor_processes(connection, redis_url, run_name):
