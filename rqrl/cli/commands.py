@@ -75,10 +75,13 @@ class _RqrlGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         """The command; a Ctrl-C that reaches here (one while a command starts, before it handles its own, or in
         a command that does not) exits 130, as a run's does, where click's default says "Aborted!" and exits 1."""
+        command = _command_name(ctx)  # read first: click's invoke takes the arguments out of the context
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
-            click.echo("interrupted (SIGINT)", err=True)
+            # a run that started handles its own Ctrl-C: this one came while `train` was being built
+            before_the_run = " before the run started: nothing written, no run folder" if command == "train" else ""
+            click.echo(f"interrupted (SIGINT){before_the_run}", err=True)
             raise SystemExit(INTERRUPTED_EXIT_CODES["SIGINT"]) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -93,6 +96,13 @@ class _RqrlGroup(click.Group):
         rows = [(name, shown[name].get_short_help_str(limit)) for name in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _command_name(ctx: click.Context) -> str | None:
+    """The subcommand the command line names (click 8.2+ keeps it in ``_protected_args``, older clicks in
+    ``protected_args``), even before click has resolved it."""
+    names = getattr(ctx, "_protected_args", None) or getattr(ctx, "protected_args", None) or ctx.args
+    return names[0] if names else None
 
 
 @click.group(cls=_RqrlGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -130,6 +130,23 @@ def test_ctrl_c_while_a_command_starts_exits_130_not_click_s_aborted(monkeypatch
     assert result.stderr.strip().splitlines()[-1] == "interrupted (SIGINT)"
 
 
+def test_ctrl_c_while_train_is_built_says_no_run_folder_was_written(monkeypatch):
+    """docs/training.md promises a run stopped before it started says so; a Ctrl-C while `train` imported torch
+    said only "interrupted (SIGINT)"."""
+    import rqrl.cli.train
+    from rqrl.cli import main
+
+    def importing_torch():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rqrl.cli.train, "train_group", importing_torch)
+    monkeypatch.delitem(main.commands, "train", raising=False)  # built by an earlier test: build it again
+    result = invoke("train", "--env", "CartPole-v1")
+    assert result.exit_code == 130, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == ("interrupted (SIGINT) before the run started: nothing "
+                                                      "written, no run folder")
+
+
 def test_evaluate_takes_a_file_of_the_run_by_name_or_a_weights_file_alone(weights_run):
     import shutil
 
