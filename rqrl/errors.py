@@ -174,4 +174,5 @@ class LeaseLostError(RqrlError):
 
 
 class CheckpointError(RqrlError):
-    """A checkpoint or weights file is missing, corrupted or does not fit the model."""
+    """A checkpoint or weights file is missing, corrupted or does not fit the model, or a run file (a checkpoint,
+    weights, metrics.csv, summary.json) cannot be written: a full or read-only disk."""

@@ -22,24 +22,59 @@ import torch
 from rqrl.errors import CheckpointError, ConfigError
 
 
+def _read_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status): os.umask can only
+    read it by setting it, process-wide, and a file another thread creates meanwhile would get the wrong mode."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere (macOS): set and restore at once, at import, before the learner's threads
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_read_umask()
+"""The mode a new file of this process gets (0o644 under the usual umask 022): safetensors writes through a private
+temporary file (0o600), which another user of a shared run folder could not read."""
+
+
+def write_error(path: Path, error: BaseException, kept: str, *, run_dir: Path | None = None,
+                resume: bool = True) -> CheckpointError:
+    """The CheckpointError of a run file that could not be written (a full or read-only disk): it names ``path``,
+    the system's reason, what is ``kept`` on disk, and the fix; with ``resume``, how to go on with the run after,
+    where ``run_dir`` (default: the file's folder) is a run folder (it has config.json).
+
+    >>> import errno
+    >>> str(write_error(Path("/x/metrics.csv"), OSError(errno.ENOSPC, "No space left on device"), "rows stay"))
+    'cannot write /x/metrics.csv: No space left on device; rows stay. Free space on that disk (or make /x writable)'
+    """
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    run_dir = path.parent if run_dir is None else run_dir
+    then = (f", then resume the run with `rqrl train --resume {run_dir}`"
+            if resume and (run_dir / "config.json").is_file() else "")
+    return CheckpointError(f"cannot write {path}: {reason}; {kept}. Free space on that disk (or make "
+                           f"{path.parent} writable){then}")
+
+
 def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """Write a temporary file, then rename it over ``path``: a save that fails (a full or read-only disk) or is
-    killed leaves the earlier file whole. CheckpointError naming the file, the system's reason and the fix."""
+    killed leaves the earlier file whole. CheckpointError naming the file, the system's reason and the fix. The file
+    gets FILE_MODE, as every other file of the run folder."""
     temporary = path.with_suffix(path.suffix + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         safetensors.torch.save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
                                     str(temporary), metadata=metadata)
+        os.chmod(temporary, FILE_MODE)
         os.replace(temporary, path)
     except (OSError, safetensors.SafetensorError) as error:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         kept = f"the {path.name} written before stays" if path.is_file() else f"no {path.name} was written"
-        resume = (f", then resume the run with `rqrl train --resume {path.parent}`"
-                  if (path.parent / "config.json").is_file() else "")
-        raise CheckpointError(f"cannot write {path}: {reason}; {kept}. Free space on that disk (or make "
-                              f"{path.parent} writable){resume}") from error
+        raise write_error(path, error, kept) from error
 
 
 def save_weights(path: str | Path, state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:

@@ -23,7 +23,7 @@ from rqrl.algorithms.checkpoint import recorded_mean_return
 from rqrl.algorithms.metrics import MetricsWriter
 from rqrl.algorithms.run_folder import RunFolder
 from rqrl.engine.connection import redact_url
-from rqrl.errors import ConfigError, RunStoppedError, RunTakenOverError
+from rqrl.errors import CheckpointError, ConfigError, RunStoppedError, RunTakenOverError
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +266,8 @@ class ResumableLearner:
         self.best_mean_return = recorded_mean_return(self.run_dir / "best.safetensors")
         check_unfinished(resume, env_steps=self.env_steps, total_env_steps=self.config.total_env_steps,
                          solved=self.solved, mean_return=self.mean_return, target_return=self.target_return)
+        if checkpoint_path is not None:  # said once the run goes on: a finished one is refused above
+            log.info("resumed from %s at %d env steps", checkpoint_path, self.env_steps)
 
 
 def checkpoint_to_resume(resume: str | Path) -> Path | None:
@@ -307,7 +309,7 @@ def close_quietly(metrics: MetricsWriter) -> None:
     (logged here) would bury the save's, which says what to do."""
     try:
         metrics.close()
-    except OSError as error:
+    except (OSError, CheckpointError) as error:  # MetricsWriter's write errors are CheckpointErrors
         log.warning("could not finish metrics.csv after the failed save: %s", error)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -54,7 +53,7 @@ from rqrl.algorithms.common import (
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
-from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve, write_summary
 from rqrl.algorithms.run_folder import RunFolder
 from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.devices import check_device
@@ -225,7 +224,7 @@ def _train(run: _DqnRun, config: DqnConfig, secret: str | bytes | None, redis_se
                          stopped_by=stopped_by,
                          budget="step" if final["env_steps"] >= config.total_env_steps else "time")
     if run.metrics is not None:  # the run started
-        (run.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+        write_summary(run.run_dir, result.summary())
     return result
 
 
@@ -269,13 +268,14 @@ class _DqnRun:
         checkpoint_path = checkpoint_to_resume(resume)
         if checkpoint_path is not None:
             self.before.update(load_agent_checkpoint(checkpoint_path, self.agent, config))
-            log.warning("resumed from %s at %d env steps; the replay starts empty and refills to %d transitions",
-                        checkpoint_path, self.before["env_steps"], config.minimum_buffer_size)
         self.best = recorded_mean_return(self.run_dir / "best.safetensors")
         mean, solved = self._judged(self.before["recent_returns"][-100:])
         check_unfinished(resume, env_steps=int(self.before["env_steps"]), total_env_steps=config.total_env_steps,
                          solved=solved, mean_return=mean, target_return=self.target_return,
                          seconds=float(self.before["seconds"]), time_budget=config.seconds)
+        if checkpoint_path is not None:  # said once the run goes on: a finished one is refused above
+            log.warning("resumed from %s at %d env steps; the replay starts empty and refills to %d transitions",
+                        checkpoint_path, self.before["env_steps"], config.minimum_buffer_size)
 
     def seconds_left(self) -> float:
         """What is left of the time budget (--seconds), which counts every session of the run, as the step

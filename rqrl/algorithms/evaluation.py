@@ -135,18 +135,27 @@ def check_evaluation(eval_every: float | None, eval_episodes: int) -> None:
 
 class PeriodicEvaluation:
     """``--eval-every``: every ``every_seconds`` of training, ``episodes`` greedy episodes on an env of its own,
-    in the learner's process (training waits for them: ``eval_seconds`` says how long). None: never."""
+    in the learner's process (training waits for them: ``eval_seconds`` says how long). None: never.
+
+    The clock starts at the first ``maybe_run``, which the learners call after their first batch: the time a learner
+    waits for its workers to come (made before them, the evaluation would count it) is no training time."""
 
     def __init__(self, env_id: str, every_seconds: float | None, episodes: int, seed: int,
                  clock: Callable[[], float] = time.monotonic, **env_options: Any):
         self.every_seconds, self.episodes, self.seed = every_seconds, episodes, seed + EVAL_SEED_OFFSET
         self._clock = clock
         self._env = make_train_env(env_id, **env_options) if every_seconds is not None else None
-        self._next = clock() + every_seconds if every_seconds is not None else math.inf
+        self._next: float | None = None if every_seconds is not None else math.inf
+        """When the next evaluation is due; None until training starts (the first maybe_run)."""
 
     def maybe_run(self, model: nn.Module) -> dict[str, float] | None:
-        """The evaluation's figures (eval_return, its std, eval_seconds) if one is due, else None."""
-        if self._env is None or self.every_seconds is None or self._clock() < self._next:
+        """The evaluation's figures (eval_return, its std, eval_seconds) if one is due, else None; the first call
+        starts the clock (the first evaluation is due ``every_seconds`` after it)."""
+        if self._env is None or self.every_seconds is None:
+            return None
+        if self._next is None:
+            self._next = self._clock() + self.every_seconds
+        if self._clock() < self._next:
             return None
         started = time.perf_counter()
         returns = run_episodes(model, self._env, self.episodes, self.seed)

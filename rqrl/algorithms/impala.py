@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
@@ -61,7 +60,7 @@ from rqrl.algorithms.common import (
     write_config,
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
-from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
+from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve, write_summary
 from rqrl.algorithms.run_folder import RunFolder
 from rqrl.algorithms.tracking import check_wandb, tracker
 from rqrl.engine.devices import check_device
@@ -410,7 +409,6 @@ class Learner(ResumableLearner):
         self.env_steps, self.updates = counters["env_steps"], counters["updates"]
         self.episodes, self.elapsed_before = counters["episodes"], counters["seconds"]
         self.recent_returns.extend(counters.get("recent_returns", []))
-        log.info("resumed from %s at %d env steps", checkpoint_path, self.env_steps)
 
     def update(self, record: BatchedRecord) -> LossTerms:
         terms = impala_loss(self.model, record, self.config)
@@ -486,7 +484,7 @@ def _train(learner: Learner, config: ImpalaConfig, actors: DistributedActors | N
                          episodes=learner.episodes, stopped_by=stopped_by, bottleneck=loop.bottleneck.verdict(),
                          bottleneck_detail=loop.bottleneck.explain())
     if loop.metrics is not None:
-        (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+        write_summary(learner.run_dir, result.summary())
     return result
 
 

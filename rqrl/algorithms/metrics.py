@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import json
 import logging
 import math
 import socket
@@ -10,13 +12,15 @@ import statistics
 import struct
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
+
+from rqrl.algorithms.checkpoint import write_error
 
 if TYPE_CHECKING:
     from rqrl.algorithms.tracking import ScalarLog
@@ -39,7 +43,10 @@ class MetricsWriter:
     (--wandb's) gets each row's TensorBoard scalars too, and is closed with the writer.
 
     ``resume_step`` (a resumed run: the checkpoint's env steps) drops the rows and TensorBoard points an
-    earlier learner wrote past it, so history is never written twice."""
+    earlier learner wrote past it, so history is never written twice.
+
+    A file that cannot be written (a full disk) is a CheckpointError naming it, the system's reason and the fix, as
+    a failed checkpoint save is: the learner stops on it, and ``close`` then only closes the files."""
 
     def __init__(self, run_dir: str | Path, fields: list[str], resume_step: int | None = None, *,
                  every_seconds: float = 0.0, reductions: Mapping[str, str] | None = None,
@@ -52,16 +59,26 @@ class MetricsWriter:
         if unknown:
             raise ValueError(f"unknown reduction(s) {unknown}: use {', '.join(REDUCTIONS)}")
         self.csv_path = self.run_dir / "metrics.csv"
-        if resume_step is not None:
-            truncate_rows(self.csv_path, resume_step, self.fields)
-        is_new = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
-        self._file = self.csv_path.open("a", newline="")
+        self.failed = False
+        """True once a write failed: close() then writes nothing more."""
+        with self._writing(self.csv_path):
+            if resume_step is not None:
+                truncate_rows(self.csv_path, resume_step, self.fields)
+            is_new = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
+            self._file = self.csv_path.open("a", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=self.fields, extrasaction="ignore")
-        if is_new:
-            self._csv.writeheader()
-        # purge_step: TensorBoard hides the earlier files' points from that step on
-        self._tensorboard = EventFile(self.run_dir / "tensorboard",
-                                      purge_step=resume_step + 1 if resume_step is not None else None)
+        try:
+            with self._writing(self.csv_path):
+                if is_new:
+                    self._csv.writeheader()
+            with self._writing(self.run_dir / "tensorboard"):
+                # purge_step: TensorBoard hides the earlier files' points from that step on
+                self._tensorboard = EventFile(self.run_dir / "tensorboard",
+                                              purge_step=resume_step + 1 if resume_step is not None else None)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            raise
         self._tracker = tracker
         self._pending: dict[str, list[float]] = {}
         self._pending_step: int | None = None
@@ -85,12 +102,14 @@ class MetricsWriter:
         if self._pending_step is None:
             return
         row = {name: self._reduce(name, values) for name, values in self._pending.items()}
-        self._csv.writerow({"env_steps": self._pending_step, **row})
-        self._file.flush()
+        with self._writing(self.csv_path):
+            self._csv.writerow({"env_steps": self._pending_step, **row})
+            self._file.flush()
         scalars = {tensorboard_tag(name): value for name, value in row.items()
                    if value is not None and math.isfinite(value)}
-        self._tensorboard.write_scalars(self._pending_step, scalars)
-        self._tensorboard.flush()
+        with self._writing(self._tensorboard.path):
+            self._tensorboard.write_scalars(self._pending_step, scalars)
+            self._tensorboard.flush()
         if self._tracker is not None and scalars:
             self._tracker.log(self._pending_step, scalars)
         self._pending, self._pending_step = {}, None
@@ -104,15 +123,46 @@ class MetricsWriter:
     def flush(self) -> None:
         """Write the pending row, if any, and flush the files."""
         self._write_row()
-        self._file.flush()
-        self._tensorboard.flush()
+        with self._writing(self.csv_path):
+            self._file.flush()
+        with self._writing(self._tensorboard.path):
+            self._tensorboard.flush()
 
     def close(self) -> None:
-        self._write_row()
-        self._file.close()
-        self._tensorboard.close()
+        """Write the pending row and close the files. After a failed write (a full disk) only close them: what they
+        still buffer is lost (the rows written before stay), and no second error buries the first."""
+        try:
+            if not self.failed:
+                self._write_row()
+        finally:
+            self._close_files()
+
+    def _close_files(self) -> None:
+        """Close metrics.csv, the event file and the tracker, each of them whatever the others do. Closing flushes,
+        which fails again on a full disk: after a failed write that is ignored, else it is _writing's error."""
+        failures: list[tuple[Path, OSError]] = []
+        for path, file in ((self.csv_path, self._file), (self._tensorboard.path, self._tensorboard)):
+            try:
+                file.close()
+            except OSError as error:
+                failures.append((path, error))
         if self._tracker is not None:
             self._tracker.close()
+        if failures and not self.failed:
+            failed_path, failure = failures[0]
+            with self._writing(failed_path):  # the first failure as the CheckpointError of a failed write
+                raise failure
+
+    @contextlib.contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """An OSError (ENOSPC, EROFS...) while writing ``path`` as write_error's CheckpointError, which names it
+        and the fix; the writer is ``failed`` from then on."""
+        try:
+            yield
+        except OSError as error:
+            self.failed = True
+            raise write_error(path, error, "the rows and TensorBoard points written before stay",
+                              run_dir=self.run_dir) from error
 
 
 LOSS_TERMS = frozenset({"entropy", "clip_fraction", "mean_rho", "grad_norm"})
@@ -236,10 +286,28 @@ def truncate_rows(csv_path: Path, last_step: int, fields: list[str]) -> int:
         writer.writeheader()
         writer.writerows(kept)
     partial.replace(csv_path)
-    if dropped:
+    if dropped and last_step == 0:  # a run folder with no checkpoint (or one of 0 steps): the run starts over
+        log.warning("%s: dropped the %d row(s) of the earlier attempt: the run starts again from its first step",
+                    csv_path, dropped)
+    elif dropped:
         log.warning("%s: dropped %d row(s) past the checkpoint's %d env steps (written after it, before the "
                     "run stopped)", csv_path, dropped, last_step)
     return dropped
+
+
+def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
+    """``summary`` (TrainResult.summary()) as the run's summary.json, through a temporary file renamed over it: a
+    full disk leaves the earlier one whole, and is a CheckpointError naming the file, the reason and the fix."""
+    path = run_dir / "summary.json"
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        temporary.write_text(json.dumps(dict(summary), indent=2))
+        temporary.replace(path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise write_error(path, error, "the checkpoint and weights written before it stay",
+                          resume=False) from error
 
 
 def _step(row: Mapping[str, str | None]) -> float:

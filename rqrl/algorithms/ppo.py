@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections import deque
@@ -66,7 +65,7 @@ from rqrl.algorithms.common import (
 )
 from rqrl.algorithms.evaluation import PeriodicEvaluation, check_evaluation
 from rqrl.algorithms.impala import ActorCritic
-from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve
+from rqrl.algorithms.metrics import MetricsWriter, plot_learning_curve, write_summary
 from rqrl.algorithms.run_folder import RunFolder
 from rqrl.algorithms.sample_ahead import SampleAhead
 from rqrl.algorithms.tracking import check_wandb, tracker
@@ -289,7 +288,6 @@ class PpoLearner(ResumableLearner):
         self.env_steps, self.updates = counters["env_steps"], counters["updates"]
         self.episodes, self.elapsed_before = counters["episodes"], counters["seconds"]
         self.recent_returns.extend(counters.get("recent_returns", []))
-        log.info("resumed from %s at %d env steps", checkpoint_path, self.env_steps)
 
     def cpu_state_dict(self) -> dict[str, torch.Tensor]:
         return {key: value.detach().to("cpu") for key, value in self.model.state_dict().items()}
@@ -396,7 +394,7 @@ def _train(learner: PpoLearner, config: PpoConfig, sampler: Any, secret: str | b
                          mean_return=learner.mean_return, best_mean_return=learner.best_mean_return,
                          episodes=learner.episodes, stopped_by=stopped_by)
     if metrics is not None:
-        (learner.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+        write_summary(learner.run_dir, result.summary())
     return result
 
 

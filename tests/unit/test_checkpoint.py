@@ -195,3 +195,21 @@ def test_a_state_that_does_not_fit_is_a_config_error_not_a_torch_traceback(tmp_p
                                           r"state_dict.*\): use the right size") as raised:
         load_into(small_model(), torch.nn.Linear(3, 9).state_dict(), tmp_path / "x.safetensors", "use the right size")
     assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+def test_weights_and_checkpoints_get_the_mode_the_umask_gives_a_new_file(tmp_path):
+    """safetensors writes through a private temporary file (0o600): on a shared volume another user could not read
+    the weights, where every other file of the run folder is readable (0o644 under umask 022)."""
+    import os
+    import stat
+
+    from rqrl.algorithms.checkpoint import FILE_MODE, _read_umask
+
+    umask = os.umask(0o022)  # this test's thread is the only one: reading the umask by setting it is safe here
+    os.umask(umask)
+    assert _read_umask() == umask and FILE_MODE == 0o666 & ~umask
+    (tmp_path / "plain.txt").write_text("x")  # what any other file of the folder gets
+    save_weights(tmp_path / "best.safetensors", {"x": torch.zeros(2)}, {})
+    save_checkpoint(tmp_path / "checkpoint.safetensors", TrainingState({"x": torch.zeros(2)}, {}))
+    for name in ("plain.txt", "best.safetensors", "checkpoint.safetensors"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == FILE_MODE, name

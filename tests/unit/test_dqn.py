@@ -210,3 +210,13 @@ def test_a_resumed_dqn_run_takes_the_best_return_of_its_best_weights_file(tmp_pa
     resumed = _DqnRun(DqnConfig(resume=str(run.run_dir), progress=False, hidden_size=16))
     resumed.folder.close()
     assert resumed.best == 214.67
+
+
+def test_resuming_a_finished_dqn_run_does_not_say_it_resumed(tmp_path, caplog):
+    """The check comes first: the log line that the run goes on (and its replay refills) only where it does."""
+    with caplog.at_level("WARNING", logger="rqrl.algorithms.dqn"), pytest.raises(ConfigError, match="is finished"):
+        dqn_run_at(tmp_path / "finished", trained=12.5, seconds=12.0)
+    assert "resumed from" not in caplog.text
+    with caplog.at_level("WARNING", logger="rqrl.algorithms.dqn"):
+        dqn_run_at(tmp_path / "going_on", trained=1.0, seconds=12.0).folder.close()
+    assert "resumed from" in caplog.text and "at 500 env steps; the replay starts empty" in caplog.text

@@ -66,6 +66,20 @@ def test_an_evaluation_comes_when_due_and_the_next_after_another_interval():
         evaluation.close()
 
 
+def test_the_clock_starts_at_the_first_batch_not_while_the_learner_waits_for_workers():
+    clock = Clock()
+    evaluation = PeriodicEvaluation("CartPole-v1", 10.0, episodes=1, seed=3, clock=clock)  # made at the start
+    try:
+        clock.now += 45.0  # the workers took their time to come
+        assert evaluation.maybe_run(AlwaysRight()) is None, "the first batch: training starts now"
+        clock.now += 9.0
+        assert evaluation.maybe_run(AlwaysRight()) is None
+        clock.now += 1.0
+        assert evaluation.maybe_run(AlwaysRight()) is not None, "--eval-every seconds into training"
+    finally:
+        evaluation.close()
+
+
 def test_no_eval_every_never_evaluates():
     evaluation = PeriodicEvaluation("CartPole-v1", None, episodes=2, seed=0, clock=lambda: 1e12)
     assert evaluation.maybe_run(AlwaysRight()) is None

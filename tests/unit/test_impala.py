@@ -537,6 +537,24 @@ def test_eval_every_logs_greedy_returns_beside_the_training_returns(tmp_path):
     assert result.env_steps == 6400
 
 
+class SlowToStart(SerialDistributedActors):
+    """Actors whose workers take ``seconds`` to come (RedisDistributedActors waits for them on entering)."""
+
+    seconds = 0.3
+
+    def __enter__(self):
+        time.sleep(self.seconds)
+        return super().__enter__()
+
+
+def test_the_first_evaluation_comes_eval_every_into_training_not_at_the_first_update(tmp_path):
+    config = small_config(tmp_path, total_env_steps=640, eval_every=SlowToStart.seconds / 2, eval_episodes=1)
+    actors = SlowToStart(CARTPOLE, ActorCritic(4, 2, config.hidden_size), config.n_rollout_steps, config.n_actors,
+                         config.batch_size, actor_env_seeds=[1, 2, 3, 4], actor_agent_seeds=[5, 6, 7, 8])
+    train(config, actors=actors)
+    assert read_rows(tmp_path / "smoke" / "metrics.csv")[0]["eval_return"] == "", "no evaluation at the first update"
+
+
 def test_train_resumes_from_the_run_folder(tmp_path):
     first = small_config(tmp_path)
     result = train(first, actors=serial_actors(first))
@@ -803,6 +821,45 @@ def test_resuming_a_finished_run_says_so_and_leaves_its_folder_alone(trained_run
         train(config, actors=serial_actors(config))
     assert files_of(run) == before
     Learner(dataclasses.replace(config, total_env_steps=4160)).folder.close()  # the lock was let go
+
+
+def test_resuming_a_finished_run_does_not_say_it_resumed(trained_run, tmp_path, caplog):
+    run, _ = copy_of(trained_run, tmp_path)
+    config = small_config(tmp_path, run_name=None, resume=str(run))  # total_env_steps 4096: reached
+    with caplog.at_level("INFO", logger="rqrl.algorithms"), pytest.raises(ConfigError, match="is finished"):
+        train(config, actors=serial_actors(config))
+    assert "resumed from" not in caplog.text
+    with caplog.at_level("INFO", logger="rqrl.algorithms"):
+        Learner(dataclasses.replace(config, total_env_steps=4160)).folder.close()
+    assert f"resumed from {run / 'checkpoint.safetensors'} at 4096 env steps" in caplog.text
+
+
+def test_a_full_disk_under_metrics_mid_run_is_one_error_and_the_earlier_checkpoint_stays(tmp_path, monkeypatch):
+    """As a failed checkpoint save: one CheckpointError naming the file, the run stops, nothing more is written."""
+    import errno
+
+    from rqrl.algorithms.metrics import EventFile
+
+    rows = []
+    real_write_scalars = EventFile.write_scalars
+
+    def disk_fills_up(self, step, values):
+        rows.append(step)
+        if len(rows) > 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write_scalars(self, step, values)
+
+    monkeypatch.setattr(EventFile, "write_scalars", disk_fills_up)
+    config = small_config(tmp_path, checkpoint_seconds=0)
+    with pytest.raises(CheckpointError, match=r"cannot write .*smoke/tensorboard/events.out.tfevents.*: No space left "
+                                              r"on device; .*then resume the run with `rqrl train --resume .*smoke`"
+                       ) as raised:
+        train(config, actors=serial_actors(config))
+    assert raised.value.__context__ is raised.value.__cause__, "no second error from the clean-up"
+    assert len(rows) == 21, "no last row tried after the failed one"
+    run = tmp_path / "smoke"
+    assert load_checkpoint(run / "checkpoint.safetensors").counters["env_steps"] == 20 * 64
+    assert not (run / "final.safetensors").exists() and not (run / "summary.json").exists()
 
 
 def test_a_save_that_fails_mid_run_is_one_error_and_the_earlier_checkpoint_stays(tmp_path, monkeypatch):

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import csv
+import errno
+import logging
 import math
 import struct
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from rqrl.algorithms.metrics import Bottleneck, MetricsWriter, plot_learning_curve
+from rqrl.algorithms.metrics import Bottleneck, EventFile, MetricsWriter, plot_learning_curve, write_summary
+from rqrl.errors import CheckpointError
 from tests.run_files import PNG_SIGNATURE, read_rows, tensorboard_events, tensorboard_scalars
 
 
@@ -194,3 +198,84 @@ def test_bottleneck_names_what_limits_the_run(steps, verdict):
 def test_bottleneck_before_any_batch_says_so():
     assert Bottleneck().verdict() is None
     assert Bottleneck().explain() == "bottleneck: no batch trained on"
+
+
+def test_a_restarted_run_says_it_dropped_the_earlier_attempt_s_rows_not_a_checkpoint_s(tmp_path, caplog):
+    """A run folder with no checkpoint starts again from its first step (resume_step 0): no checkpoint to name."""
+    (tmp_path / "metrics.csv").write_text("env_steps,x\n512,1\n1024,2\n")
+    with caplog.at_level(logging.WARNING, logger="rqrl.algorithms.metrics"):
+        MetricsWriter(tmp_path, ["x"], resume_step=0).close()
+    assert read_rows(tmp_path / "metrics.csv") == []
+    assert "dropped the 2 row(s) of the earlier attempt: the run starts again from its first step" in caplog.text
+    assert "checkpoint" not in caplog.text
+
+
+NO_SPACE = OSError(errno.ENOSPC, "No space left on device")
+
+
+class FullDisk:
+    """A file on a full disk: what is written waits in its buffer, and flushing (closing too) fails with ENOSPC."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        raise NO_SPACE
+
+    def close(self) -> None:
+        self.file.close()
+        raise NO_SPACE
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run folder (it has config.json): the messages say how to resume it."""
+    (tmp_path / "config.json").write_text("{}")
+    return tmp_path
+
+
+def test_a_full_disk_under_metrics_csv_is_one_error_naming_the_file_and_the_fix(run, monkeypatch):
+    real_open = Path.open
+
+    def open_on_a_full_disk(path, *args, **kwargs):
+        file = real_open(path, *args, **kwargs)
+        return FullDisk(file) if path.name == "metrics.csv" and args[:1] == ("a",) else file
+
+    writer = MetricsWriter(run, ["x"])  # its header waits in the buffer
+    writer.flush()
+    monkeypatch.setattr(Path, "open", open_on_a_full_disk)
+    writer = MetricsWriter(run, ["x"])
+    with pytest.raises(CheckpointError) as raised:
+        writer.write(100, {"x": 1.0})
+    assert str(raised.value) == (f"cannot write {run / 'metrics.csv'}: No space left on device; the rows and "
+                                 f"TensorBoard points written before stay. Free space on that disk (or make {run} "
+                                 f"writable), then resume the run with `rqrl train --resume {run}`")
+    assert raised.value.__cause__ is NO_SPACE and writer.failed
+    writer.close()  # no second error: the files are only closed
+    writer = MetricsWriter(run, ["x"])  # the header waits in the buffer: closing writes it
+    with pytest.raises(CheckpointError, match=f"cannot write {run / 'metrics.csv'}: No space left on device"):
+        writer.close()
+
+
+def test_a_full_disk_under_the_event_file_is_one_error_naming_it(run, monkeypatch):
+    writer = MetricsWriter(run, ["x"])
+    monkeypatch.setattr(EventFile, "_write", lambda self, event: (_ for _ in ()).throw(NO_SPACE))
+    with pytest.raises(CheckpointError, match=f"cannot write {writer._tensorboard.path}: No space left on device; "
+                                              f".*then resume the run with `rqrl train --resume {run}`"):
+        writer.write(100, {"x": 1.0})
+    writer.close()
+    assert read_rows(run / "metrics.csv") == [{"env_steps": "100", "x": "1.0"}], "the row written before stays"
+
+
+def test_a_full_disk_under_summary_json_keeps_the_earlier_one(run, monkeypatch):
+    write_summary(run, {"env_steps": 1})
+    monkeypatch.setattr(Path, "write_text", lambda self, text: (_ for _ in ()).throw(NO_SPACE))
+    with pytest.raises(CheckpointError, match=f"cannot write {run / 'summary.json'}: No space left on device; the "
+                                              r"checkpoint and weights written before it stay. Free space on that "
+                                              rf"disk \(or make {run} writable\)$"):
+        write_summary(run, {"env_steps": 2})
+    assert (run / "summary.json").read_text() == '{\n  "env_steps": 1\n}'
+    assert sorted(path.name for path in run.iterdir()) == ["config.json", "summary.json"], "no temporary left"
