@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 import pytest
 
@@ -55,7 +57,8 @@ def test_another_algorithm_or_its_flags_are_refused(ppo_run):
 
 def test_the_commands_refuse_before_training(ppo_run, tmp_path):
     result = invoke("train", "--resume", str(ppo_run), "--n-actors", "3")  # parsed by `rqrl train ppo`'s flags
-    assert result.exit_code == 2 and "No such option '--n-actors'" in result.stderr and "train ppo" in result.stderr
+    assert result.exit_code == 2 and "train ppo" in result.stderr, result.stderr
+    assert re.search(r"No such option:? '?--n-actors", result.stderr), result.stderr  # click 8.1 writes no quotes
     result = invoke("train", "dqn", "--resume", str(ppo_run))
     assert result.exit_code == 2 and "`rqrl train ppo --resume" in result.stderr
     folder = tmp_path / "dqn-run"

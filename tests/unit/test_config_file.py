@@ -4,6 +4,7 @@ and refuses unknown keys and wrong types in one line naming the key."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_the_command_refuses_another_algorithms_file_or_flags_and_resume(tmp_pat
     result = invoke("train", "--config", path, "--n-actors", "3")
     # the file's algorithm's command parses the flags (rqrl.cli.train.TrainGroup), and IMPALA's are none of it
     assert result.exit_code == 2 and "Usage: main train ppo" in result.stderr, result.stderr
-    assert "No such option '--n-actors'" in result.stderr
+    assert re.search(r"No such option:? '?--n-actors", result.stderr), result.stderr  # click 8.1 writes no quotes
     result = invoke("train", "--config", path, "--resume", str(tmp_path))
     assert result.exit_code == 2 and "--config with --resume" in result.stderr
     result = invoke("train", "--config", str(tmp_path / "missing.json"))
