@@ -32,7 +32,7 @@ def windows(rows: list[dict[str, float]], window: float) -> list[list[str]]:
             last = inside[-1]
             rate = (last["env_steps"] - before["env_steps"]) / max(last["seconds"] - before["seconds"], 1e-9)
             mean = "n/a" if math.isnan(last["mean_return"]) else f"{last['mean_return']:.1f}"
-            minutes = f"{start / 60:g}-{min(start + window, last['seconds']) / 60:.1f}"
+            minutes = f"{start / 60:.2f}-{min(start + window, last['seconds']) / 60:.2f}"  # one precision: no overlap
             table.append([minutes, f"{last['env_steps']:,.0f}", f"{rate:,.0f}", f"{last['updates']:,.0f}",
                           f"{last['episodes']:,.0f}", mean])
             before = last

@@ -118,6 +118,10 @@ def serve_worker(spec: dict) -> None:
             allowed_functions = RolloutJob.allowed_functions | {NOOP_JOB}
 
         extra["job_class"] = BenchmarkJob
+    if spec.get("rollouts"):  # a plain rq.Worker reads no RQRL_SECRET (only the CLI and RolloutWorker do); this
+        from rqrl.engine.jobs import configure_secret  # imports neither torch nor gymnasium: a bare parent stays so
+
+        configure_secret(os.environ.get("RQRL_SECRET"))
     connection = redis.Redis.from_url(spec["url"])
     queue = Queue(spec["queue"], connection=connection, serializer=JSONSerializer)
     worker = TimedWorker([queue], connection=connection, serializer=JSONSerializer,
@@ -128,8 +132,10 @@ def serve_worker(spec: dict) -> None:
     print(json.dumps(timing), flush=True)
 
 
-def start_worker(url: str, queue: str, worker_class: str, preload: list[str], burst: bool) -> subprocess.Popen:
-    spec = {"url": url, "queue": queue, "worker_class": worker_class, "preload": preload, "burst": burst}
+def start_worker(url: str, queue: str, worker_class: str, preload: list[str], burst: bool,
+                 rollouts: bool = False) -> subprocess.Popen:
+    spec = {"url": url, "queue": queue, "worker_class": worker_class, "preload": preload, "burst": burst,
+            "rollouts": rollouts}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return subprocess.Popen(
@@ -212,7 +218,7 @@ def measure_rollout_jobs(url: str, label: str, worker_class: str, preload: list[
     try:
         with actors:
             actors.broadcast_updated_policy(policy.state_dict())
-            process = start_worker(url, actors.config.queue_name, worker_class, preload, burst=False)
+            process = start_worker(url, actors.config.queue_name, worker_class, preload, burst=False, rollouts=True)
             for _ in range(max(1, warmup_jobs)):  # the first includes the worker's start-up and imports
                 actors.collect_outputs("cpu")
             started = time.perf_counter()

@@ -292,6 +292,8 @@ def test_run_curve_prints_a_row_per_window_of_a_runs_metrics(tmp_path) -> None:
             if line.startswith("| ") and line[2].isdigit()]
     assert [row[1:] for row in rows] == [  # 0-5 s, 5-10 s, 10-11.5 s: steps, steps/s, updates, episodes, return
         ["400", "89", "4", "1", "-20.6"], ["900", "100", "9", "3", "-20.1"], ["1,100", "100", "11", "3", "-19.9"]], out
+    # minutes, each window from its start to its last row, in one precision ("0.0833333-0.2" read as overlapping)
+    assert [row[0] for row in rows] == ["0.00-0.07", "0.08-0.16", "0.17-0.19"], out
 
 
 def network_benchmark_unavailable() -> str | None:
