@@ -153,6 +153,28 @@ NON_FINITE_LOG_PROB_FIX = ("expected finite numbers: check the policy (NaN weigh
 """What an error about log-probs that are not finite numbers tells the user to look at (every family refuses them)."""
 
 
+def actions_out_of_range(space: Any, actions: np.ndarray) -> str | None:
+    """What is wrong with ``actions`` (one per env, ``[n, ...]``) for a Discrete or MultiDiscrete ``space``, whose
+    envs would fail on them with a bare assertion; None when they fit, or for other spaces (a Box env clips, and
+    its shape is checked elsewhere). One min and max over the batch: cheap enough for every step."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        low, high = np.asarray(space.start), np.asarray(space.start + space.n - 1)
+    elif isinstance(space, spaces.MultiDiscrete):
+        low, high = np.asarray(space.start), np.asarray(space.start + space.nvec - 1)
+    else:
+        return None
+    if actions.size == 0:
+        return None
+    if not np.issubdtype(actions.dtype, np.integer):
+        return f"actions of dtype {actions.dtype}; {space} takes integers"
+    outside = (actions < low) | (actions > high)
+    if not outside.any():
+        return None
+    return f"action {actions[outside].flat[0]}, outside {space} (each from {low.tolist()} to {high.tolist()})"
+
+
 def non_finite_rows(values: np.ndarray) -> np.ndarray:
     """Per row of ``values`` ``[T, ...]`` (a step's log-probs), whether it holds a number that is not finite: what a
     learner must not train on."""

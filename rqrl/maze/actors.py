@@ -42,7 +42,14 @@ from rqrl.engine.local_workers import LocalWorkers, multiprocessing_context
 from rqrl.engine.memory import keep_freed_memory
 from rqrl.engine.observations import stack_obs, to_array, to_tensor
 from rqrl.engine.options import DEFAULTS, RunOptions, choose_options, resolve_workers, run_secret
-from rqrl.engine.policy import Policy, check_state_dict, make_act_function, select_policy_state, state_dict_of
+from rqrl.engine.policy import (
+    Policy,
+    actions_out_of_range,
+    check_state_dict,
+    make_act_function,
+    select_policy_state,
+    state_dict_of,
+)
 from rqrl.engine.process import ProcessContext
 from rqrl.engine.progress import MAX_PACE_SECONDS, StepRates, pace_seconds
 from rqrl.engine.rq_safety import rollout_queue
@@ -360,13 +367,17 @@ class RedisDistributedActors(DistributedActors):
             obs = stack_obs([to_array(env.reset(seed=0)[0])])
             try:
                 with torch.inference_mode():
-                    act(to_tensor(obs), torch.Generator().manual_seed(0))
+                    first = act(to_tensor(obs), torch.Generator().manual_seed(0))
             except Exception as error:
                 raise ConfigError(
                     f"the policy failed on a first observation of the env ({type(error).__name__}: {error}); "
                     f"check that it fits observation space {env.observation_space} and action space "
                     f"{env.action_space}"
                 ) from error
+            actions = torch.as_tensor(first.actions).detach().cpu().numpy()
+            if (wrong := actions_out_of_range(env.action_space, actions)) is not None:
+                raise ConfigError(f"the policy returned {wrong} for a first observation of the env: check that "
+                                  f"it fits action space {env.action_space}")
             return probe_spec(env, act, self.n_rollout_steps, self.n_actors)
         finally:
             close = getattr(env, "close", None)

@@ -17,7 +17,13 @@ import numpy as np
 import torch
 
 from rqrl.engine.observations import Obs, flatten_obs, map_tree, select, to_array, to_tensor
-from rqrl.engine.policy import NON_FINITE_LOG_PROB_FIX, ActFunction, LogitsActFunction, non_finite_rows
+from rqrl.engine.policy import (
+    NON_FINITE_LOG_PROB_FIX,
+    ActFunction,
+    LogitsActFunction,
+    actions_out_of_range,
+    non_finite_rows,
+)
 from rqrl.engine.rewards import reward_error
 from rqrl.errors import ConfigError, EnvError, PolicyError
 from rqrl.maze.group_records import RolloutSteps
@@ -186,13 +192,17 @@ class ActorGroup:
             stored[step] = logits
 
     def _check_action_shape(self, step: int, actions: np.ndarray) -> None:
-        """Refuse actions that do not fit the action space before an env sees them."""
+        """Refuse actions that do not fit the action space before an env sees them: their shape, and for integer
+        spaces their range (an env fails on one out of range with gymnasium's bare assertion)."""
         if self._action_shape is not None and actions.shape != self._action_shape:
             raise PolicyError(
                 f"the policy returned actions of shape {actions.shape} at step {step} of the rollout; actors "
                 f"{self.actor_ids} need {self._action_shape} (one action of shape {self._action_shape[1:]} per env "
                 f"for action space {self.action_space}): fix the policy's act() or forward()"
             )
+        if (wrong := actions_out_of_range(self.action_space, actions)) is not None:
+            raise PolicyError(f"the policy returned {wrong} at step {step} of the rollout of actors {self.actor_ids}: "
+                              f"fix the policy's act() or forward()")
 
     def _check_policy_outputs(self, log_probs: np.ndarray, logits: np.ndarray | None) -> None:
         """Refuse what the learner must not train on: log-probs that are not finite numbers, NaN logits (-inf

@@ -23,18 +23,20 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from rq import get_current_job
 from rq.job import Job
 
 from rqrl.engine.enqueue import SEED_ACTOR_JOB_FUNCTION, SEED_SERVER_JOB_FUNCTION, enqueue_leased
-from rqrl.engine.jobs import beat_worker, worker_secret
+from rqrl.engine.jobs import back_off, beat_worker, fit_again, load_signed, read_config, sideline
 from rqrl.engine.keys import PREFIX, RunKeys
 from rqrl.engine.leases import GroupLease, lease_holder
 from rqrl.engine.rq_safety import failed_registry, rollout_queue
+from rqrl.engine.supervisor import Supervisor
 from rqrl.engine.timings import protocol_timings
-from rqrl.errors import RunStoppedError
+from rqrl.errors import RunStoppedError, WorkerUnfitError
 from rqrl.seed.actor import Actor
 from rqrl.seed.inference import InferenceServer
 from rqrl.seed.store import SeedRun
@@ -115,29 +117,43 @@ def _rate_limited(function: Callable[[], None], seconds: float) -> Callable[[], 
     return call
 
 
-def _joined(run_name: str, name: str) -> SeedRun | None:
-    """The run this job joins, or None if it stopped or was cleaned up before the job started (a job dequeued
-    while the trainer stopped): such a job ends at once and successfully, so RQ keeps no failed job of a
-    finished run."""
+def _joined(run_name: str, name: str, factory: str) -> tuple[SeedRun, Any] | None:
+    """The run this job joins and its signed ``factory`` (``model`` or ``environment``), verified and unpickled;
+    None if the run stopped or was cleaned up before the job started (a job dequeued while the trainer stopped):
+    such a job ends at once and successfully, so RQ keeps no failed job of a finished run. A worker that cannot
+    verify or import the factory (no or another RQRL_SECRET, the env's code missing) is sidelined as the other
+    families' workers are (rqrl.engine.jobs.sideline): it reports itself to the run, waits its back-off so that
+    another worker takes the job the trainer enqueues in its place, and raises WorkerUnfitError."""
     job = get_current_job()
     if job is None:
         raise RunStoppedError("SEED jobs run on rqrl workers only")
+    keys = RunKeys(run_name)
+    blob = job.connection.get(keys.seed(factory))
+    run: SeedRun | None = None
     try:
-        run = SeedRun.attach(job.connection, RunKeys(run_name), worker_secret())
+        if isinstance(blob, bytes):
+            secret, [loaded] = load_signed(run_name, blob)
+            run = SeedRun.attach(job.connection, keys, secret)
     except RunStoppedError:
-        run = None
+        pass
+    except WorkerUnfitError as error:
+        sideline(job.connection, keys, job.id, error)
+        back_off(run_name)
+        raise
     if run is None or run.stopped() or not run.connection.exists(run.keys.seed("settings")):
         log.info("run %s ended before its %s job started: nothing to do", run_name, name)
         return None
-    return run
+    fit_again(run_name)
+    return run, loaded
 
 
 def run_seed_actor(run_name: str, actor_index: int, token: str) -> None:
     """Job: one actor (``actor_threads`` env threads) until the run stops or another job takes its place."""
-    run = _joined(run_name, f"actor-{actor_index}")
-    if run is None:
+    joined = _joined(run_name, f"actor-{actor_index}", "environment")
+    if joined is None:
         return
-    actor = Actor(run, actor_index)
+    run, environment = joined
+    actor = Actor(run, actor_index, environment=environment)
     with _liveness(run, f"actor-{actor_index}", token, actor.stop.set):
         actor.run_forever(tick=_rate_limited(beat_worker, protocol_timings().heartbeat))
 
@@ -146,12 +162,13 @@ def run_seed_server(run_name: str, server_index: int, token: str) -> None:
     """Job: one inference server until the run stops or another job takes its place."""
     import torch
 
-    run = _joined(run_name, f"server-{server_index}")
-    if run is None:
+    joined = _joined(run_name, f"server-{server_index}", "model")
+    if joined is None:
         return
+    run, model_factory = joined
     settings = run.settings()
     torch.set_num_threads(settings["inference_threads"])
-    server = InferenceServer(run, run.load("model")(), f"server-{server_index}.{token}",
+    server = InferenceServer(run, model_factory(), f"server-{server_index}.{token}",
                              settings["inference_batchsize"], settings["inference_delay"],
                              settings["inference_device"], settings["broadcast_period"])
     stop = threading.Event()
@@ -179,6 +196,7 @@ class JobFleet:
         self.actor_processes = actor_processes
         self.jobs: dict[str, PlacedJob] = {}
         self.job_ids: list[str] = []  # every job ever enqueued, for the clean-up
+        self._supervisor: Supervisor | None = None  # the engine's reader of sidelined workers, once there is a run
 
     def launch(self, name: str) -> None:
         """Enqueue a job for ``name`` (actor-0, server-1, ...); an older job of ``name`` stops by itself."""
@@ -189,10 +207,13 @@ class JobFleet:
         self.job_ids.append(placed.job_id)
 
     def dead(self) -> list[tuple[str, str]]:
-        """``(name, cause)`` of each job that stopped beating or never started; queued ones just wait."""
+        """``(name, cause)`` of each job that stopped beating, failed or never started; queued ones just wait, and
+        one that its worker refused goes back on the queue (see hand_back_refused)."""
+        self.hand_back_refused(throttled=True)
         flags = self._running()
         now = time.monotonic()
         queued: set[str] | None = None
+        failed: set[str] | None = None
         found = []
         for name, placed in self.jobs.items():
             if flags[name]:
@@ -207,10 +228,34 @@ class JobFleet:
                 found.append((name, f"stopped beating: its worker was killed or its job {placed.job_id} failed "
                                     f"(the worker's log says which)"))
                 continue
+            if failed is None:
+                self.hand_back_refused(throttled=False)  # a refused job fails too, after its worker's back-off
+                failed = set(failed_registry(self.queue_name, self.connection).get_job_ids())
+                if self.jobs[name] is not placed:
+                    continue
+            if placed.job_id in failed:
+                found.append((name, f"failed before it started: job {placed.job_id} is in queue "
+                                    f"{self.queue_name!r}'s failed registry (its worker's log says why)"))
+                continue
             placed.left_queue_at = placed.left_queue_at or now
             if now - placed.left_queue_at > (job_start := protocol_timings().seed_job_start):
                 found.append((name, f"never started: job {placed.job_id} left the queue {job_start:g} s ago"))
         return found
+
+    def hand_back_refused(self, throttled: bool) -> None:
+        """Enqueue again each job that its worker refused (rqrl.engine.jobs.sideline: no or another RQRL_SECRET,
+        the env's code missing), for another worker; the engine's Supervisor warns once for each such worker and
+        raises WorkersRefusedError once every live worker on the queue refused the run."""
+        if self._supervisor is None:
+            self._supervisor = Supervisor(self.connection, read_config(self.connection, self.keys.run_name),
+                                          rollout_queue(self.queue_name, self.connection))
+        self._supervisor.check_sidelined_workers(throttled=throttled)
+        refused = {report["job_id"]: report["worker"] for report in self._supervisor.sidelined.values()}
+        for name, placed in self.jobs.items():
+            if (worker := refused.get(placed.job_id)) is not None:
+                log.info("run %s: worker %s refused %s's job %s: enqueueing it again for another worker",
+                         self.keys.run_name, worker, name, placed.job_id)
+                self.launch(name)
 
     def _running(self) -> dict[str, bool]:
         return running(self.connection, self.keys, {name: group_of(name, self.actor_processes) for name in self.jobs},

@@ -222,3 +222,23 @@ def test_a_group_larger_than_the_queue_bound_is_warned_of_with_its_lag(connectio
         actors.start()
     assert ("a group of 20 actors pushes 20 rollouts at a time, more than the queue's bound of 8" in caplog.text
             and "n_actors / batch_size = 10 updates" in caplog.text), caplog.text
+
+
+class _ActionFive(torch.nn.Module):
+    """An act() policy whose every action is 5: none of CartPole's."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def act(self, obs, generator):
+        from rqrl.engine.policy import PolicyStep
+
+        return PolicyStep(torch.full((len(obs),), 5), torch.full((len(obs),), -0.69))
+
+
+def test_an_act_policy_whose_actions_the_env_cannot_take_is_refused_at_start(connection, redis_url, run_name):
+    """start() passed it; the workers then failed on gymnasium's bare `AssertionError: np.int64(5) ... invalid`."""
+    with pytest.raises(ConfigError, match=r"returned action 5, outside Discrete\(2\) \(each from 0 to 1\) for a "
+                                          r"first observation"):
+        local_actors(redis_url, run_name, policy=_ActionFive(), n_local_workers=0).start()

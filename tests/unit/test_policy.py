@@ -265,3 +265,19 @@ def test_select_policy_state_picks_the_prefix_holding_exactly_the_policy_when_a_
     expected = {"weight": torch.zeros(())}
     state = {"policy.weight": torch.ones(()), "critic.weight": torch.zeros(1, 4), "critic.bias": torch.zeros(1)}
     assert select_policy_state(expected, state) == {"weight": state["policy.weight"]}
+
+
+def test_actions_out_of_range_are_named_for_integer_spaces_only():
+    from gymnasium import spaces
+
+    from rqrl.engine.policy import actions_out_of_range
+
+    assert actions_out_of_range(spaces.Discrete(3, start=1), np.array([1, 3])) is None
+    assert actions_out_of_range(spaces.Discrete(3, start=1), np.array([1, 0])) == (
+        "action 0, outside Discrete(3, start=1) (each from 1 to 3)")
+    assert "dtype float32" in actions_out_of_range(spaces.Discrete(2), np.array([0.5], np.float32))
+    multi = spaces.MultiDiscrete([2, 5])
+    assert actions_out_of_range(multi, np.array([[1, 4], [0, 0]])) is None
+    assert actions_out_of_range(multi, np.array([[1, 4], [2, 0]])) == (
+        "action 2, outside MultiDiscrete([2 5]) (each from [0, 0] to [1, 4])")
+    assert actions_out_of_range(spaces.Box(-1, 1, (2,)), np.array([[5.0, 5.0]])) is None  # a Box env clips

@@ -290,6 +290,8 @@ class _BrokenPolicy(torch.nn.Module):
             return PolicyStep(step.actions, step.log_probs, torch.full_like(step.logits, float("nan")))
         if self.broken == "actions-per-env-twice":
             return PolicyStep(step.actions.repeat(2), step.log_probs, step.logits)
+        if self.broken == "action-out-of-range":
+            return PolicyStep(torch.full_like(step.actions, 5), step.log_probs, step.logits)
         return PolicyStep(step.actions.unsqueeze(-1), step.log_probs, step.logits)  # [B, 1] for Discrete
 
 
@@ -298,6 +300,8 @@ class _BrokenPolicy(torch.nn.Module):
     ("nan-logits", r"NaN logits at step 0"),
     ("actions-per-env-twice", r"actions of shape \(4,\) at step 0 .* need \(2,\)"),
     ("actions-with-an-extra-axis", r"actions of shape \(2, 1\) .* need \(2,\) .* Discrete\(2\)"),
+    # CartPole failed on it with gymnasium's bare `AssertionError: np.int64(5) (<class 'numpy.int64'>) invalid`
+    ("action-out-of-range", r"returned action 5, outside Discrete\(2\) \(each from 0 to 1\) at step 0"),
 ])
 def test_policy_outputs_that_the_learner_must_not_train_on_raise_policy_error(broken, message):
     group, _ = group_and_act(fixtures.make_cartpole, 2, 8)
