@@ -68,7 +68,8 @@ def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: di
         path.parent.mkdir(parents=True, exist_ok=True)
         safetensors.torch.save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
                                     str(temporary), metadata=metadata)
-        os.chmod(temporary, FILE_MODE)
+        with contextlib.suppress(OSError):  # best effort: NFS with root_squash, FUSE or CIFS may refuse it
+            os.chmod(temporary, FILE_MODE)
         os.replace(temporary, path)
     except (OSError, safetensors.SafetensorError) as error:
         with contextlib.suppress(OSError):

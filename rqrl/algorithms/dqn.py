@@ -400,16 +400,26 @@ class _DqnRun:
             "replay_size": self.agent.buffer_size(), "replay_megabytes": round(self.agent.replay.nbytes / 2**20, 1)})
         self.metrics.flush()  # once a second: metrics.csv can be followed while the run goes on
 
+    def _close_after_a_failed_write(self) -> None:
+        """Close the progress line, the evaluation (and its tracker) and the metrics files, writing nothing more."""
+        self.shown.close()
+        self.evaluation.close()
+        if self.metrics is not None:
+            close_quietly(self.metrics)
+
     def close(self, trainer: Trainer) -> None:
         """The run's end state on disk: the last row, final weights, checkpoint, metrics and plot (after a failed
         save, only the metrics: the files written before stay)."""
+        if self.writable:
+            try:
+                self.tick(trainer)  # the last row (and the folder, if the first transition came after the last tick)
+            except CheckpointError:  # a full disk under the last row: close the rest as after a failed save
+                self.writable = False
+                self._close_after_a_failed_write()
+                raise
         if not self.writable:
-            self.shown.close()
-            self.evaluation.close()
-            if self.metrics is not None:
-                close_quietly(self.metrics)
+            self._close_after_a_failed_write()
             return
-        self.tick(trainer)  # the last row (and the folder, if the first transition came after the last tick)
         if self.metrics is None:  # the run never started: no folder, no untrained weights for evaluate or --resume
             self.shown.close()
             self.evaluation.close()

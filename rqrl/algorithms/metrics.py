@@ -281,11 +281,15 @@ def truncate_rows(csv_path: Path, last_step: int, fields: list[str]) -> int:
     if dropped == 0 and list(rows[0].keys() if rows else []) == fields:
         return 0
     partial = csv_path.with_name(csv_path.name + ".partial")
-    with partial.open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(kept)
-    partial.replace(csv_path)
+    try:
+        with partial.open("w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(kept)
+        partial.replace(csv_path)
+    except OSError:
+        partial.unlink(missing_ok=True)  # the rows stay as they were; the caller says what failed
+        raise
     if dropped and last_step == 0:  # a run folder with no checkpoint (or one of 0 steps): the run starts over
         log.warning("%s: dropped the %d row(s) of the earlier attempt: the run starts again from its first step",
                     csv_path, dropped)

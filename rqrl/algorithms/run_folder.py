@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 LOCK_NAME = ".learner.lock"
 """The file in a run folder that its learner holds a lock on, and that names that learner."""
 
-TEMPORARIES = ("*.safetensors.tmp", ".tmp" + "[A-Za-z0-9]" * 6)
+TEMPORARIES = ("*.safetensors.tmp", ".tmp" + "[A-Za-z0-9]" * 6, "summary.json.tmp", "metrics.csv.partial")
 """Files a save writes before it renames them into place (rqrl.algorithms.checkpoint's, then safetensors' own, the
-``tempfile`` crate's ``.tmp`` and six characters): left behind only by a learner killed mid-save."""
+``tempfile`` crate's ``.tmp`` and six characters; rqrl.algorithms.metrics' summary and trimmed metrics): left
+behind only by a learner killed mid-save."""
 
 __all__ = ["LOCK_NAME", "TEMPORARIES", "RunFolder"]
 

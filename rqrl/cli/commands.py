@@ -78,11 +78,10 @@ class _RqrlGroup(click.Group):
         command = _command_name(ctx)  # read first: click's invoke takes the arguments out of the context
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            # a run that started handles its own Ctrl-C: this one came while `train` was being built
-            before_the_run = " before the run started: nothing written, no run folder" if command == "train" else ""
-            click.echo(f"interrupted (SIGINT){before_the_run}", err=True)
-            raise SystemExit(INTERRUPTED_EXIT_CODES["SIGINT"]) from None
+        except KeyboardInterrupt as interrupt:
+            signal_name = "SIGTERM" if type(interrupt).__name__ == "Terminated" else "SIGINT"
+            click.echo(f"interrupted ({signal_name}){_before_the_run(command)}", err=True)
+            raise SystemExit(INTERRUPTED_EXIT_CODES[signal_name]) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """click's command list, with the lazy commands' one-line help given here instead of built."""
@@ -96,6 +95,16 @@ class _RqrlGroup(click.Group):
         rows = [(name, shown[name].get_short_help_str(limit)) for name in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _before_the_run(command: str | None) -> str:
+    """What an interrupted ``command`` adds to "interrupted (SIGINT)": for ``train`` stopped before it called its
+    learner (while it imported torch, say), that no run folder was written; once the learner was called, nothing
+    (its folder may be there: the learner's own line says what it wrote)."""
+    train = sys.modules.get("rqrl.cli.train")
+    if command != "train" or (train is not None and getattr(train, "learner_called", False)):
+        return ""
+    return " before the run started: nothing written, no run folder"
 
 
 def _command_name(ctx: click.Context) -> str | None:

@@ -139,6 +139,10 @@ def file_options(chosen: str | None, path: str, options: dict[str, Any], given: 
     return algo, settings
 
 
+learner_called = False
+"""Whether ``run_training`` called a learner in this process: a Ctrl-C before it wrote no run folder."""
+
+
 def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | None, log_level: str,
                  config_file: str | None = None) -> None:
     """Train ``chosen`` (None: IMPALA, or a resumed run's or config file's algorithm) with the command's options."""
@@ -170,6 +174,8 @@ def run_training(chosen: str | None, options: dict[str, Any], env_alias: str | N
     except RqrlError as error:
         raise click.ClickException(str(error)) from error
     terminate_like_ctrl_c()  # `docker stop`, `docker compose stop` and Kubernetes send SIGTERM
+    global learner_called
+    learner_called = True  # from here a Ctrl-C is the learner's to tell of (rqrl.cli.commands: _before_the_run)
     try:
         result = train(config, secret=secret_from_env(), redis_server=redis_server_from_env())
     except RqrlError as error:

@@ -165,7 +165,7 @@ def actions_out_of_range(space: Any, actions: np.ndarray) -> str | None:
         low, high = np.asarray(space.start), np.asarray(space.start + space.nvec - 1)
     else:
         return None
-    if actions.size == 0:
+    if actions.size == 0 or actions.shape[1:] != low.shape:  # a shape that does not fit is said elsewhere
         return None
     if not np.issubdtype(actions.dtype, np.integer):
         return f"actions of dtype {actions.dtype}; {space} takes integers"

@@ -215,7 +215,9 @@ class JobFleet:
         queued: set[str] | None = None
         failed: set[str] | None = None
         found = []
-        for name, placed in self.jobs.items():
+        for name, placed in list(self.jobs.items()):  # as they were: a job the hand-back below re-launched waits
+            if self.jobs[name] is not placed:  # launched during this call: on the queue, not yet looked at
+                continue
             if flags[name]:
                 placed.seen = True
                 continue
@@ -231,7 +233,7 @@ class JobFleet:
             if failed is None:
                 self.hand_back_refused(throttled=False)  # a refused job fails too, after its worker's back-off
                 failed = set(failed_registry(self.queue_name, self.connection).get_job_ids())
-                if self.jobs[name] is not placed:
+                if self.jobs[name] is not placed:  # this one was re-launched just now
                     continue
             if placed.job_id in failed:
                 found.append((name, f"failed before it started: job {placed.job_id} is in queue "

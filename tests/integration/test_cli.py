@@ -85,8 +85,8 @@ def test_stop_says_a_learner_whose_heartbeat_never_moves_looks_dead_and_when_its
 
 def test_stop_removes_the_run_once_its_learner_s_deadline_passes_during_the_wait(redis_url, connection, run_name):
     """It waited out --wait and failed, though the deadline had passed and the run was its to remove."""
-    _left_run(connection, run_name, 2)
-    result = invoke("stop", run_name, "--redis-url", redis_url, "--wait", "10")
+    _left_run(connection, run_name, 5)
+    result = invoke("stop", run_name, "--redis-url", redis_url, "--wait", "15")
     assert result.exit_code == 0, result.stderr
     assert "stop requested" in result.stdout, "the deadline had passed before the stop began: nothing was tested"
     assert "no live learner; stopped its jobs and removed its keys" in result.stdout

@@ -213,3 +213,16 @@ def test_weights_and_checkpoints_get_the_mode_the_umask_gives_a_new_file(tmp_pat
     save_checkpoint(tmp_path / "checkpoint.safetensors", TrainingState({"x": torch.zeros(2)}, {}))
     for name in ("plain.txt", "best.safetensors", "checkpoint.safetensors"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == FILE_MODE, name
+
+
+def test_a_volume_that_refuses_chmod_does_not_fail_the_save(tmp_path, monkeypatch):
+    """NFS with root_squash, FUSE or CIFS may refuse the mode: the save itself went through, and said it failed."""
+    import errno
+    import os
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chmod", refused)
+    save_weights(tmp_path / "best.safetensors", {"x": torch.ones(2)}, {"version": 1})
+    assert (tmp_path / "best.safetensors").is_file()

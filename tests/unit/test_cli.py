@@ -145,6 +145,9 @@ def test_ctrl_c_while_train_is_built_says_no_run_folder_was_written(monkeypatch)
     assert result.exit_code == 130, result.stderr
     assert result.stderr.strip().splitlines()[-1] == ("interrupted (SIGINT) before the run started: nothing "
                                                       "written, no run folder")
+    monkeypatch.setattr(rqrl.cli.train, "learner_called", True)  # a second Ctrl-C in the learner's final save
+    result = invoke("train", "--env", "CartPole-v1")
+    assert result.exit_code == 130 and result.stderr.strip().splitlines()[-1] == "interrupted (SIGINT)", result.stderr
 
 
 def test_evaluate_takes_a_file_of_the_run_by_name_or_a_weights_file_alone(weights_run):

@@ -244,8 +244,8 @@ def test_a_full_disk_under_metrics_csv_is_one_error_naming_the_file_and_the_fix(
         file = real_open(path, *args, **kwargs)
         return FullDisk(file) if path.name == "metrics.csv" and args[:1] == ("a",) else file
 
-    writer = MetricsWriter(run, ["x"])  # its header waits in the buffer
-    writer.flush()
+    first = MetricsWriter(run, ["x"])  # writes the header
+    first.close()
     monkeypatch.setattr(Path, "open", open_on_a_full_disk)
     writer = MetricsWriter(run, ["x"])
     with pytest.raises(CheckpointError) as raised:
@@ -255,7 +255,7 @@ def test_a_full_disk_under_metrics_csv_is_one_error_naming_the_file_and_the_fix(
                                  f"writable), then resume the run with `rqrl train --resume {run}`")
     assert raised.value.__cause__ is NO_SPACE and writer.failed
     writer.close()  # no second error: the files are only closed
-    writer = MetricsWriter(run, ["x"])  # the header waits in the buffer: closing writes it
+    writer = MetricsWriter(run, ["x"])  # no write failed yet: the close's own flush meets the full disk
     with pytest.raises(CheckpointError, match=f"cannot write {run / 'metrics.csv'}: No space left on device"):
         writer.close()
 

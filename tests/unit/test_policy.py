@@ -281,3 +281,4 @@ def test_actions_out_of_range_are_named_for_integer_spaces_only():
     assert actions_out_of_range(multi, np.array([[1, 4], [2, 0]])) == (
         "action 2, outside MultiDiscrete([2 5]) (each from [0, 0] to [1, 4])")
     assert actions_out_of_range(spaces.Box(-1, 1, (2,)), np.array([[5.0, 5.0]])) is None  # a Box env clips
+    assert actions_out_of_range(multi, np.array([[0, 1, 2]])) is None  # a shape that does not fit: said elsewhere

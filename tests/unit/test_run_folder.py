@@ -213,7 +213,8 @@ def test_a_run_dir_under_a_file_is_refused_naming_the_file(tmp_path: Path) -> No
 
 def test_the_learner_that_takes_a_folder_removes_saves_a_killed_learner_cut_short(tmp_path: Path) -> None:
     run = recorded_run(tmp_path, "ppo", checkpoint=True)
-    leftovers = [run / "checkpoint.safetensors.tmp", run / "best.safetensors.tmp", run / ".tmpAb3dE9"]
+    leftovers = [run / "checkpoint.safetensors.tmp", run / "best.safetensors.tmp", run / ".tmpAb3dE9",
+                 run / "summary.json.tmp", run / "metrics.csv.partial"]
     kept = [run / ".tmp-notes", run / "notes.tmp", run / "checkpoint.safetensors"]
     for path in [*leftovers, *kept[:2]]:
         path.write_bytes(b"half a file")
