@@ -225,9 +225,16 @@ def sideline(connection: redis.Redis, keys: RunKeys, job_id: str, error: WorkerU
         log.exception("could not report to run %s that worker %s is sidelined", keys.run_name, name)
 
 
-def fit_again(run_name: str) -> None:
-    """This worker could set up a job of ``run_name``: its next back-off starts again at the first window."""
-    _UNFIT_STREAKS.pop(run_name, None)
+def fit_again(connection: redis.Redis, keys: RunKeys) -> None:
+    """This worker could set up a job of run ``keys``: its next back-off starts again at the first window, and a
+    sideline report it filed for the run (its code installed since, say) is withdrawn, so the learner no longer
+    counts it among the workers that refuse the run."""
+    if _UNFIT_STREAKS.pop(keys.run_name, None) is None:
+        return
+    try:
+        connection.hdel(keys.sidelined, worker_label())
+    except redis.RedisError:
+        log.warning("could not withdraw worker %s's sideline report from run %s", worker_label(), keys.run_name)
 
 
 def back_off(run_name: str) -> None:

@@ -121,11 +121,12 @@ class Supervisor:
         if throttled and now - self._last_sideline_check < 1.0:
             return
         self._last_sideline_check = now
-        for name, report in read_sideline_reports(self.connection, self.keys).items():
+        reports = read_sideline_reports(self.connection, self.keys)
+        for name, report in reports.items():
             if name not in self.sidelined:
                 log.warning("worker %s cannot run %s and is sidelined: it hands the run's jobs back, and the run "
                             "goes on with the other workers. %s", name, self.keys.run_name, report["error"])
-            self.sidelined[name] = report
+        self.sidelined = reports  # a worker that withdrew its report (rqrl.engine.jobs.fit_again) runs the run again
         if not self.sidelined:
             return
         live = live_worker_names(self.connection, self.queue, self.config.timings.liveness)

@@ -232,7 +232,7 @@ class SamplerGroupJob(GroupJob):
             if prepared is None:
                 return self.stale()
             self.workers[w] = prepared
-        fit_again(self.run_name)
+        fit_again(self.connection, self.keys)
         self.slice = JobSlice(self.connection, self.config)
         self.active = [w for w in self.members if not self.quota_met(w)]
         if self.active and lockstep_ready([self.workers[w] for w in self.active]):

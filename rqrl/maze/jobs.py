@@ -222,7 +222,7 @@ class ActorGroupJob(GroupJob):
             self.keys, self.group_id, self.position, recorded_progress(self.connection, self.keys, self.group_id))
         self.group = _build_group(context, self.group_id)
         self.act = context.act_for(self.group)
-        fit_again(self.run_name)
+        fit_again(self.connection, self.keys)
         self.store = WeightStore(self.connection, self.keys, context.weights_key, config.weights_ttl_seconds)
         self.queue = TrajectoryQueue(self.connection, self.keys, config.queue_entries,
                                      marker_grace_seconds=2 * config.lease_seconds)

@@ -143,7 +143,7 @@ def _joined(run_name: str, name: str, factory: str) -> tuple[SeedRun, Any] | Non
     if run is None or run.stopped() or not run.connection.exists(run.keys.seed("settings")):
         log.info("run %s ended before its %s job started: nothing to do", run_name, name)
         return None
-    fit_again(run_name)
+    fit_again(run.connection, run.keys)
     return run, loaded
 
 

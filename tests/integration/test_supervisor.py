@@ -60,3 +60,28 @@ def test_a_hung_group_of_many_envs_names_their_making_as_a_cause(connection, run
     error = supervisor.no_workers_error(30)
     assert "the jobs of actor groups [0, 1] still hold their leases" in str(error)
     assert "or in making and resetting the 2,048 envs its group steps" in str(error)
+
+
+def test_a_worker_that_runs_the_run_after_all_withdraws_its_sideline_report(connection, run_name, monkeypatch):
+    """A worker sidelined once (its env's code missing, installed since) stayed counted among the refusers: as the
+    only live worker it would have made the learner raise WorkersRefusedError while it ran the run's jobs."""
+    import pytest
+
+    from rqrl import WorkersRefusedError
+    from rqrl.engine import jobs
+    from rqrl.engine.keys import RunKeys
+    from rqrl.errors import WorkerUnfitError
+
+    monkeypatch.setattr(jobs, "worker_label", lambda: "rqrl.mended")
+    config = RunConfig(run_name=run_name, run_id="s", queue_name="rqrl-mended", n_rollout_steps=4, n_actors=1,
+                       batch_size=1, queue_bound=1, actor_env_seeds=[0], actor_agent_seeds=[0], actor_groups=[[0]])
+    supervisor = Supervisor(connection, config, Queue("rqrl-mended", connection=connection))
+    register(connection, "rqrl.mended", utcformat(datetime.datetime.now(datetime.UTC)), queue="rqrl-mended")
+    keys = RunKeys(run_name)
+    jobs.sideline(connection, keys, "job-1", WorkerUnfitError("no module named 'my_envs'"))
+    monkeypatch.setitem(jobs._UNFIT_STREAKS, run_name, 1)  # what back_off counted, without its sleep
+    with pytest.raises(WorkersRefusedError, match="rqrl.mended"):
+        supervisor.check_sidelined_workers()
+    jobs.fit_again(connection, keys)  # its next job of the run set up fine
+    supervisor.check_sidelined_workers()
+    assert supervisor.sidelined == {} and not connection.hexists(keys.sidelined, "rqrl.mended")
