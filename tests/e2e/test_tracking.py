@@ -62,7 +62,7 @@ def logged(run_folder: Path) -> tuple[dict[str, object], list[dict[str, object]]
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed: pip install 'rqrl[wandb]'")
 def test_wandb_offline_gets_the_config_and_every_metrics_rows_scalars(tmp_path):
     result = run_rqrl("train", "--env", TRIVIAL_ENV, "--total-env-steps", "3000", "--n-actors", "2",
-                      "--batch-size", "2", "--n-rollout-steps", "20", "--workers", "1", "--eval-every", "1",
+                      "--batch-size", "2", "--n-rollout-steps", "20", "--workers", "1", "--eval-every", "0.2",
                       "--run-dir", str(tmp_path), "--run-name", "tracked", "--wandb", "--wandb-project", "rqrl-test",
                       env=worker_env(WANDB_MODE="offline", WANDB_SILENT="true"), timeout=200)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -51,7 +51,7 @@ def rows_written(run, learner: subprocess.Popen) -> int:
 def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
     result = rqrl("train", "--env", TRIVIAL_ENV, "--total-env-steps", "60000", "--n-actors", "4",
                   "--batch-size", "4", "--n-rollout-steps", "20", "--workers", "2", "--run-dir", str(tmp_path),
-                  "--run-name", "trivial", "--seed", "1", "--eval-every", "1", "--eval-episodes", "3")
+                  "--run-name", "trivial", "--seed", "1", "--eval-every", "0.2", "--eval-episodes", "3")
     assert result.returncode == 0, result.stderr[-3000:]
     # the embedded Redis is named, so `rqrl status` and `rqrl stop` can reach it from another shell
     assert "run trivial on Redis unix://" in result.stderr and "rqrl status --redis-url unix://" in result.stderr
@@ -65,7 +65,7 @@ def test_train_solves_a_trivial_env_and_writes_the_run_folder(tmp_path):
     assert rows and {"env_steps", "mean_return", "policy_lag_mean", "queue_size"} <= set(rows[0])
     seconds = json.loads((run / "summary.json").read_text())["seconds"]
     assert len(rows) <= seconds + 2, f"{len(rows)} rows in {seconds:.1f} s: more than one a second"
-    evaluated = [float(row["eval_return"]) for row in rows if row["eval_return"]]  # --eval-every 1
+    evaluated = [float(row["eval_return"]) for row in rows if row["eval_return"]]  # --eval-every 0.2
     assert evaluated and all(0 <= value <= 20 for value in evaluated), evaluated
     # windowed throughput, lag range, workers, rejected records and learner timings, in the CSV and TensorBoard
     windowed = {"steps_per_second_10s", "policy_lag_min", "workers_alive", "records_rejected", "dequeue_seconds",

@@ -293,7 +293,8 @@ def test_a_worker_that_waited_for_room_sends_no_payload_into_a_full_queue(connec
         after = connection.info("stats")
     taken_in = after["total_net_input_bytes"] - before["total_net_input_bytes"]
     given_out = after["total_net_output_bytes"] - before["total_net_output_bytes"]
-    assert given_out > 6 * 3 * rollout_bytes, "six batches of three rollouts were popped"
+    # the learner pops its next batch ahead, as it trains: the last collect's may not be done at the snapshot
+    assert given_out > 5 * 3 * rollout_bytes, "six batches of three rollouts were popped (five by the snapshot)"
     assert taken_in - given_out < 6 * rollout_bytes, (
         f"Redis took in {taken_in:,} bytes and gave out {given_out:,}: payloads were sent into a full queue")
 
