@@ -153,26 +153,41 @@ NON_FINITE_LOG_PROB_FIX = ("expected finite numbers: check the policy (NaN weigh
 """What an error about log-probs that are not finite numbers tells the user to look at (every family refuses them)."""
 
 
-def actions_out_of_range(space: Any, actions: np.ndarray) -> str | None:
-    """What is wrong with ``actions`` (one per env, ``[n, ...]``) for a Discrete or MultiDiscrete ``space``, whose
-    envs would fail on them with a bare assertion; None when they fit, or for other spaces (a Box env clips, and
-    its shape is checked elsewhere). One min and max over the batch: cheap enough for every step."""
+class ActionRange(NamedTuple):
+    """The lowest and highest action of each element of a Discrete or MultiDiscrete space, worked out once (an
+    actor group checks every step's actions against it)."""
+
+    space: Any
+    low: np.ndarray
+    high: np.ndarray
+
+
+def action_range(space: Any) -> ActionRange | None:
+    """The integer range of ``space``; None for spaces an env takes any value of (a Box env clips)."""
     from gymnasium import spaces
 
     if isinstance(space, spaces.Discrete):
-        low, high = np.asarray(space.start), np.asarray(space.start + space.n - 1)
-    elif isinstance(space, spaces.MultiDiscrete):
-        low, high = np.asarray(space.start), np.asarray(space.start + space.nvec - 1)
-    else:
-        return None
-    if actions.size == 0 or actions.shape[1:] != low.shape:  # a shape that does not fit is said elsewhere
+        return ActionRange(space, np.asarray(space.start), np.asarray(space.start + space.n - 1))
+    if isinstance(space, spaces.MultiDiscrete):
+        return ActionRange(space, np.asarray(space.start), np.asarray(space.start + space.nvec - 1))
+    return None
+
+
+def actions_out_of_range(space: Any, actions: np.ndarray, bounds: ActionRange | None = None) -> str | None:
+    """What is wrong with ``actions`` (one per env, ``[n, ...]``) for a Discrete or MultiDiscrete ``space``, whose
+    envs would fail on them with a bare assertion; None when they fit, or for other spaces (a Box env clips, and
+    its shape is checked elsewhere). ``bounds``: ``action_range(space)``, if the caller keeps it. One comparison
+    over the batch: cheap enough for every step."""
+    bounds = action_range(space) if bounds is None else bounds
+    if bounds is None or actions.size == 0 or actions.shape[1:] != bounds.low.shape:  # a misfit shape: said elsewhere
         return None
     if not np.issubdtype(actions.dtype, np.integer):
         return f"actions of dtype {actions.dtype}; {space} takes integers"
-    outside = (actions < low) | (actions > high)
+    outside = (actions < bounds.low) | (actions > bounds.high)
     if not outside.any():
         return None
-    return f"action {actions[outside].flat[0]}, outside {space} (each from {low.tolist()} to {high.tolist()})"
+    return (f"action {actions[outside].flat[0]}, outside {space} (each from {bounds.low.tolist()} to "
+            f"{bounds.high.tolist()})")
 
 
 def non_finite_rows(values: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from rqrl.engine.policy import (
     NON_FINITE_LOG_PROB_FIX,
     ActFunction,
     LogitsActFunction,
+    action_range,
     actions_out_of_range,
     non_finite_rows,
 )
@@ -86,6 +87,7 @@ class ActorGroup:
         self.action_space = self.envs[0].action_space
         space_shape = getattr(self.action_space, "shape", None)
         self._action_shape = None if space_shape is None else (len(self.envs), *space_shape)
+        self._action_range = action_range(self.action_space)  # checked every step: worked out once
         self.next_rollout_id: int | None = None
         self._signature: RecordSignature | None = None
         self._obs: list[Obs] = []
@@ -200,7 +202,7 @@ class ActorGroup:
                 f"{self.actor_ids} need {self._action_shape} (one action of shape {self._action_shape[1:]} per env "
                 f"for action space {self.action_space}): fix the policy's act() or forward()"
             )
-        if (wrong := actions_out_of_range(self.action_space, actions)) is not None:
+        if (wrong := actions_out_of_range(self.action_space, actions, self._action_range)) is not None:
             raise PolicyError(f"the policy returned {wrong} at step {step} of the rollout of actors {self.actor_ids}: "
                               f"fix the policy's act() or forward()")
 
